@@ -1,0 +1,3 @@
+"""slipstream: fast, cheap reinforcement learning on verifiable rewards (RLVR)."""
+
+__version__ = "0.1.0"

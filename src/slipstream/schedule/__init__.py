@@ -1,0 +1,1 @@
+"""The orchestrator and the schedule presets (sync ... pipeline); the synchronous loop."""

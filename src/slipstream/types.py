@@ -1,0 +1,132 @@
+"""The records that flow through slipstream: `Sample`, `Group`, `Batch`.
+
+One name per concept, everywhere. A policy *version* is the trainer's optimizer step
+count; the *lag* of a token is `trainer_version - token_version` when the trainer uses it.
+Shape suffixes follow the tinker-cookbook habit: `_T` per completion token, `_G` per group
+member.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+
+class FinishReason(str, Enum):
+    """Why generation of a sample ended."""
+
+    STOP = "stop"  # produced the end-of-sequence token
+    LENGTH = "length"  # hit max_new_tokens
+    ABORTED = "aborted"  # cut short by the sampler (staleness bound, redundant rollout)
+
+
+@dataclass
+class Prompt:
+    """One task item: the text the model sees and what the verifier needs to score it."""
+
+    id: str
+    text: str
+    answer: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    """One completion of one prompt, with what the trainer needs to correct for staleness.
+
+    `behavior_logp_T[t]` is log mu(token_t | prefix) under the weights that produced token t
+    (temperature-scaled, see engine.sampling); `versions_T[t]` is that weights' version.
+    """
+
+    prompt_id: str
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    behavior_logp_T: list[float]
+    versions_T: list[int]
+    finish_reason: FinishReason
+    completion_text: str = ""
+    reward: float = 0.0
+    sampler_id: int = 0
+    seed: int | None = None
+    # Wall-clock seconds: when the prompt was admitted and when the sample finished.
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_tokens)
+        if len(self.behavior_logp_T) != n or len(self.versions_T) != n:
+            raise ValueError(
+                f"Sample {self.prompt_id}: {n} tokens but {len(self.behavior_logp_T)} logprobs "
+                f"and {len(self.versions_T)} versions"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.completion_tokens)
+
+    @property
+    def oldest_version(self) -> int:
+        """Version of the oldest token (the one that bounds this sample's staleness)."""
+        return min(self.versions_T) if self.versions_T else 0
+
+
+@dataclass
+class Group:
+    """The G samples of one prompt, and their advantages once computed."""
+
+    prompt: Prompt
+    samples: list[Sample]
+    advantages_G: list[float] | None = None
+
+    @property
+    def rewards_G(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.samples)
+
+    @property
+    def oldest_version(self) -> int:
+        return min(s.oldest_version for s in self.samples)
+
+
+@dataclass
+class Batch:
+    """Padded tensors for one optimizer step (or one micro-batch of it).
+
+    Rows are samples; columns are positions of prompt + completion, right-padded.
+    `loss_mask` marks completion tokens that count. All `[B, T]` tensors are aligned on the
+    *predicted* token: column t holds the token at position t+1 of `input_ids`, so that
+    `logits[:, t]` scores `targets[:, t]`.
+    """
+
+    input_ids: torch.Tensor  # [B, T+1] long: prompt + completion + padding
+    targets: torch.Tensor  # [B, T] long: input_ids shifted left by one
+    loss_mask: torch.Tensor  # [B, T] bool
+    behavior_logp: torch.Tensor  # [B, T] float, 0 outside the mask
+    versions: torch.Tensor  # [B, T] long, -1 outside the mask
+    advantages: torch.Tensor  # [B] float
+    group_ids: torch.Tensor  # [B] long
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def slice(self, rows: slice) -> Batch:
+        """A micro-batch: the rows in `rows`, trimmed to their longest sequence."""
+        mask = self.loss_mask[rows]
+        used = mask.any(dim=0).nonzero()
+        width = int(used.max()) + 1 if used.numel() else 1
+        return Batch(
+            input_ids=self.input_ids[rows, : width + 1],
+            targets=self.targets[rows, :width],
+            loss_mask=mask[:, :width],
+            behavior_logp=self.behavior_logp[rows, :width],
+            versions=self.versions[rows, :width],
+            advantages=self.advantages[rows],
+            group_ids=self.group_ids[rows],
+        )
