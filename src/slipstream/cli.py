@@ -1,0 +1,66 @@
+"""The `slipstream` command: parse, build the config, call the run. Nothing imports this."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from slipstream.config import ConfigError, load_config
+from slipstream.tasks import TaskError
+
+USAGE = """slipstream COMMAND ...
+
+commands:
+  train [CONFIG.toml|.yaml] [key=value ...]   train (no arguments: the built-in task on CPU)
+  sim ...                                      simulate a cluster run (slipstream sim -h)
+  plan ...                                     recommend a GPU split and schedule (slipstream plan -h)
+"""
+
+
+def _train(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="slipstream train", description="Train with RL on verifiable rewards.")
+    parser.add_argument("items", nargs="*", help="an optional config file, then key=value overrides")
+    args = parser.parse_args(argv)
+    path = None
+    overrides = list(args.items)
+    if overrides and "=" not in overrides[0]:
+        path = overrides.pop(0)
+    cfg = load_config(path, overrides)
+    from slipstream.schedule.sync import train_sync
+
+    train_sync(cfg)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        if not argv:
+            argv = ["train"]
+        else:
+            print(USAGE)
+            return 0
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "train":
+            return _train(rest)
+        if cmd == "sim":
+            from slipstream.sim.cli import sim_main
+
+            return sim_main(rest)
+        if cmd == "plan":
+            from slipstream.sim.cli import plan_main
+
+            return plan_main(rest)
+    except (ConfigError, TaskError) as e:
+        print(f"slipstream: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("slipstream: interrupted", file=sys.stderr)
+        return 130
+    print(f"slipstream: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Typed, validated configuration: a TOML or YAML file plus dotted command-line overrides.
+
+Every field is documented where it is declared. Loading rejects unknown keys (suggesting the
+nearest valid one), wrong types and out-of-range values with a `ConfigError` whose message is
+one line naming the key; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from slipstream.algo import advantages, losses
+from slipstream.schedule.presets import PRESETS
+
+
+class ConfigError(ValueError):
+    """A bad configuration: the message is one line naming the key and what was expected."""
+
+
+def _check_name(key: str, value: str, valid: Any) -> None:
+    if value not in valid:
+        raise ValueError(f"{key}: unknown {value!r}; valid: {', '.join(valid)}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    dir: str | None = None
+    """Run folder (metrics, checkpoints, summary). Default: runs/<UTC timestamp>."""
+    seed: int = 0
+    """Seed of everything random: prompt order, sampling, initialisation."""
+    steps: int = Field(60, ge=1)
+    """Optimizer steps (policy versions) to train."""
+    quiet: bool = False
+    """No live display: one plain line per evaluation, for logs and CI."""
+    threads: int = Field(0, ge=0)
+    """torch intra-op threads; 0 uses every core."""
+
+
+class ModelSection(_Section):
+    path: str | None = None
+    """Hugging Face model folder (config.json, *.safetensors, tokenizer.json). None: the
+    built-in tiny model, warm-started on the built-in task and cached."""
+
+
+class TaskConfig(_Section):
+    kind: Literal["builtin", "jsonl"] = "builtin"
+    """`builtin`: running sums of digits (heavy-tailed lengths). `jsonl`: a file of
+    {"prompt": ..., "answer": ...} rows."""
+    path: str | None = None
+    """The JSONL file of training rows (kind = jsonl)."""
+    heldout_path: str | None = None
+    """A JSONL file of held-out rows; None holds out `heldout_fraction` of `path`."""
+    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    """Share of `path` held out for evaluation when there is no `heldout_path`."""
+    reward: str = "math_verify"
+    """`math_verify` (math answers compared by the math-verify library), `exact` (string
+    equality after stripping), or a Python reward function `module:function` or
+    `path/to/file.py:function` taking (prompt: Prompt, completion: str) -> float."""
+    prompt_template: str = "{prompt}"
+    """How a row's prompt becomes the model's input text (`{prompt}` is replaced)."""
+
+
+class SamplingConfig(_Section):
+    group_size: int = Field(8, ge=1)
+    """G: completions sampled per prompt."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature; log-probs are recorded for the temperature-scaled distribution."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling; below 1 it biases the importance ratio (see engine.sampling)."""
+    top_k: int = Field(0, ge=0)
+    """Keep only the k most likely tokens; 0 keeps all."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Longest completion; longer ones are cut and marked `length`."""
+
+
+class TrainerConfig(_Section):
+    batch_prompts: int = Field(16, ge=1)
+    """B: prompts per optimizer step (B x G samples)."""
+    lr: float = Field(1e-3, gt=0.0, lt=1.0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up steps."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value."""
+    micro_batch_size: int = Field(64, ge=1)
+    """Samples per forward/backward; the loss normaliser is the whole step's token count, so
+    this never changes the gradient."""
+    advantage: str = "grpo"
+    """Advantage estimator: one of slipstream.algo.advantages.METHODS."""
+    loss: str = "ppo"
+    """Policy loss: one of slipstream.algo.losses.METHODS."""
+    agg: str | None = None
+    """Loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum, token-sum-norm);
+    None uses the loss's own default."""
+    eps_low: float | None = Field(None, ge=0.0)
+    """PPO-family lower clip; None uses the loss's default."""
+    eps_high: float | None = Field(None, ge=0.0)
+    """PPO-family upper clip (clip-higher, DAPO); None uses the loss's default."""
+    vcpo: bool = False
+    """Scale each step's learning rate by the ESS of its sequence weights (VCPO)."""
+
+    @model_validator(mode="after")
+    def _known_methods(self) -> TrainerConfig:
+        _check_name("trainer.advantage", self.advantage, advantages.METHODS)
+        _check_name("trainer.loss", self.loss, losses.METHODS)
+        if self.agg is not None:
+            _check_name("trainer.agg", self.agg, losses.AGGS)
+        return self
+
+
+class FilterConfig(_Section):
+    zero_variance: bool = True
+    """Drop groups whose rewards are all equal: they carry no gradient."""
+    pass_rate_band: bool = False
+    """Stop drawing prompts whose running pass rate is <= low or >= high (saves generation)."""
+    pass_rate_low: float = Field(0.05, ge=0.0, le=1.0)
+    pass_rate_high: float = Field(0.9, ge=0.0, le=1.0)
+
+
+class ScheduleConfig(_Section):
+    name: str = "sync"
+    """One of sync, tail_batching, double_buffer, async, pipeline."""
+    max_lag: int | None = Field(None, ge=0)
+    """K, the largest lag the trainer accepts; None uses the preset's."""
+
+    @model_validator(mode="after")
+    def _known(self) -> ScheduleConfig:
+        _check_name("schedule.name", self.name, PRESETS)
+        return self
+
+
+class EvalConfig(_Section):
+    every: int = Field(10, ge=1)
+    """Greedy held-out accuracy every this many steps (and at the start and end)."""
+    num_prompts: int = Field(256, ge=1)
+    """Held-out prompts evaluated (at most the split's size)."""
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(50, ge=1)
+    """Save a checkpoint (HF folder + optimizer state) every this many steps and at the end."""
+    keep: int = Field(2, ge=1)
+    """Checkpoints kept; older ones are deleted."""
+
+
+class WarmstartConfig(_Section):
+    target_acc: float = Field(0.2, gt=0.0, lt=1.0)
+    """Supervised warm start of the built-in model stops once held-out accuracy reaches this."""
+    max_steps: int = Field(3000, ge=1)
+    lr: float = Field(3e-3, gt=0.0, lt=1.0)
+    batch_size: int = Field(64, ge=1)
+    cache_dir: str | None = None
+    """Where the warm-started model is cached; default ~/.cache/slipstream."""
+
+
+class Config(_Section):
+    """Everything a run needs. Sections mirror the TOML tables."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelSection = Field(default_factory=ModelSection)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    filters: FilterConfig = Field(default_factory=FilterConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.task.kind == "jsonl" and not self.task.path:
+            raise ValueError("task.path: required when task.kind = 'jsonl'")
+        if self.filters.pass_rate_low >= self.filters.pass_rate_high:
+            raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
+        return self
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+
+def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _all_keys(ann, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value: TOML literal if it parses as one (3e-4, true, "x", [1, 2]), else text."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.lr=3e-4")
+    key, _, value = item.partition("=")
+    parts = key.strip().split(".")
+    node = raw
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {p!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = parse_value(value.strip())
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.').upper() or 'TOML'}: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table of sections at the top level")
+    return data
+
+
+def _explain(err: ValidationError) -> str:
+    e = err.errors()[0]
+    key = ".".join(str(x) for x in e["loc"])
+    if e["type"] == "extra_forbidden":
+        near = difflib.get_close_matches(key, _all_keys(Config), n=1, cutoff=0.5)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        return f"unknown key '{key}'{hint}"
+    msg = e["msg"].removeprefix("Value error, ")
+    if not key or msg.startswith(f"{key}."):  # a model-level validator names the key itself
+        return msg
+    return f"{key}: {msg} (got {e.get('input')!r})"
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build a `Config` from an optional file and `key=value` overrides; raise `ConfigError`."""
+    raw = read_file(path) if path else {}
+    for item in overrides:
+        apply_override(raw, item)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_explain(err)) from None
+
+
+def _drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    return d
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as TOML (None values, which TOML cannot hold, are left out)."""
+    return tomli_w.dumps(_drop_none(cfg.model_dump()))

@@ -1,0 +1,129 @@
+"""Hugging Face checkpoint folders: config.json + one or sharded *.safetensors.
+
+Weights load only through safetensors (never pickle). Saving writes the same layout back,
+so a slipstream checkpoint loads in `transformers` and in inference servers unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from slipstream.model.llama import ARCHITECTURES, CausalLM, ModelConfig
+
+_CONFIG_KEYS = {f.name for f in fields(ModelConfig)} - {"extra"}
+_DROP_ON_LOAD = {"architectures", "torch_dtype", "dtype", "transformers_version"}
+
+
+def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
+    """A `ModelConfig` from a config.json dict; unknown keys are kept in `extra`."""
+    known = {k: v for k, v in raw.items() if k in _CONFIG_KEYS and v is not None}
+    extra = {k: v for k, v in raw.items() if k not in _CONFIG_KEYS and k not in _DROP_ON_LOAD}
+    if raw.get("rope_theta") is None:
+        params = raw.get("rope_parameters") or {}
+        if "rope_theta" in params:
+            known["rope_theta"] = params["rope_theta"]
+            if params.get("rope_type", "default") != "default":
+                known["rope_scaling"] = params
+    return ModelConfig(**known, extra=extra)
+
+
+def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    out = {k: v for k, v in asdict(cfg).items() if k != "extra"}
+    out = {**cfg.extra, **out}
+    out["architectures"] = [ARCHITECTURES[cfg.model_type]]
+    out["torch_dtype"] = "float32"
+    if out["rope_scaling"] is None:
+        del out["rope_scaling"]
+    return out
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / name for name in sorted(set(weight_map.values()))]
+    single = path / "model.safetensors"
+    if single.exists():
+        return [single]
+    found = sorted(path.glob("*.safetensors"))
+    if not found:
+        raise FileNotFoundError(
+            f"{path}: no model.safetensors, model.safetensors.index.json or *.safetensors "
+            "(only safetensors weights are loaded; convert .bin checkpoints first)"
+        )
+    return found
+
+
+def load_pretrained(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> CausalLM:
+    """Load a Llama/Qwen2/Qwen3 checkpoint folder into a slipstream `CausalLM`."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model folder)")
+    cfg = config_from_dict(json.loads(cfg_file.read_text()))
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    state: dict[str, torch.Tensor] = {}
+    for f in _weight_files(path):
+        state.update(load_file(str(f)))
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    expected = set(model.state_dict().keys())
+    if cfg.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    missing, unexpected = expected - state.keys(), state.keys() - expected
+    unexpected = {k for k in unexpected if not k.endswith("rotary_emb.inv_freq")}
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: weights do not match a {cfg.model_type} model: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    state = {k: v.to(dtype) for k, v in state.items() if k in expected}
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # the rotary buffer was built on meta: rebuild it for real
+    from slipstream.model.llama import rope_inv_freq
+
+    model.inv_freq = rope_inv_freq(cfg)
+    return model.eval()
+
+
+def save_pretrained(
+    model: CausalLM, path: str | os.PathLike[str], max_shard_bytes: int = 5 * 2**30
+) -> None:
+    """Write `config.json` and safetensors weights (sharded above `max_shard_bytes`)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(path / fname), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, fname))
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (path / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))

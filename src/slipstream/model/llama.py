@@ -1,0 +1,268 @@
+"""A Llama-family decoder in plain PyTorch: Llama, Qwen2/Qwen2.5 and Qwen3.
+
+RMSNorm, rotary embeddings (rope_theta, optional Llama-3 frequency scaling), SwiGLU MLP,
+grouped-query attention, optional tied embeddings, Qwen2-style q/k/v bias and Qwen3-style
+per-head q/k RMSNorm. Module and parameter names mirror Hugging Face's, so a checkpoint's
+state dict loads with no renaming.
+
+One attention path serves training and generation. Without a cache it is plain causal
+attention over the batch. With a `KVCache` it writes the new keys/values into the slots
+given, at the positions given, and attends over each slot's cache up to each query's
+position: prefill of a right-padded batch and one decode step of a ragged batch are the
+same call. Continuous batching (engine/) relies on exactly that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+@dataclass
+class ModelConfig:
+    """The shape of a decoder; field names follow Hugging Face's config.json."""
+
+    model_type: str = "llama"
+    vocab_size: int = 32
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int | None = None
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v (and for Llama o) projections carry a bias
+    mlp_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # other keys, written back on save
+
+    def __post_init__(self) -> None:
+        if self.model_type not in ARCHITECTURES:
+            raise ValueError(
+                f"unsupported model_type {self.model_type!r}; supported: {', '.join(ARCHITECTURES)}"
+            )
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.model_type == "llama" and self.attention_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3"
+
+    def num_params(self) -> int:
+        h, i, n = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+        q = self.num_attention_heads * self.head_dim  # type: ignore[operator]
+        kv = self.num_key_value_heads * self.head_dim  # type: ignore[operator]
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return n * per_layer + emb + h
+
+
+class KVCache:
+    """Keys and values for a fixed pool of sequence slots: `[layers][S, L, kv_heads, head_dim]`."""
+
+    def __init__(
+        self, cfg: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype, device: Any = None
+    ) -> None:
+        shape = (num_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.num_slots = num_slots
+        self.max_len = max_len
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies `[head_dim/2]`, with Llama-3 scaling when the config asks for it."""
+    dim = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))  # type: ignore[operator]
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        return inv.float()
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, llama3")
+    factor = scaling["factor"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_ctx = scaling.get("original_max_position_embeddings", 8192)
+    wavelen = 2 * math.pi / inv
+    low_wl, high_wl = old_ctx / low, old_ctx / high
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+    mid = (wavelen <= low_wl) & (wavelen >= high_wl)
+    return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        hd, nh, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        assert hd is not None
+        self.layer, self.hd, self.nh, self.nkv = layer, hd, nh, nkv
+        self.q_proj = nn.Linear(cfg.hidden_size, nh * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, nkv * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, nkv * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(nh * hd, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache | None,
+        slots: torch.Tensor | None,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        # cos/sin: [B, T, hd] -> broadcast over heads
+        q = q * cos[:, :, None] + rotate_half(q) * sin[:, :, None]
+        k = k * cos[:, :, None] + rotate_half(k) * sin[:, :, None]
+        q = q.transpose(1, 2)  # [B, nh, T, hd]
+        if cache is None:
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+            mask = None
+            causal = True
+        else:
+            assert slots is not None
+            ck, cv = cache.k[self.layer], cache.v[self.layer]
+            rows = slots[:, None].expand(B, T)
+            ck.index_put_((rows, positions), k.to(ck.dtype))
+            cv.index_put_((rows, positions), v.to(cv.dtype))
+            span = int(positions.max()) + 1
+            k = ck[slots, :span].transpose(1, 2).to(q.dtype)  # [B, nkv, span, hd]
+            v = cv[slots, :span].transpose(1, 2).to(q.dtype)
+            # each query sees its slot's cache up to its own position
+            mask = torch.arange(span, device=x.device)[None, None, None, :] <= positions[:, None, :, None]
+            causal = False
+        if self.nkv != self.nh:
+            rep = self.nh // self.nkv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, i, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=b)
+        self.up_proj = nn.Linear(h, i, bias=b)
+        self.down_proj = nn.Linear(i, h, bias=b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, positions, cache, slots):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, slots)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Decoder with an LM head. `forward(input_ids [B, T]) -> logits [B, T, V]`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits `[B, T, V]`.
+
+        Without `cache`: causal attention over `input_ids`, positions 0..T-1 (right padding
+        never affects earlier positions). With `cache`: `slots [B]` picks each row's cache slot
+        and `positions [B, T]` where its tokens go; each token attends to its slot's cache
+        up to its own position.
+        """
+        B, T = input_ids.shape
+        if positions is None:
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        freqs = positions[..., None].float() * self.inv_freq  # [B, T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, positions, cache, slots)
+        return self.lm_head(self.model.norm(x))
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        p = self.lm_head.weight
+        return KVCache(self.config, num_slots, max_len, p.dtype, p.device)

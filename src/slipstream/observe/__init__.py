@@ -1,0 +1,1 @@
+"""Metrics sinks (JSONL, TensorBoard, W&B), live progress, plots and reports."""

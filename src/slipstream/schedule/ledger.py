@@ -1,0 +1,52 @@
+"""The group ledger: every generated group ends in exactly one place.
+
+trained, filtered (with a reason), stale (dropped beyond the lag bound), aborted, or lost (to a
+failure). `balanced()` is the invariant that tests hold for every schedule.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Ledger:
+    generated: int = 0
+    trained: int = 0
+    filtered: Counter[str] = field(default_factory=Counter)
+    stale: int = 0
+    aborted: int = 0
+    lost: int = 0
+    in_flight: int = 0  # generated, not yet settled (queued at the end of a run)
+
+    def settled(self) -> int:
+        return self.trained + sum(self.filtered.values()) + self.stale + self.aborted + self.lost
+
+    def balanced(self) -> bool:
+        return self.generated == self.settled() + self.in_flight
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "generated": self.generated,
+            "trained": self.trained,
+            "filtered": dict(self.filtered),
+            "stale": self.stale,
+            "aborted": self.aborted,
+            "lost": self.lost,
+            "in_flight": self.in_flight,
+            "balanced": self.balanced(),
+        }
+
+    def flat(self) -> dict[str, int]:
+        """`ledger/...` metrics for a step record."""
+        out = {f"ledger/{k}": getattr(self, k) for k in ("generated", "trained", "stale", "aborted", "lost")}
+        out["ledger/filtered"] = sum(self.filtered.values())
+        return out
+
+    def load(self, d: dict[str, Any]) -> None:
+        self.generated, self.trained = d["generated"], d["trained"]
+        self.filtered = Counter(d["filtered"])
+        self.stale, self.aborted, self.lost = d["stale"], d["aborted"], d["lost"]
+        self.in_flight = d.get("in_flight", 0)

@@ -1,0 +1,104 @@
+"""Running pass rate of every prompt, and the draw decision of the pass-rate band filter.
+
+The tracker consumes finished groups' rewards (`update`) and answers, when prompts are drawn,
+whether a prompt is still worth generating for (`should_draw`). Mastered prompts (pass rate at
+or above `high`) and hopeless ones (at or below `low`) are skipped, which saves generation, not
+only gradient (ALGORITHMS.md, Filters). Its only state is its own table; it is checkpointed
+with `state_dict()` / `load_state_dict()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slipstream.algo import filters
+
+
+@dataclass
+class PromptRecord:
+    """What the tracker knows of one prompt."""
+
+    passes: int = 0
+    attempts: int = 0
+    ema: float | None = None  # exponential moving average of per-group pass rates
+
+    def rate(self, decay: float | None) -> float:
+        if decay is not None and self.ema is not None:
+            return self.ema
+        return self.passes / self.attempts
+
+
+class PassRateTracker:
+    """Pass rate per prompt id, by counts (default) or by an exponential moving average.
+
+    Counts give the all-time pass rate `passes / attempts`, the right estimate while the policy
+    changes slowly relative to an epoch. With `ema_decay=a`, each new group's pass rate `q`
+    moves the estimate `p <- a * p + (1 - a) * q`, so a prompt that the policy has since learned
+    leaves the band sooner. A sample passes when its reward is at least `success_threshold`.
+    A prompt needs `min_attempts` scored samples before the band can exclude it.
+    """
+
+    def __init__(
+        self,
+        low: float = 0.05,
+        high: float = 0.9,
+        *,
+        success_threshold: float = 1.0,
+        ema_decay: float | None = None,
+        min_attempts: int = 1,
+    ) -> None:
+        filters.in_pass_rate_band(0.5 * (low + high), low, high)  # validates the band
+        if ema_decay is not None and not 0 <= ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
+        if min_attempts < 1:
+            raise ValueError(f"min_attempts must be >= 1, got {min_attempts}")
+        self.low, self.high = low, high
+        self.success_threshold = success_threshold
+        self.ema_decay = ema_decay
+        self.min_attempts = min_attempts
+        self._records: dict[str, PromptRecord] = {}
+
+    def update(self, prompt_id: str, rewards_G: Sequence[float]) -> None:
+        """Record one finished group of `prompt_id` (its G rewards)."""
+        if not rewards_G:
+            return
+        passes = sum(r >= self.success_threshold for r in rewards_G)
+        rec = self._records.setdefault(prompt_id, PromptRecord())
+        rec.passes += passes
+        rec.attempts += len(rewards_G)
+        q = passes / len(rewards_G)
+        if self.ema_decay is not None:
+            rec.ema = q if rec.ema is None else self.ema_decay * rec.ema + (1 - self.ema_decay) * q
+
+    def pass_rate(self, prompt_id: str, default: float | None = None) -> float | None:
+        """The running pass rate of `prompt_id`, or `default` if it was never scored."""
+        rec = self._records.get(prompt_id)
+        return default if rec is None or rec.attempts == 0 else rec.rate(self.ema_decay)
+
+    def should_draw(self, prompt_id: str) -> tuple[bool, str]:
+        """`(draw, reason)`: unseen or under-sampled prompts are always drawn (`"unseen"`),
+        prompts in the band are drawn (`"in_band"`), others are skipped with reason
+        `filters.PASS_RATE_BAND`."""
+        rec = self._records.get(prompt_id)
+        if rec is None or rec.attempts < self.min_attempts:
+            return True, "unseen"
+        return filters.should_draw(rec.rate(self.ema_decay), self.low, self.high)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of the table: `{prompt_id: [passes, attempts, ema]}`.
+
+        Settings are not saved: they come from the config, which may change on resume.
+        """
+        return {"records": {pid: [r.passes, r.attempts, r.ema] for pid, r in self._records.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict()` snapshot, replacing the current table."""
+        self._records = {
+            pid: PromptRecord(int(p), int(a), None if e is None else float(e))
+            for pid, (p, a, e) in state["records"].items()
+        }

@@ -1,0 +1,276 @@
+"""`slipstream sim` and `slipstream plan`: parse, build the simulator's objects, print.
+
+Both entry points take argv without the program and subcommand names, return an exit code,
+and turn a bad input into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from slipstream.schedule.presets import PRESETS, preset
+from slipstream.sim.calibrate import fit_profile, load_calibration, predict, save_calibration
+from slipstream.sim.cost import model_shape
+from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel
+from slipstream.sim.hardware import HARDWARE, Hardware, hardware
+from slipstream.sim.lengths import parse_lengths
+from slipstream.sim.planner import PlanRequest, balanced_split, format_plan, plan, plot_plan
+from slipstream.sim.runs import RunError, read_run
+from slipstream.sim.simulator import Cluster, SimConfig, SimResult, Workload, simulate
+
+DEFAULT_LENGTHS = "lognormal:median=2000,sigma=0.7,max=16384"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, default=128, help="GPUs in the cluster")
+    p.add_argument("--hardware", default="h100", choices=sorted(HARDWARE), help="device preset")
+    p.add_argument("--profile", type=Path, help="a calibration JSON (replaces --hardware)")
+    p.add_argument("--model", default="7b", help="model preset (0.5b, 1.5b, 7b, 8b, 32b, 30b-a3b)")
+    p.add_argument("--batch-prompts", type=int, default=512, help="B: prompts per step")
+    p.add_argument("--group-size", type=int, default=16, help="G: samples per prompt")
+    p.add_argument("--prompt-len", type=float, default=512, help="prompt tokens")
+    p.add_argument(
+        "--lengths",
+        default=DEFAULT_LENGTHS,
+        help="completion lengths (KIND:key=v,... or empirical:RUN_DIR)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--failures", choices=sorted(SOURCES), help="model failures, MTTF from this source"
+    )
+    p.add_argument("--recovery", default="automated", choices=sorted(RECOVERY))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _hardware(args: argparse.Namespace) -> Hardware:
+    return load_calibration(args.profile).hardware if args.profile else hardware(args.hardware)
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    return Workload(
+        args.batch_prompts, args.group_size, parse_lengths(args.lengths), args.prompt_len
+    )
+
+
+def _failures(args: argparse.Namespace) -> FailureModel | None:
+    return FailureModel.from_source(args.failures, args.recovery) if args.failures else None
+
+
+def _run_main(
+    prog: str,
+    build: argparse.ArgumentParser,
+    body: Callable[[argparse.Namespace], int],
+    argv: list[str],
+) -> int:
+    try:
+        args = build.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        return body(args)
+    except (ValueError, RunError, OSError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+
+
+# -- sim ----------------------------------------------------------------------------------
+
+
+def _sim_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="slipstream sim",
+        description="Simulate an RL run on a cluster, or calibrate the CPU profile.",
+    )
+    _common(p)
+    p.add_argument("--schedule", default="pipeline", choices=list(PRESETS))
+    p.add_argument("--max-lag", type=int, help="K for async and pipeline")
+    p.add_argument(
+        "--samplers",
+        type=int,
+        help="sampler GPUs (default: colocated for sync and tail_batching, else balanced)",
+    )
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--lag-policy", default="keep", choices=["keep", "drop", "abort"])
+    p.add_argument(
+        "--calibrate", type=Path, metavar="RUN_DIR", help="fit the CPU profile from a local run"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="where --calibrate writes the profile (default RUN_DIR/sim_profile.json)",
+    )
+    p.add_argument(
+        "--predict",
+        type=Path,
+        metavar="RUN_DIR",
+        help="predict a local run with --profile and compare",
+    )
+    return p
+
+
+def _sim(args: argparse.Namespace) -> int:
+    if args.calibrate:
+        return _calibrate(args)
+    if args.predict:
+        return _predict(args)
+    hw, model, work = _hardware(args), model_shape(args.model), _workload(args)
+    spec = preset(args.schedule, args.max_lag)
+    samplers = args.samplers
+    if samplers is None and not (spec.batching == "fixed" and spec.max_lag == 0):
+        samplers = balanced_split(PlanRequest(args.gpus, hw, model, work))
+    cfg = SimConfig(
+        Cluster(hw, model, args.gpus, samplers),
+        work,
+        spec,
+        args.steps,
+        args.seed,
+        lag_policy=args.lag_policy,
+        failures=_failures(args),
+    )
+    res = simulate(cfg)
+    if args.json:
+        print(json.dumps({**res.summary(), "lag_counts": res.lag_counts, "groups": res.groups}))
+    else:
+        print(_format_result(res))
+    return 0
+
+
+def _format_result(res: SimResult) -> str:
+    c = res.config.cluster
+    where = (
+        "colocated" if c.colocated else f"{c.sampler_gpus} sampler + {c.trainer_gpus} trainer GPUs"
+    )
+    lines = [
+        f"{res.config.schedule.name} (max lag {res.config.schedule.max_lag}) on {c.n_gpus} x "
+        f"{c.hardware.name}, {where}, {c.n_engines} engines x {res.engine_slots} slots",
+        "",
+    ]
+    units = {"throughput_tokens_s": "tokens/s", "cost_per_mtok": "$", "wall_s": "s"}
+    for k, v in res.summary().items():
+        lines.append(f"  {k:22} {v:>14.4g} {units.get(k, '')}")
+    lines.append(f"  {'lag histogram':22} {res.lag_counts}")
+    lines.append(f"  {'groups':22} {res.groups}")
+    if res.failures:
+        lines.append(f"  {'failures':22} {res.failures}")
+    return "\n".join(lines)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    cal = fit_profile(read_run(args.calibrate))
+    out = args.out or args.calibrate / "sim_profile.json"
+    save_calibration(cal, out)
+    hw = cal.hardware
+    rows = {
+        "decode s/pass": hw.decode_overhead_s,
+        "decode s/token": hw.decode_seq_s,
+        "decode s/context token": hw.decode_ctx_s,
+        "train s/step": hw.train_overhead_s,
+        "train s/token": hw.train_token_s,
+        "sync latency s": hw.sync_latency_s,
+        "fit error generate": cal.fit_error["generate"],
+        "fit error train": cal.fit_error["train"],
+    }
+    if args.json:
+        print(json.dumps({**rows, "profile": str(out)}))
+    else:
+        print("\n".join(f"  {k:24} {v:.4g}" for k, v in rows.items()))
+        print(f"wrote {out}")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    if not args.profile:
+        raise ValueError("--predict needs --profile (from --calibrate)")
+    cmp = predict(load_calibration(args.profile), read_run(args.predict))
+    if args.json:
+        print(json.dumps(cmp))
+        return 0
+    print(f"  {'':16} {'measured':>10} {'predicted':>10} {'error':>8}")
+    for k, err in (("step_time_s", "step_time_err"), ("sampler_busy", "sampler_busy_err")):
+        print(f"  {k:16} {cmp[k]:>10.4g} {cmp[k + '_pred']:>10.4g} {cmp[err]:>+8.1%}")
+    return 0
+
+
+def sim_main(argv: list[str]) -> int:
+    """`slipstream sim ...`: simulate, calibrate (--calibrate) or predict (--predict)."""
+    return _run_main("slipstream sim", _sim_parser(), _sim, argv)
+
+
+# -- plan ---------------------------------------------------------------------------------
+
+
+def _plan_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="slipstream plan", description="Recommend the split, schedule and max lag for a run."
+    )
+    _common(p)
+    p.add_argument(
+        "--schedules", default=",".join(PRESETS), help="comma-separated presets to consider"
+    )
+    p.add_argument("--lag-cap", type=int, default=8, help="largest max lag accepted")
+    p.add_argument("--steps", type=int, default=8, help="steps simulated per candidate")
+    p.add_argument("--plot", default="plan.png", help="PNG to draw ('' for none)")
+    return p
+
+
+def _plan(args: argparse.Namespace) -> int:
+    schedules = tuple(s for s in args.schedules.split(",") if s)
+    for s in schedules:
+        preset(s)  # raises naming the valid presets
+    req = PlanRequest(
+        args.gpus,
+        _hardware(args),
+        model_shape(args.model),
+        _workload(args),
+        schedules=schedules,
+        lag_cap=args.lag_cap,
+        steps=args.steps,
+        seed=args.seed,
+        failures=_failures(args),
+    )
+    p = plan(req)
+    if args.plot:
+        plot_plan(p, args.plot)
+    r = p.recommended
+    assert r is not None
+    if args.json:
+        rows = [
+            {
+                "schedule": c.schedule,
+                "max_lag": c.max_lag,
+                "sampler_gpus": c.sampler_gpus,
+                "trainer_gpus": c.trainer_gpus,
+                **c.metrics,
+            }
+            for c in p.best
+        ]
+        print(json.dumps({"recommended": rows[p.best.index(r)], "candidates": rows}))
+        return 0
+    print(format_plan(p))
+    where = (
+        "colocated"
+        if r.sampler_gpus is None
+        else f"{r.sampler_gpus} sampler / {r.trainer_gpus} trainer GPUs"
+    )
+    print(
+        f"\nrecommended: {r.schedule}, max lag {r.max_lag}, {where}: {r.throughput:,.0f} trained tokens/s"
+    )
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def plan_main(argv: list[str]) -> int:
+    """`slipstream plan ...`: table and plot of the best configurations, and a recommendation."""
+    return _run_main("slipstream plan", _plan_parser(), _plan, argv)

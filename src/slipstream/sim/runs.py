@@ -1,0 +1,154 @@
+"""Reading a run folder: the resolved `config.toml`, `model_info.json` and `metrics.jsonl`.
+
+The simulator needs only a few keys; each is looked up under the names the orchestrator writes
+(`[sampling] group_size`, `max_new_tokens`, `[trainer] batch_prompts`, `micro_batch_size`,
+`[schedule] name`, `max_lag`) with optional ones for the local runtime: the number of sampler
+processes (`[runtime] num_samplers`, default 1) and the most sequences an engine decodes at
+once (`[engine] max_batch`, default: the whole batch at once). Errors name the file and, for
+metrics, the line.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Per-step metrics the calibration fits on (see calibrate.py).
+REQUIRED_METRICS = (
+    "step",
+    "step_time_s",
+    "time/generate_s",
+    "time/train_s",
+    "tokens/generated",
+    "tokens/trained",
+    "engine/decode_steps",
+    "engine/prefill_tokens",
+    "sampler_busy",
+)
+
+
+class RunError(ValueError):
+    """A run folder is missing something or holds a malformed value."""
+
+
+@dataclass
+class RunRecord:
+    """What the simulator reads from one run folder."""
+
+    path: Path
+    config: dict[str, Any]
+    model_info: dict[str, Any]
+    metrics: list[dict[str, Any]]
+
+    def _get(self, section: str, key: str, default: Any = None) -> Any:
+        value = self.config.get(section, {}).get(key, default)
+        if value is None:
+            raise RunError(f"{self.path / 'config.toml'}: missing [{section}] {key}")
+        return value
+
+    @property
+    def group_size(self) -> int:
+        return int(self._get("sampling", "group_size"))
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self._get("sampling", "max_new_tokens"))
+
+    @property
+    def batch_prompts(self) -> int:
+        return int(self._get("trainer", "batch_prompts"))
+
+    @property
+    def micro_batch_size(self) -> int:
+        return int(self._get("trainer", "micro_batch_size", 0))
+
+    @property
+    def schedule(self) -> str:
+        return str(self._get("schedule", "name"))
+
+    @property
+    def max_lag(self) -> int:
+        return int(self._get("schedule", "max_lag", 0))
+
+    @property
+    def num_samplers(self) -> int:
+        runtime = self.config.get("runtime", {})
+        return int(runtime.get("num_samplers", runtime.get("samplers", 1)))
+
+    @property
+    def max_batch(self) -> int:
+        """Most sequences one engine decodes at once; the whole step's batch when unset."""
+        engine = self.config.get("engine", {})
+        value = engine.get("max_batch", engine.get("max_num_seqs"))
+        return int(value) if value else self.batch_prompts * self.group_size
+
+    @property
+    def prompt_len(self) -> float:
+        """Mean prompt tokens of a sample: the `prompt_len_mean` metric when logged, else
+        prefilled tokens / samples (an engine that prefills every sample)."""
+        logged = [float(m["prompt_len_mean"]) for m in self.metrics if "prompt_len_mean" in m]
+        if logged:
+            return sum(logged) / len(logged)
+        samples = len(self.metrics) * self.batch_prompts * self.group_size
+        return sum(float(m["engine/prefill_tokens"]) for m in self.metrics) / samples
+
+    @property
+    def prefills_per_group(self) -> float:
+        """Prompt prefills per group: 1 with a shared prefix, G when every sample prefills."""
+        per_group = sum(float(m["engine/prefill_tokens"]) for m in self.metrics) / (
+            len(self.metrics) * self.batch_prompts
+        )
+        return per_group / self.prompt_len if self.prompt_len > 0 else 1.0
+
+    def completion_lens(self) -> list[list[int]]:
+        """Each step's completion lengths, group by group."""
+        out = [m["completion_lens"] for m in self.metrics if m.get("completion_lens")]
+        if not out:
+            raise RunError(f"{self.path / 'metrics.jsonl'}: no step has completion_lens")
+        return out
+
+
+def read_metrics(path: Path, require: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """One dict per line of a JSONL file; a bad line or a missing `require`d key raises,
+    naming the file and line."""
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RunError(f"{path}:{i}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise RunError(f"{path}:{i}: expected a JSON object")
+            missing = [k for k in require if k not in row]
+            if missing:
+                raise RunError(f"{path}:{i}: missing {', '.join(missing)}")
+            rows.append(row)
+    return rows
+
+
+def read_run(run_dir: Path, require: tuple[str, ...] = REQUIRED_METRICS) -> RunRecord:
+    """Read a run folder; raise `RunError` naming what is missing."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunError(f"{run_dir}: not a run folder")
+    config_path, metrics_path = run_dir / "config.toml", run_dir / "metrics.jsonl"
+    for p in (config_path, metrics_path):
+        if not p.is_file():
+            raise RunError(f"{p}: missing")
+    try:
+        config = tomllib.loads(config_path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise RunError(f"{config_path}: {e}") from None
+    info_path = run_dir / "model_info.json"
+    model_info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    model_info = model_info or config.get("model", {})
+    metrics = read_metrics(metrics_path, require)
+    if not metrics:
+        raise RunError(f"{metrics_path}: no steps")
+    return RunRecord(run_dir, config, model_info, metrics)

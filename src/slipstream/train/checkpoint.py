@@ -1,0 +1,76 @@
+"""Checkpoints: an HF-format model folder plus optimizer and run state, written atomically.
+
+Written to a temporary folder, fsynced, then renamed into place, so a crash at any moment leaves
+the previous checkpoint readable. Optimizer state loads with `torch.load(weights_only=True)`;
+weights only through safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slipstream.model import CausalLM, Tokenizer, save_pretrained
+
+PREFIX = "step_"
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: CausalLM,
+    tokenizer: Tokenizer,
+    trainer_state: dict[str, Any],
+    state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write `checkpoints/step_NNNNNN` atomically and delete all but the newest `keep`."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{step:06d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    try:
+        save_pretrained(model, tmp / "model")
+        tokenizer.save(tmp / "model")
+        torch.save(trainer_state, tmp / "trainer.pt")
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary folders of interrupted writes excluded)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.exists():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").exists())
+
+
+def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
+    return torch.load(Path(ckpt) / "trainer.pt", weights_only=True)

@@ -1,0 +1,108 @@
+"""One optimizer step from scored groups: recompute log-probs, loss, AdamW.
+
+The trainer owns the policy weights and their version (its optimizer step count). It never
+knows which schedule or runtime feeds it: `step(groups)` takes finished, scored groups with
+their advantages and returns metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from slipstream.algo import losses, staleness
+from slipstream.config import TrainerConfig
+from slipstream.model.llama import CausalLM
+from slipstream.train.batch import collate, token_logprobs
+from slipstream.types import Batch, Group
+
+
+class Trainer:
+    """AdamW on a `CausalLM`, one `step()` per policy version."""
+
+    def __init__(self, model: CausalLM, cfg: TrainerConfig, temperature: float, pad_id: int) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.temperature = temperature
+        self.pad_id = pad_id
+        self.version = 0
+        self.skipped_steps = 0
+        self.opt = torch.optim.AdamW(
+            model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99)
+        )
+        self._hp: dict[str, Any] = {
+            k: v for k, v in (("eps_low", cfg.eps_low), ("eps_high", cfg.eps_high)) if v is not None
+        }
+
+    def batch(self, groups: Sequence[Group]) -> Batch:
+        samples, adv, gid = [], [], []
+        for g, group in enumerate(groups):
+            assert group.advantages_G is not None, "advantages must be computed before training"
+            samples += group.samples
+            adv += group.advantages_G
+            gid += [g] * len(group.samples)
+        return collate(samples, adv, gid, self.pad_id)
+
+    def lr_at(self, version: int) -> float:
+        if self.cfg.warmup_steps and version < self.cfg.warmup_steps:
+            return self.cfg.lr * (version + 1) / self.cfg.warmup_steps
+        return self.cfg.lr
+
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Train on `groups`; bump the version. Skips (and counts) a non-finite step."""
+        self.model.train()
+        full = self.batch(groups)
+        num_tokens = full.loss_mask.sum()
+        num_seqs = full.loss_mask.any(dim=1).sum()
+        max_len = full.loss_mask.shape[1]
+        parts, ent_sum, seq_lr = [], torch.zeros(()), []
+        self.opt.zero_grad(set_to_none=True)
+        mb = self.cfg.micro_batch_size
+        total_loss = torch.zeros(())
+        for start in range(0, len(full.advantages), mb):
+            batch = full.slice(slice(start, start + mb))
+            logp, entropy = token_logprobs(self.model, batch, self.temperature)
+            out = losses.compute(
+                self.cfg.loss, logp, batch.behavior_logp, batch.advantages, batch.loss_mask,
+                agg=self.cfg.agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len, **self._hp,
+            )
+            out.loss.backward()
+            total_loss += out.loss.detach()
+            parts.append(out.metrics)
+            ent_sum += (entropy.detach() * batch.loss_mask).sum()
+            seq_lr.append(staleness.seq_log_ratio(logp.detach(), batch.behavior_logp, batch.loss_mask))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        lr = self.lr_at(self.version)
+        lr_scale = staleness.vcpo_lr_scale(torch.cat(seq_lr)) if self.cfg.vcpo else 1.0
+        finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
+        if finite:
+            for g in self.opt.param_groups:
+                g["lr"] = lr * lr_scale
+            self.opt.step()
+        else:
+            self.skipped_steps += 1  # weights and optimizer state untouched
+        self.opt.zero_grad(set_to_none=True)
+        self.version += 1
+        metrics = {f"train/{k}": v for k, v in losses.to_floats(losses.merge_metrics(parts)).items()}
+        metrics.update({
+            "train/loss": float(total_loss),
+            "train/entropy": float(ent_sum / num_tokens.clamp(min=1)),
+            "train/grad_norm": float(grad_norm),
+            "train/lr": lr * lr_scale,
+            "train/skipped": 0.0 if finite else 1.0,
+            "tokens/trained": float(num_tokens),
+        })
+        if math.isnan(metrics["train/grad_norm"]):
+            metrics["train/grad_norm"] = float("inf")
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.opt.state_dict(), "version": self.version, "skipped": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        self.version = state["version"]
+        self.skipped_steps = state["skipped"]

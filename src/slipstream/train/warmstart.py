@@ -1,0 +1,108 @@
+"""Supervised warm start of the built-in model on solved examples, cached so it runs once.
+
+A model trained from scratch solves nothing, and RL on all-zero rewards has no signal. A short
+supervised start on correct completions brings it into the range where some samples succeed;
+it stops as soon as held-out accuracy reaches `target_acc`, so RL starts with room to improve.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slipstream.config import WarmstartConfig
+from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer, save_pretrained
+from slipstream.model.builtin import init_builtin
+from slipstream.tasks.arithmetic import RunningSums
+from slipstream.train.batch import collate, token_logprobs
+from slipstream.types import FinishReason, Prompt, Sample
+
+CACHE_VERSION = "ws-1"
+
+
+def cache_root(cfg: WarmstartConfig) -> Path:
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir)
+    base = os.environ.get("SLIPSTREAM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "slipstream")
+    return Path(base)
+
+
+def cache_key(task: RunningSums, cfg: WarmstartConfig, seed: int) -> str:
+    model, tok = init_builtin(seed)
+    spec = {
+        "v": CACHE_VERSION,
+        "model": asdict(model.config),
+        "task": {k: getattr(task, k) for k in ("num_train", "num_heldout", "k_min", "k_max", "alpha", "seed")},
+        "ws": cfg.model_dump(exclude={"cache_dir"}),
+        "seed": seed,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def supervised_sample(prompt: Prompt, tok: Tokenizer) -> Sample:
+    completion = tok.encode(prompt.answer) + [tok.eos_id]
+    n = len(completion)
+    return Sample(prompt.id, tok.encode(prompt.text), completion, [0.0] * n, [0] * n, FinishReason.STOP)
+
+
+def supervised_step(model: CausalLM, opt: torch.optim.Optimizer, samples: list[Sample], pad_id: int) -> float:
+    """One cross-entropy step on the completion tokens of `samples`."""
+    batch = collate(samples, [1.0] * len(samples), list(range(len(samples))), pad_id)
+    model.train()
+    logp, _ = token_logprobs(model, batch)
+    loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach())
+
+
+def warm_start(
+    task: RunningSums,
+    cfg: WarmstartConfig,
+    seed: int,
+    evaluate: Callable[[CausalLM, Tokenizer], float],
+    report: Callable[[int, float, float | None], None] = lambda step, loss, acc: None,
+    eval_every: int = 50,
+) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
+    """The warm-started built-in model: from the cache, or trained now and cached atomically."""
+    folder = cache_root(cfg) / f"builtin-{cache_key(task, cfg, seed)}"
+    if (folder / "warmstart.json").exists():
+        info = json.loads((folder / "warmstart.json").read_text())
+        return load_pretrained(folder), load_tokenizer(folder), {**info, "cached": True}
+    model, tok = init_builtin(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
+    rng = random.Random(seed)
+    train = task.train_prompts()
+    t0, acc, step = time.perf_counter(), 0.0, 0
+    for step in range(1, cfg.max_steps + 1):
+        loss = supervised_step(model, opt, [supervised_sample(rng.choice(train), tok) for _ in range(cfg.batch_size)], tok.pad_id)
+        acc_now = evaluate(model, tok) if step % eval_every == 0 else None
+        report(step, loss, acc_now)
+        if acc_now is not None:
+            acc = acc_now
+            if acc >= cfg.target_acc:
+                break
+    info = {"steps": step, "heldout_acc": acc, "seconds": time.perf_counter() - t0}
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
+    save_pretrained(model, tmp)
+    tok.save(tmp)
+    (tmp / "warmstart.json").write_text(json.dumps(info))
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process cached it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model.eval(), tok, {**info, "cached": False}

@@ -1,0 +1,119 @@
+"""Logit parity with `transformers` for Llama, Qwen2 and Qwen3, both directions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slipstream.model import load_pretrained, save_pretrained
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rope_theta=5000.0,
+)
+
+
+def _hf_model(arch: str, **over):
+    cfgs = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }
+    cfg_cls, model_cls = cfgs[arch]
+    kw = {**SMALL, **over}
+    if arch == "qwen3":
+        kw.setdefault("head_dim", 16)
+    torch.manual_seed(0)
+    model = model_cls(cfg_cls(**kw)).float().eval()
+    with torch.no_grad():  # random biases, so that a dropped bias would show
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def _ids(vocab: int = 97) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, vocab, (3, 11), generator=g)
+
+
+CASES = [
+    ("llama", {}),
+    ("llama", {"tie_word_embeddings": True}),
+    ("llama", {"attention_bias": True, "mlp_bias": True}),
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    ("qwen2", {}),
+    ("qwen2", {"tie_word_embeddings": True}),
+    ("qwen3", {}),
+]
+
+
+@pytest.mark.parametrize(("arch", "over"), CASES)
+def test_logits_match_transformers_both_ways(tmp_path, arch, over):
+    hf = _hf_model(arch, **over)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf")
+    ids = _ids()
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = ours(ids)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+    save_pretrained(ours, tmp_path / "ours")
+    back = type(hf).from_pretrained(tmp_path / "ours").float().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, want, atol=1e-5, rtol=0)
+
+
+def test_sharded_checkpoint_roundtrip(tmp_path):
+    hf = _hf_model("qwen2")
+    ours = load_pretrained(_save(hf, tmp_path / "hf"))
+    save_pretrained(ours, tmp_path / "sharded", max_shard_bytes=20_000)
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+    assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 2
+    again = load_pretrained(tmp_path / "sharded")
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids), hf(ids).logits, atol=1e-5, rtol=0)
+    hf_again = transformers.Qwen2ForCausalLM.from_pretrained(tmp_path / "sharded").float().eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf_again(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
+
+
+def _save(model, path):
+    model.save_pretrained(path)
+    return path
+
+
+def test_cached_prefill_and_decode_equal_full_forward(tmp_path):
+    """Prefill into slots, then one token at a time, gives the full forward's logits."""
+    model = load_pretrained(_save(_hf_model("llama"), tmp_path / "m"))
+    ids = _ids()
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(num_slots=5, max_len=32)
+        slots = torch.tensor([4, 0, 2])
+        pre = 6
+        pos = torch.arange(pre).expand(3, pre)
+        out = [model(ids[:, :pre], positions=pos, cache=cache, slots=slots)]
+        for t in range(pre, ids.shape[1]):
+            p = torch.full((3, 1), t)
+            out.append(model(ids[:, t : t + 1], positions=p, cache=cache, slots=slots))
+    torch.testing.assert_close(torch.cat(out, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_missing_weights_is_a_clear_error(tmp_path):
+    hf = _hf_model("llama")
+    hf.save_pretrained(tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_pretrained(tmp_path / "m")

@@ -1,0 +1,174 @@
+"""Calibration against synthetic local runs.
+
+No real local run exists yet, so `fake_run` writes run folders in the orchestrator's format
+from an independent, step-by-step model of the local runtime (one sampler process decoding its
+whole batch at once, one trainer process): every decode step costs a + b n + e ctx seconds,
+every prompt is prefilled by one pass, training costs c + d tokens, and each weight sync
+`sync` seconds; 3 % noise on every phase. The calibration must recover those costs from one
+run and predict another run, with another batch size or schedule, within 10 %.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slipstream.sim.calibrate import (
+    fit_profile,
+    load_calibration,
+    nonneg_lstsq,
+    predict,
+    save_calibration,
+)
+from slipstream.sim.cli import sim_main
+from slipstream.sim.runs import RunError, read_run
+
+TRUE = {"a": 2e-3, "b": 1.5e-4, "e": 4e-7, "c": 0.05, "d": 3e-5, "sync": 0.02}
+PROMPT = 24
+MODEL_INFO = {
+    "params": 2_000_000,
+    "layers": 4,
+    "hidden": 128,
+    "kv_heads": 2,
+    "head_dim": 32,
+    "vocab": 512,
+}
+
+
+def _generate(lens: np.ndarray, rng: np.random.Generator) -> float:
+    """Seconds for one sampler to prefill and decode every sequence of `lens` together."""
+    a, b, e = TRUE["a"], TRUE["b"], TRUE["e"]
+    t = len(lens) * (a + b * PROMPT + e * PROMPT * PROMPT / 2)
+    for x in range(int(lens.max())):
+        active = lens > x
+        n = int(active.sum())
+        t += a + b * n + e * n * (PROMPT + x)
+    return t * (1 + 0.03 * rng.standard_normal())
+
+
+def _lengths(rng: np.random.Generator, prompts: int, group: int, max_new: int) -> np.ndarray:
+    mu = np.log(60) + 0.4 * rng.standard_normal(prompts)
+    lens = np.exp(mu[:, None] + 0.4 * rng.standard_normal((prompts, group)))
+    return np.clip(np.rint(lens), 1, max_new).astype(int).ravel()
+
+
+def fake_run(
+    path: Path, batch_prompts: int, schedule: str = "sync", steps: int = 60, seed: int = 0
+) -> Path:
+    """A run folder as the local runtime writes it. `sync`: generate, train, sync in turn.
+    `double_buffer`: the sampler generates batch k+1 (with weights k-1) while the trainer
+    trains batch k."""
+    rng = np.random.default_rng(seed)
+    group, max_new = 4, 256
+    path.mkdir(parents=True)
+    path.joinpath("config.toml").write_text(
+        f"[sampling]\ngroup_size = {group}\nmax_new_tokens = {max_new}\n"
+        f"[trainer]\nbatch_prompts = {batch_prompts}\nmicro_batch_size = 8\n"
+        f'[schedule]\nname = "{schedule}"\nmax_lag = {1 if schedule == "double_buffer" else 0}\n'
+    )
+    path.joinpath("model_info.json").write_text(json.dumps(MODEL_INFO))
+    sampler_free, trainer_free, published, last_end = 0.0, 0.0, [0.0], 0.0
+    rows = []
+    for k in range(steps):
+        lens = _lengths(rng, batch_prompts, group, max_new)
+        gen = _generate(lens, rng)
+        trained = int(lens.sum()) + PROMPT * len(lens)
+        train = (TRUE["c"] + TRUE["d"] * trained) * (1 + 0.03 * rng.standard_normal())
+        lag = 1 if schedule == "double_buffer" else 0
+        start = max(sampler_free, published[max(0, k - lag)])
+        start += TRUE["sync"] if k > 0 else 0.0  # the sampler loads the newest weights
+        sampler_free = start + gen
+        train_end = max(sampler_free, trainer_free) + train
+        trainer_free = train_end + (TRUE["sync"] if schedule != "sync" else 0.0)
+        published.append(train_end)
+        step_time, last_end = train_end - last_end, train_end
+        rows.append(
+            {
+                "step": k,
+                "step_time_s": step_time,
+                "time/generate_s": gen,
+                "time/train_s": train,
+                "tokens/generated": int(lens.sum()),
+                "tokens/trained": trained,
+                "engine/decode_steps": int(lens.max()),
+                "engine/prefill_tokens": PROMPT * len(lens),
+                "completion_len_mean": float(lens.mean()),
+                "completion_len_max": int(lens.max()),
+                "sampler_busy": min(1.0, gen / step_time),
+                "completion_lens": lens.tolist(),
+            }
+        )
+    path.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_nonneg_lstsq_recovers_and_clamps() -> None:
+    X = np.array([[1.0, 2.0], [2.0, 1.0], [3.0, 5.0]])
+    assert nonneg_lstsq(X, X @ np.array([0.5, 2.0])) == pytest.approx([0.5, 2.0])
+    coef = nonneg_lstsq(X, X @ np.array([1.0, -0.3]))
+    assert (coef >= 0).all() and coef[1] == 0
+
+
+def test_fit_recovers_the_true_costs(tmp_path: Path) -> None:
+    cal = fit_profile(read_run(fake_run(tmp_path / "a", batch_prompts=8)))
+    hw = cal.hardware
+    assert cal.prompt_len == PROMPT and cal.prefills_per_group == 4  # every sample prefilled
+    assert hw.decode_overhead_s == pytest.approx(TRUE["a"], rel=0.25)
+    assert hw.decode_seq_s == pytest.approx(TRUE["b"], rel=0.3)
+    assert hw.train_token_s == pytest.approx(TRUE["d"], rel=0.2)
+    assert hw.sync_latency_s == pytest.approx(TRUE["sync"], abs=0.02)
+    assert cal.fit_error["generate"] < 0.05 and cal.fit_error["train"] < 0.05
+
+
+@pytest.mark.parametrize(
+    ("batch_prompts", "schedule"),
+    [(16, "sync"), (4, "sync"), (8, "double_buffer")],
+)
+def test_predicts_another_batch_size_or_schedule_within_10_percent(
+    tmp_path: Path, batch_prompts: int, schedule: str
+) -> None:
+    cal = fit_profile(read_run(fake_run(tmp_path / "a", batch_prompts=8)))
+    target = read_run(
+        fake_run(tmp_path / "b", batch_prompts=batch_prompts, schedule=schedule, seed=7)
+    )
+    cmp = predict(cal, target)
+    assert abs(cmp["step_time_err"]) < 0.10, cmp
+    assert abs(cmp["sampler_busy_err"]) < 0.10, cmp
+
+
+def test_calibration_file_round_trip(tmp_path: Path) -> None:
+    cal = fit_profile(read_run(fake_run(tmp_path / "a", batch_prompts=8, steps=4)))
+    save_calibration(cal, tmp_path / "p.json")
+    assert load_calibration(tmp_path / "p.json") == cal
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(RunError, match="not a calibration file"):
+        load_calibration(tmp_path / "bad.json")
+
+
+def test_cli_calibrate_then_predict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = fake_run(tmp_path / "a", batch_prompts=8, steps=6)
+    b = fake_run(tmp_path / "b", batch_prompts=16, steps=6, seed=3)
+    assert sim_main(["--calibrate", str(a)]) == 0
+    assert (a / "sim_profile.json").exists() and "decode s/pass" in capsys.readouterr().out
+    assert sim_main(["--predict", str(b), "--profile", str(a / "sim_profile.json"), "--json"]) == 0
+    cmp = json.loads(capsys.readouterr().out)
+    assert abs(cmp["step_time_err"]) < 0.15
+
+
+def test_run_folder_errors_name_file_and_line(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "a", batch_prompts=2, steps=3)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], "{oops", lines[2]]) + "\n")
+    with pytest.raises(RunError, match=r"metrics.jsonl:2: not JSON"):
+        read_run(run)
+    row = json.loads(lines[0])
+    del row["time/train_s"]
+    (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    with pytest.raises(RunError, match=r"metrics.jsonl:1: missing time/train_s"):
+        read_run(run)
+    (run / "config.toml").unlink()
+    with pytest.raises(RunError, match=r"config.toml: missing"):
+        read_run(run)

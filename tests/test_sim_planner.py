@@ -1,0 +1,122 @@
+"""The planner and the `slipstream sim` / `slipstream plan` entry points."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from slipstream.sim.cli import plan_main, sim_main
+from slipstream.sim.cost import model_shape
+from slipstream.sim.hardware import hardware
+from slipstream.sim.lengths import Lognormal
+from slipstream.sim.planner import PlanRequest, balanced_split, format_plan, plan, plot_plan
+from slipstream.sim.simulator import Workload
+
+LONG_TAIL = Workload(16, 4, Lognormal(median=800, sigma=0.9, max_len=8192), prompt_len=128)
+
+
+def request(**kw: object) -> PlanRequest:
+    base = dict(
+        n_gpus=16, hardware=hardware("h100"), model=model_shape("0.5b"), workload=LONG_TAIL, steps=8
+    )
+    return PlanRequest(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_plan_prefers_overlap_on_long_tails() -> None:
+    p = plan(request())
+    r = p.recommended
+    assert r is not None
+    assert r.schedule in ("async", "pipeline")
+    sync = next(c for c in p.best if c.schedule == "sync")
+    assert r.throughput > 1.5 * sync.throughput
+    # The recommendation is the best or within tolerance of it, at a lag no higher.
+    top = p.best[0]
+    assert r.throughput >= 0.97 * top.throughput and r.max_lag <= top.max_lag
+    assert 1 <= r.sampler_gpus < 16 and r.sampler_gpus + r.trainer_gpus == 16  # type: ignore[operator]
+
+
+def test_plan_respects_lag_cap_and_schedule_choice() -> None:
+    p = plan(request(schedules=("sync", "pipeline"), lag_cap=2))
+    assert {c.schedule for c in p.candidates} == {"sync", "pipeline"}
+    assert max(c.max_lag for c in p.candidates) <= 2
+
+
+def test_split_search_finds_the_peak_of_a_full_scan() -> None:
+    req = request(schedules=("pipeline",), max_lags=(4,))
+    p = plan(req)
+    found = p.best[0].throughput
+    from slipstream.sim.planner import _evaluate
+
+    scan = [_evaluate(req, "pipeline", 4, s).throughput for s in range(1, 16)]
+    assert found >= 0.97 * max(scan)
+    assert len(p.candidates) < len(scan)  # and it took fewer simulations than the scan
+
+
+def test_balanced_split_is_near_the_simulated_best() -> None:
+    req = request(schedules=("pipeline",), max_lags=(8,))
+    best = plan(req).best[0].sampler_gpus
+    assert best is not None
+    assert abs(balanced_split(req) - best) <= 4
+
+
+def test_table_and_plot(tmp_path: Path) -> None:
+    p = plan(request(schedules=("sync", "double_buffer", "pipeline"), max_lags=(2,)))
+    table = format_plan(p)
+    assert "schedule" in table and "pipeline" in table and "coloc" in table
+    assert sum(line.startswith("*") for line in table.splitlines()) == 1
+    out = tmp_path / "plan.png"
+    plot_plan(p, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_main_prints_table_and_draws(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "p.png"
+    args = ["--gpus", "16", "--model", "0.5b", "--batch-prompts", "16", "--group-size", "4"]
+    args += ["--lengths", "lognormal:median=800,sigma=0.9,max=8192", "--prompt-len", "128"]
+    args += ["--schedules", "sync,pipeline", "--plot", str(png)]
+    assert plan_main(args) == 0
+    out = capsys.readouterr().out
+    assert "recommended:" in out and png.exists()
+    assert plan_main([*args, "--json", "--plot", ""]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["recommended"]["schedule"] in ("sync", "pipeline")
+
+
+def test_sim_main_json(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--gpus", "16", "--model", "0.5b", "--batch-prompts", "16", "--group-size", "4"]
+    args += ["--lengths", "lognormal:median=500,sigma=0.7,max=4096", "--steps", "10", "--json"]
+    assert sim_main([*args, "--schedule", "pipeline", "--max-lag", "2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["throughput_tokens_s"] > 0 and max(map(int, data["lag_counts"])) >= 0
+    assert sim_main([*args, "--schedule", "sync", "--failures", "production"]) == 0
+    assert sim_main(["--schedule", "sync", "--gpus", "16", "--model", "0.5b", "--steps", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "sync (max lag 0) on 16 x h100, colocated" in out and "lag histogram" in out
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "needle"),
+    [
+        (sim_main, ["--model", "13q"], "unknown model '13q'"),
+        (sim_main, ["--lengths", "gamma:k=2"], "kind must be"),
+        (sim_main, ["--schedule", "pipeline", "--samplers", "128"], "no trainer GPUs"),
+        (sim_main, ["--predict", "/nonexistent"], "--predict needs --profile"),
+        (sim_main, ["--calibrate", "/nonexistent"], "not a run folder"),
+        (sim_main, ["--steps", "many"], "invalid int value"),
+        (plan_main, ["--schedules", "sync,fast"], "unknown schedule 'fast'"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    main: Callable[[list[str]], int],
+    argv: list[str],
+    needle: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
