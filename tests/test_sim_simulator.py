@@ -93,6 +93,11 @@ def test_tail_batching_helps_when_lengths_are_predictable() -> None:
     assert tail.step_times_s.std() > sync.step_times_s.std()  # short and long batches alternate
 
 
+def test_tail_batching_pools_of_any_size() -> None:
+    res = simulate(small("tail_batching", workload=replace(WORK, tail_pool=3)))
+    assert _adds_up(res.groups) and res.groups["trained"] == 25 * WORK.batch_prompts
+
+
 def test_colocated_overlap_is_rejected() -> None:
     cfg = SimConfig(Cluster(H100, SMALL, 16), WORK, preset("pipeline"), steps=5)
     with pytest.raises(ValueError, match="separate sampler and trainer"):

@@ -9,13 +9,13 @@ member.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import torch
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     """Why generation of a sample ended."""
 
     STOP = "stop"  # produced the end-of-sequence token

@@ -10,7 +10,6 @@ import torch
 
 from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.model.tokenizer import Tokenizer, char_tokenizer
-
 from slipstream.tasks.arithmetic import ALPHABET as BUILTIN_ALPHABET
 
 

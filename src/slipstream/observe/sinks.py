@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import warnings
@@ -51,10 +52,8 @@ class SafeSink:
             self.failed = True
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing a broken sink must not fail the run
             self.inner.close()
-        except Exception:  # deliberate: closing a broken sink must not fail the run
-            pass
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

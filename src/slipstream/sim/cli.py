@@ -156,9 +156,10 @@ def _format_result(res: SimResult) -> str:
         f"{c.hardware.name}, {where}, {c.n_engines} engines x {res.engine_slots} slots",
         "",
     ]
-    units = {"throughput_tokens_s": "tokens/s", "cost_per_mtok": "$", "wall_s": "s"}
+    units = {"throughput_tokens_s": "tokens/s", "cost_per_mtok": "$ per million tokens"}
     for k, v in res.summary().items():
-        lines.append(f"  {k:22} {v:>14.4g} {units.get(k, '')}")
+        unit = units.get(k, "s" if k.endswith("_s") else "")
+        lines.append(f"  {k:22} {v:>14.4g} {unit}")
     lines.append(f"  {'lag histogram':22} {res.lag_counts}")
     lines.append(f"  {'groups':22} {res.groups}")
     if res.failures:

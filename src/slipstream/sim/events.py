@@ -308,7 +308,8 @@ class EventLoop:
         takes the i-th contiguous chunk (group-major, so a group's samples mostly share an
         engine and its prefill)."""
         n_eng, G = len(self.engines), self.G
-        flats = self.source.next_batches(k).reshape(k, -1)
+        drawn = self.source.next_batches(k)  # k rounded up to whole tail-batching pools
+        flats = drawn.reshape(len(drawn), -1)
         cuts = [i * flats.shape[1] // n_eng for i in range(n_eng + 1)]
         shares = [flat[cuts[i] : cuts[i + 1]] for flat in flats for i in range(n_eng)]
         dur, seq_s = share_times(self.decode, self.prompt, shares, self.slots)

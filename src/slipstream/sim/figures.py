@@ -49,7 +49,7 @@ FLAT_10MS = replace(
 )
 
 
-def straggler_figure(steps: int = 6, seed: int = 0) -> dict[str, float]:
+def straggler_figure(steps: int = 12, seed: int = 0) -> dict[str, float]:
     """Sync step time, how much of it waits on the last 1 %, and what pipelining recovers."""
     model = model_shape("qwen3-30b-a3b")
     lengths = Straggler(p99=4000, tail_max=12000)

@@ -39,7 +39,7 @@ def cache_root(cfg: WarmstartConfig) -> Path:
 
 
 def cache_key(task: RunningSums, cfg: WarmstartConfig, seed: int) -> str:
-    model, tok = init_builtin(seed)
+    model, _tok = init_builtin(seed)
     spec = {
         "v": CACHE_VERSION,
         "model": asdict(model.config),
@@ -51,7 +51,7 @@ def cache_key(task: RunningSums, cfg: WarmstartConfig, seed: int) -> str:
 
 
 def supervised_sample(prompt: Prompt, tok: Tokenizer) -> Sample:
-    completion = tok.encode(prompt.answer) + [tok.eos_id]
+    completion = [*tok.encode(prompt.answer), tok.eos_id]
     n = len(completion)
     return Sample(prompt.id, tok.encode(prompt.text), completion, [0.0] * n, [0] * n, FinishReason.STOP)
 

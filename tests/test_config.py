@@ -1,0 +1,83 @@
+"""Config: every bad input is one clear line and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from slipstream.cli import main
+from slipstream.config import Config, ConfigError, dump_config, load_config, parse_value
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["trainer.lrr=3e-4"], "unknown key 'trainer.lrr' (did you mean 'trainer.lr'?)"),
+        (["trainr.lr=3e-4"], "unknown key 'trainr'"),
+        (["trainer.lr=abc"], "trainer.lr: Input should be a valid number"),
+        (["sampling.group_size=0"], "sampling.group_size: Input should be greater than or equal to 1"),
+        (["sampling.top_p=1.5"], "sampling.top_p: Input should be less than or equal to 1"),
+        (["trainer.loss=foo"], "trainer.loss: unknown 'foo'; valid: reinforce, ppo, dapo"),
+        (["trainer.advantage=bar"], "trainer.advantage: unknown 'bar'; valid: grpo"),
+        (["schedule.name=fast"], "schedule.name: unknown 'fast'; valid: sync, tail_batching"),
+        (["task.kind=jsonl"], "task.path: required when task.kind = 'jsonl'"),
+        (["trainer.lr"], "expected key=value"),
+        (["run.steps.x=1"], "run.steps: Input should be a valid integer"),
+        (["run.seed=1", "run.seed.x=2"], "'seed' is a value, not a section"),
+    ],
+)
+def test_bad_override_names_the_key(overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_exits_2_with_one_line(capsys):
+    assert main(["train", "trainer.lrr=3e-4"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0
+    assert "trainer.lrr" in err and "Traceback" not in err
+
+
+def test_file_then_overrides(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('[trainer]\nlr = 0.01\nloss = "dapo"\n[sampling]\ngroup_size = 4\n')
+    cfg = load_config(f, ["trainer.lr=3e-4"])
+    assert cfg.trainer.lr == 3e-4 and cfg.trainer.loss == "dapo" and cfg.sampling.group_size == 4
+
+
+def test_yaml_file(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("trainer:\n  batch_prompts: 4\nrun:\n  seed: 7\n")
+    cfg = load_config(f)
+    assert cfg.trainer.batch_prompts == 4 and cfg.run.seed == 7
+
+
+def test_bad_file_syntax_is_one_line(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text("[trainer\nlr = 1")
+    with pytest.raises(ConfigError, match=r"run.toml: not valid TOML"):
+        load_config(f)
+
+
+def test_unknown_key_in_file(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text("[sampling]\ngroup_sise = 4\n")
+    with pytest.raises(ConfigError, match=r"did you mean 'sampling.group_size'"):
+        load_config(f)
+
+
+def test_resolved_config_round_trips():
+    cfg = load_config(None, ["trainer.lr=3e-4", 'run.dir="x"'])
+    again = Config.model_validate(tomllib.loads(dump_config(cfg)))
+    assert again == cfg
+
+
+def test_parse_value():
+    assert parse_value("3e-4") == 3e-4
+    assert parse_value("true") is True
+    assert parse_value("8") == 8
+    assert parse_value("runs/a") == "runs/a"
+    assert parse_value('"x y"') == "x y"

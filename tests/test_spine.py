@@ -1,0 +1,110 @@
+"""The spine's invariants: log-prob parity, determinism, and a complete run folder."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+import torch
+
+from slipstream.config import load_config
+from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.model.builtin import init_builtin
+from slipstream.schedule.sync import train_sync
+from slipstream.tasks import RunningSums
+from slipstream.train.batch import collate, token_logprobs
+from slipstream.types import FinishReason, Sample
+
+TIMING = ("wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy")
+
+
+def _random_model():
+    model, tok = init_builtin(seed=3)
+    with torch.no_grad():  # 5x the init scale: distributions far from uniform, activations sane
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.1)
+    return model, tok
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_equal_trainer_recompute(temperature):
+    """With identical weights the on-policy importance ratio is exactly 1 (float32, 1e-5)."""
+    model, tok = _random_model()
+    task = RunningSums(num_train=64, num_heldout=8)
+    prompts = task.train_prompts()[:12]
+    engine = Engine(model, tok.eos_id, num_slots=5, max_len=96)  # fewer slots: continuous refill
+    params = SamplingParams(temperature=temperature, max_new_tokens=24)
+    outs = engine.generate(Request(tok.encode(p.text), params, seed=i) for i, p in enumerate(prompts))
+    samples = [
+        Sample(str(i), c.request.prompt_tokens, c.tokens, c.logp, c.versions, c.finish_reason)
+        for i, c in enumerate(outs)
+    ]
+    batch = collate(samples, [0.0] * len(samples), list(range(len(samples))), tok.pad_id)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch, temperature)
+    mask = batch.loss_mask
+    assert mask.sum() > 50
+    torch.testing.assert_close(logp[mask], batch.behavior_logp[mask], atol=1e-5, rtol=0)
+
+
+def _tiny_cfg(tmp_path, name, *extra):
+    return load_config(None, [
+        f'run.dir="{tmp_path / name}"', "run.steps=3", "run.quiet=true", "run.threads=1",
+        "trainer.batch_prompts=4", "sampling.group_size=4", "eval.every=2", "eval.num_prompts=16",
+        "warmstart.max_steps=30", "warmstart.target_acc=0.99", f'warmstart.cache_dir="{tmp_path / "cache"}"',
+        "filters.zero_variance=false", "checkpoint.every=2", *extra,
+    ])
+
+
+def _steady(records):
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
+
+
+def _read(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics(tmp_path):
+    a = train_sync(_tiny_cfg(tmp_path, "a"))
+    b = train_sync(_tiny_cfg(tmp_path, "b"))
+    ma, mb = _read(tmp_path / "a" / "metrics.jsonl"), _read(tmp_path / "b" / "metrics.jsonl")
+    assert len(ma) == 3
+    assert _steady(ma) == _steady(mb)
+    assert a["heldout_acc_end"] == b["heldout_acc_end"]
+    c = train_sync(_tiny_cfg(tmp_path, "c", "run.seed=5"))
+    assert _steady(_read(tmp_path / "c" / "metrics.jsonl")) != _steady(ma)
+    assert c["steps"] == 3
+
+
+@pytest.mark.slow
+def test_run_folder_is_complete(tmp_path):
+    summary = train_sync(_tiny_cfg(tmp_path, "r"))
+    run = tmp_path / "r"
+    cfg = tomllib.loads((run / "config.toml").read_text())
+    assert cfg["trainer"]["batch_prompts"] == 4
+    records = _read(run / "metrics.jsonl")
+    for key in ("step", "reward_mean", "step_time_s", "train/loss", "train/clip_frac", "train/entropy",
+                "train/grad_norm", "engine/tokens_per_s"):
+        assert all(key in r for r in records), key
+    assert [r["step"] for r in records if "heldout_acc" in r] == [2, 3]
+    for key in ("heldout_acc_start", "heldout_acc_end", "wall_s", "steps"):
+        assert key in summary
+    ledger = json.loads((run / "ledger.json").read_text())
+    assert ledger["balanced"] and ledger["generated"] == ledger["trained"] == 12
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts == ["step_000002", "step_000003"]
+    from slipstream.model import load_pretrained
+
+    model = load_pretrained(run / "checkpoints" / "step_000003" / "model")
+    assert model.config.num_hidden_layers == 4
+
+
+def test_finish_reason_length_is_recorded():
+    model, tok = _random_model()
+    engine = Engine(model, tok.eos_id, num_slots=2, max_len=40)
+    out = engine.generate([Request(tok.encode("1+2="), SamplingParams(temperature=0.0, max_new_tokens=3))])
+    assert out[0].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    assert len(out[0].tokens) <= 3
