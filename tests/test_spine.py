@@ -108,3 +108,39 @@ def test_finish_reason_length_is_recorded():
     out = engine.generate([Request(tok.encode("1+2="), SamplingParams(temperature=0.0, max_new_tokens=3))])
     assert out[0].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
     assert len(out[0].tokens) <= 3
+
+
+def _user_model_and_data(tmp_path):
+    from slipstream.model import save_pretrained
+
+    model, tok = init_builtin(seed=0)
+    save_pretrained(model, tmp_path / "model")
+    tok.save(tmp_path / "model")
+    rows = [{"prompt": p.text, "answer": p.answer} for p in RunningSums(num_train=40, num_heldout=4).train_prompts()]
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return tmp_path / "model", data
+
+
+@pytest.mark.slow
+def test_jsonl_task_with_user_model_runs(tmp_path):
+    model_dir, data = _user_model_and_data(tmp_path)
+    cfg = load_config(None, [
+        f'run.dir="{tmp_path / "run"}"', "run.steps=2", "run.quiet=true", "trainer.batch_prompts=2",
+        "sampling.group_size=2", "sampling.max_new_tokens=8", "filters.zero_variance=false",
+        "task.kind=jsonl", f'task.path="{data}"', "task.reward=exact", f'model.path="{model_dir}"',
+    ])
+    summary = train_sync(cfg)
+    assert summary["steps"] == 2 and summary["ledger"]["balanced"]
+
+
+def test_malformed_jsonl_exits_2_naming_the_line(tmp_path, capsys):
+    from slipstream.cli import main
+
+    model_dir, data = _user_model_and_data(tmp_path)
+    data.write_text(data.read_text() + '{"prompt": "1+2="}\n')
+    code = main(["train", "task.kind=jsonl", f"task.path={data}", f"model.path={model_dir}",
+                 f"run.dir={tmp_path / 'run'}", "run.quiet=true"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{data}:41: missing field 'answer'" in err

@@ -94,7 +94,7 @@ class TrainerConfig(_Section):
     """Linear learning-rate warm-up steps."""
     grad_clip: float = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this value."""
-    micro_batch_size: int = Field(64, ge=1)
+    micro_batch_size: int = Field(16, ge=1)
     """Samples per forward/backward; the loss normaliser is the whole step's token count, so
     this never changes the gradient."""
     advantage: str = "grpo"

@@ -38,13 +38,14 @@ class Trainer:
         }
 
     def batch(self, groups: Sequence[Group]) -> Batch:
-        samples, adv, gid = [], [], []
+        """All samples of `groups`, sorted by length so that each micro-batch is trimmed to
+        rows of similar length: with heavy-tailed lengths this cuts padding about 2x."""
+        rows = []
         for g, group in enumerate(groups):
             assert group.advantages_G is not None, "advantages must be computed before training"
-            samples += group.samples
-            adv += group.advantages_G
-            gid += [g] * len(group.samples)
-        return collate(samples, adv, gid, self.pad_id)
+            rows += [(s, a, g) for s, a in zip(group.samples, group.advantages_G)]
+        rows.sort(key=lambda r: len(r[0].prompt_tokens) + r[0].num_tokens)
+        return collate([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], self.pad_id)
 
     def lr_at(self, version: int) -> float:
         if self.cfg.warmup_steps and version < self.cfg.warmup_steps:

@@ -56,17 +56,25 @@ def supervised_sample(prompt: Prompt, tok: Tokenizer) -> Sample:
     return Sample(prompt.id, tok.encode(prompt.text), completion, [0.0] * n, [0] * n, FinishReason.STOP)
 
 
-def supervised_step(model: CausalLM, opt: torch.optim.Optimizer, samples: list[Sample], pad_id: int) -> float:
-    """One cross-entropy step on the completion tokens of `samples`."""
-    batch = collate(samples, [1.0] * len(samples), list(range(len(samples))), pad_id)
+def supervised_step(
+    model: CausalLM, opt: torch.optim.Optimizer, samples: list[Sample], pad_id: int, micro_batch: int = 16
+) -> float:
+    """One cross-entropy step on the completion tokens of `samples` (length-sorted micro-batches)."""
+    samples = sorted(samples, key=lambda s: len(s.prompt_tokens) + s.num_tokens)
+    full = collate(samples, [1.0] * len(samples), list(range(len(samples))), pad_id)
+    num_tokens = full.loss_mask.sum()
     model.train()
-    logp, _ = token_logprobs(model, batch)
-    loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    total = 0.0
+    for start in range(0, len(samples), micro_batch):
+        batch = full.slice(slice(start, start + micro_batch))
+        logp, _ = token_logprobs(model, batch)
+        loss = -(logp * batch.loss_mask).sum() / num_tokens
+        loss.backward()
+        total += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-    return float(loss.detach())
+    return total
 
 
 def warm_start(

@@ -1,0 +1,91 @@
+"""Tasks: the built-in task's shape, JSONL rows with clear errors, reward plugins."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from slipstream.tasks import JsonlTask, PromptSource, RunningSums, TaskError, load_reward, read_rows
+from slipstream.tasks.arithmetic import running_sums
+from slipstream.tasks.jsonl import math_verify_reward
+from slipstream.types import Prompt
+
+
+def test_running_sums_golden():
+    assert running_sums([3, 5, 4]) == "8,12"
+    assert running_sums([7, 9, 7, 2]) == "16,23,25"
+
+
+def test_builtin_lengths_are_heavy_tailed_and_split_is_disjoint():
+    task = RunningSums()
+    lens = sorted(len(p.answer) + 1 for p in task.train_prompts())  # +1: end-of-sequence
+    p99 = lens[int(0.99 * len(lens))]
+    assert p99 >= 5 * statistics.median(lens)
+    train = {p.text for p in task.train_prompts()}
+    assert not train & {p.text for p in task.heldout_prompts()}
+    p = task.heldout_prompts()[0]
+    assert task.reward(p, p.answer) == 1.0
+    assert task.reward(p, p.answer + "1") == 0.0
+
+
+def test_prompt_source_is_deterministic_and_resumable():
+    prompts = [Prompt(str(i), str(i), i) for i in range(7)]
+    a = PromptSource(prompts, seed=3)
+    first = [a.draw().id for _ in range(10)]
+    b = PromptSource(prompts, seed=3)
+    for _ in range(4):
+        b.draw()
+    c = PromptSource(prompts, seed=3)
+    c.load_state_dict(b.state_dict())
+    assert [c.draw().id for _ in range(6)] == first[4:]
+    assert sorted(first[:7]) == sorted(p.id for p in prompts)  # an epoch is a permutation
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{bad json", "not valid JSON"),
+        ('{"prompt": "x"}', "missing field 'answer'"),
+        ('{"answer": "x"}', "missing field 'prompt'"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"prompt": "", "answer": "1"}', "'prompt' must be a non-empty string"),
+        ('{"prompt": "x", "answer": [1]}', "'answer' must be a string or a number"),
+    ],
+)
+def test_malformed_row_names_file_and_line(tmp_path, line, message):
+    f = tmp_path / "data.jsonl"
+    f.write_text('{"prompt": "1+1", "answer": "2"}\n\n' + line + "\n")
+    with pytest.raises(TaskError) as err:
+        read_rows(f)
+    assert f"{f}:3: {message}" in str(err.value)
+
+
+def test_math_verify_reward():
+    p = Prompt("0", "What is 2+2?", "4")
+    assert math_verify_reward(p, "The answer is $\\boxed{4}$") == 1.0
+    assert math_verify_reward(p, "The answer is $\\boxed{5}$") == 0.0
+    assert math_verify_reward(Prompt("1", "half", "\\frac{1}{2}"), "$0.5$") == 1.0
+
+
+def test_reward_plugin_from_file_and_errors(tmp_path):
+    f = tmp_path / "rewards.py"
+    f.write_text("def score(prompt, completion):\n    return float(prompt.answer in completion)\n")
+    fn = load_reward(f"{f}:score")
+    assert fn(Prompt("0", "q", "42"), "it is 42") == 1.0
+    assert load_reward("slipstream.tasks.jsonl:exact_reward")(Prompt("0", "q", "a"), " a ") == 1.0
+    with pytest.raises(TaskError, match="has no function 'nope'"):
+        load_reward(f"{f}:nope")
+    with pytest.raises(TaskError, match="cannot import"):
+        load_reward("no_such_module_x:f")
+    with pytest.raises(TaskError, match="expected math_verify, exact"):
+        load_reward("bogus")
+
+
+def test_jsonl_task_split(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(50)))
+    task = JsonlTask(str(f), load_reward("exact"), heldout_fraction=0.2, seed=1)
+    assert len(task.heldout_prompts()) == 10 and len(task.train_prompts()) == 40
+    assert not {p.id for p in task.heldout_prompts()} & {p.id for p in task.train_prompts()}
