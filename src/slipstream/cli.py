@@ -14,6 +14,7 @@ commands:
   train [CONFIG.toml|.yaml] [key=value ...]   train (no arguments: the built-in task on CPU)
   sim ...                                      simulate a cluster run (slipstream sim -h)
   plan ...                                     recommend a GPU split and schedule (slipstream plan -h)
+  report RUN_DIR [RUN_DIR ...] --out DIR       figures and an HTML page from run folders
 """
 
 
@@ -48,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             from slipstream.sim.cli import sim_main
 
             return sim_main(rest)
+        if cmd == "report":
+            from slipstream.observe.report import report_main
+
+            return report_main(rest)
         if cmd == "plan":
             from slipstream.sim.cli import plan_main
 

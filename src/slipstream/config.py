@@ -44,6 +44,11 @@ class RunConfig(_Section):
     """No live display: one plain line per evaluation, for logs and CI."""
     threads: int = Field(0, ge=0)
     """torch intra-op threads; 0 uses every core."""
+    sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
+    """Metrics sinks; JSONL is always written. tensorboard -> RUN_DIR/tensorboard; wandb runs
+    offline (upload later with `wandb sync`)."""
+    rollouts_per_step: int = Field(4, ge=0)
+    """Samples per step written as text to rollouts.txt (best and worst of a few groups)."""
 
 
 class ModelSection(_Section):
@@ -134,11 +139,60 @@ class ScheduleConfig(_Section):
     """One of sync, tail_batching, double_buffer, async, pipeline."""
     max_lag: int | None = Field(None, ge=0)
     """K, the largest lag the trainer accepts; None uses the preset's."""
+    lag_policy: Literal["drop", "abort", "keep"] = "drop"
+    """A group whose oldest token is more than K versions behind the trainer: `drop` it when
+    it arrives (ledger: stale), `abort` it in the sampler as soon as it crosses the bound
+    (ledger: aborted; arrivals still beyond K are dropped), or `keep` it and train on it with
+    the importance-ratio correction of the loss (its lag then exceeds K)."""
+    redundant: int = Field(0, ge=0)
+    """r: start G + r samples of each group, keep the first G to finish and cancel the rest
+    (RollArt). Cuts the wait for stragglers, costs the cancelled tokens (`tokens/cancelled`),
+    and biases groups toward short completions: the G kept are the fastest, not a random G."""
+    tail_pool: int = Field(4, ge=1)
+    """tail_batching: prompts are drawn this many batches at a time and issued sorted by
+    expected completion length, so short prompts share a batch and long ones another."""
 
     @model_validator(mode="after")
     def _known(self) -> ScheduleConfig:
         _check_name("schedule.name", self.name, PRESETS)
         return self
+
+    @model_validator(mode="after")
+    def _lag_allowed(self) -> ScheduleConfig:
+        if self.max_lag is not None and self.name in PRESETS:
+            try:
+                PRESETS[self.name].with_max_lag(self.max_lag)
+            except ValueError as e:
+                raise ValueError(f"schedule.max_lag: {e}") from None
+        return self
+
+
+class RuntimeConfig(_Section):
+    kind: Literal["inprocess", "local"] = "inprocess"
+    """`inprocess`: the synchronous loop in one process (schedule `sync`; the other schedules
+    always run on `local`). `local`: one trainer process and `num_samplers` sampler processes."""
+    num_samplers: int = Field(1, ge=1)
+    """Sampler processes (local runtime)."""
+    threads_per_sampler: int = Field(0, ge=0)
+    """torch threads in each sampler process; 0 splits the cores between the trainer and the
+    samplers (at least 1 each)."""
+    trainer_threads: int = Field(0, ge=0)
+    """torch threads in the trainer process; 0 splits the cores as above."""
+    sampler_slots: int = Field(0, ge=0)
+    """Sequences each sampler's engine decodes at once; 0: B x (G + r)."""
+    queue_size: int = Field(0, ge=0)
+    """Bound of the queue of finished groups; 0: 2 x B. A full queue blocks the samplers."""
+    poll_s: float = Field(0.05, gt=0.0, le=5.0)
+    """Longest single wait on a queue; stop requests are noticed within it."""
+    startup_timeout_s: float = Field(600.0, gt=0.0)
+    """Samplers must be built and holding the first weights within this time."""
+    stall_timeout_s: float = Field(600.0, gt=0.0)
+    """Fail if no group arrives for this long while groups are in flight."""
+    shutdown_timeout_s: float = Field(10.0, gt=0.0)
+    """Wait this long for samplers to exit before terminating them."""
+    defer_eval: bool = False
+    """Snapshot the weights at evaluation steps and evaluate them after the run, so that
+    evaluation takes no time from training (benchmarks: time to a target accuracy)."""
 
 
 class EvalConfig(_Section):
@@ -178,6 +232,7 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:

@@ -1,1 +1,3 @@
-"""Metrics sinks (JSONL, TensorBoard, W&B), live progress, plots and reports."""
+"""Seeing a run: metric values with their reduction (metrics), sinks (JSONL, TensorBoard, W&B),
+the live terminal view (progress), rollouts as text, the busy/idle timeline, and the
+`slipstream report` figures and HTML page (runs, figures, report)."""

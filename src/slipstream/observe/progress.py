@@ -1,16 +1,114 @@
-"""Live progress in the terminal (rich), or plain lines in quiet mode."""
+"""Live progress in the terminal (rich), or plain lines in quiet mode.
+
+The view reads whatever the step record holds: a field shows when its key is present, so the
+sync loop and the async runtime share one view. Names follow `stage/quantity`; the older flat
+names the sync loop writes (`reward_mean`, `heldout_acc`, `sampler_busy`) are read too.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.columns import Columns
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from slipstream.observe.metrics import resolve
+
+
+def _num(record: Mapping[str, Any], *keys: str) -> float | None:
+    for k in keys:
+        v = record.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def fmt_duration(seconds: float) -> str:
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _ledger(r: Mapping[str, Any]) -> str | None:
+    if _num(r, "ledger/generated") is None:
+        return None
+    parts = [f"{int(_num(r, 'ledger/generated') or 0)} gen"]
+    for k in ("trained", "filtered", "stale", "aborted", "lost"):
+        v = _num(r, f"ledger/{k}")
+        # stale, aborted and lost are rare: show them only once they happen
+        if v is not None and (v or k in ("trained", "filtered")):
+            parts.append(f"{int(v)} {k}")
+    return " · ".join(parts)
+
+
+def _pair(r: Mapping[str, Any], a: str, b: str, fa: str, fb: str) -> str | None:
+    x, y = _num(r, a), _num(r, b)
+    if x is None and y is None:
+        return None
+    return f"{'-' if x is None else format(x, fa)} / {'-' if y is None else format(y, fb)}"
+
+
+def _one(
+    keys: tuple[str, ...], fmt: Callable[[float], str]
+) -> Callable[[Mapping[str, Any]], str | None]:
+    def get(r: Mapping[str, Any]) -> str | None:
+        v = _num(r, *keys)
+        return None if v is None else fmt(v)
+
+    return get
+
+
+FIELDS: list[tuple[str, Callable[[Mapping[str, Any]], str | None]]] = [
+    ("version", _one(("version",), lambda v: f"v{v:.0f}")),
+    ("reward", _one(("reward/mean", "reward_mean"), lambda v: f"{v:.3f}")),
+    ("held-out acc", _one(("eval/heldout_acc", "heldout_acc"), lambda v: f"{v:.3f}")),
+    ("gen tok/s", _one(("engine/tokens_per_s",), lambda v: f"{v:,.0f}")),
+    ("train tok/s", _one(("train/tokens_per_s",), lambda v: f"{v:,.0f}")),
+    ("lag mean/max", lambda r: _pair(r, "staleness/lag_mean", "staleness/lag_max", ".2f", ".0f")),
+    ("ESS tok/seq", lambda r: _pair(r, "staleness/ess_token", "staleness/ess_seq", ".3f", ".3f")),
+    ("sampler busy", _one(("runtime/sampler_busy", "sampler_busy"), _pct)),
+    ("trainer wait", _one(("runtime/trainer_wait",), _pct)),
+    ("queue", _one(("queue/depth",), lambda v: f"{v:.0f}")),
+    ("ledger", _ledger),
+]
+"""(label, reader) of each field of the view, in display order."""
+
+
+def fields(record: Mapping[str, Any], eta_s: float | None = None) -> list[tuple[str, str]]:
+    """The (label, text) pairs the record supports, ETA last."""
+    out = [(label, text) for label, get in FIELDS if (text := get(record)) is not None]
+    if eta_s is not None:
+        out.append(("ETA", fmt_duration(eta_s)))
+    return out
+
+
+class _Stats:
+    """The fields under the bar; rich re-renders them on every refresh."""
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[str, str]] = []
+
+    def __rich__(self) -> Group:
+        cells = [Text.assemble((label, "dim"), " ", text) for label, text in self.pairs]
+        # The long ledger line gets its own row, so the short fields pack tightly; Columns flows
+        # them to the terminal's width without cutting one in two.
+        short = [c for c, (label, _) in zip(cells, self.pairs) if label != "ledger"]
+        return Group(Columns(short, padding=(0, 3)), *[c for c in cells if c not in short])
 
 
 class ProgressView:
-    """Shows step, version, reward, held-out accuracy, tokens/s and the ledger as a run goes."""
+    """Shows step, version, reward, held-out accuracy, throughput, staleness, utilisation,
+    queue, ledger and ETA as a run goes. `quiet`: one plain line per evaluation (logs, CI)."""
 
     def __init__(self, total: int, title: str, quiet: bool = False) -> None:
         self.quiet = quiet
@@ -18,39 +116,60 @@ class ProgressView:
         self.total = total
         self._acc: float | None = None
         self._t0 = time.perf_counter()
+        self._first: tuple[float, int] | None = None  # (time, step) of the first update
+        self._stats = _Stats()
         self._progress: Progress | None = None
+        self._live: Live | None = None
         if not quiet:
             self._progress = Progress(
                 TextColumn(f"[bold]{title}[/]"),
                 BarColumn(),
                 TextColumn("{task.completed}/{task.total}"),
-                TextColumn("{task.fields[info]}"),
                 TimeElapsedColumn(),
-                TimeRemainingColumn(),
                 console=self.console,
-                transient=False,
             )
-            self._task = self._progress.add_task(title, total=total, info="")
-            self._progress.start()
+            self._task = self._progress.add_task(title, total=total)
+            # One Live holds the bar and the table (rich allows one live display at a time).
+            self._live = Live(
+                Group(self._progress, self._stats), console=self.console, refresh_per_second=4
+            )
+            self._live.start()
 
     def log(self, message: str) -> None:
-        self.console.print(message)
+        # soft_wrap: a log line stays one line in files and CI logs, whatever the width
+        self.console.print(message, markup=False, highlight=False, soft_wrap=True)
 
-    def update(self, step: int, m: dict[str, Any]) -> None:
-        if m.get("heldout_acc") is not None:
-            self._acc = m["heldout_acc"]
-        acc = f"{self._acc:.3f}" if self._acc is not None else "-"
-        info = (
-            f"v{m.get('version', step)} reward {m.get('reward_mean', 0):.3f} acc {acc} "
-            f"gen {m.get('engine/tokens_per_s', 0):,.0f} tok/s "
-            f"kept {m.get('ledger/trained', 0)}/{m.get('ledger/generated', 0)}"
-        )
+    def eta(self, step: int, now: float | None = None) -> float | None:
+        """Seconds left at the mean pace since the first update (setup and warm start excluded)."""
+        now = time.perf_counter() if now is None else now
+        if self._first is None:
+            self._first = (now, step)
+            return None
+        t1, s1 = self._first
+        if step <= s1:
+            return None
+        return (now - t1) / (step - s1) * max(self.total - step, 0)
+
+    def update(self, step: int, record: dict[str, Any]) -> None:
+        r = resolve(record)
+        acc = _num(r, "eval/heldout_acc", "heldout_acc")
+        evaluated = acc is not None
+        if evaluated:
+            self._acc = acc
+        elif self._acc is not None:
+            r["heldout_acc"] = (
+                self._acc
+            )  # held-out accuracy is measured now and then: keep the last
+        pairs = fields(r, self.eta(step))
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, info=info)
-        elif m.get("heldout_acc") is not None or step == self.total:
+            self._stats.pairs = pairs
+            self._progress.update(self._task, completed=step)
+        elif evaluated or step == self.total:
             elapsed = time.perf_counter() - self._t0
-            self.console.print(f"step {step}/{self.total} {info} [{elapsed:.0f}s]")
+            text = " · ".join(f"{label} {value}" for label, value in pairs)
+            self.log(f"step {step}/{self.total} · {text} · elapsed {fmt_duration(elapsed)}")
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        if self._live is not None:
+            self._live.stop()
+            self._live = None

@@ -1,13 +1,22 @@
-"""Where metrics go. JSONL always; a failing sink warns once and never stops training."""
+"""Where metrics go: JSONL always, TensorBoard and Weights & Biases on request.
+
+A record is a dict of name -> float, int, list of numbers, or `metrics.Metric` value. Every
+sink is wrapped in `SafeSink`: a failing sink (a full disk, a missing optional package) warns
+once and never stops training. `make_sinks` builds them by name; `FanOut` writes to all.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import tomllib
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from slipstream.observe.metrics import resolve
 
 
 class Sink(Protocol):
@@ -22,6 +31,41 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def _json_default(v: Any) -> Any:
+    # A stray 0-d tensor or numpy scalar must not cost the whole JSONL log.
+    if hasattr(v, "item"):
+        return _clean(v.item())
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return str(v)
+
+
+def _step(record: dict[str, Any], fallback: int) -> int:
+    step = record.get("step")
+    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else fallback
+
+
+def _numbers(values: Any) -> list[float] | None:
+    """A non-empty list of finite numbers (for histograms), else None."""
+    if not isinstance(values, list | tuple) or not values:
+        return None
+    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in values):
+        return None
+    out = [float(x) for x in values]
+    return out if all(math.isfinite(x) for x in out) else None
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, float]:
+    """Finite numbers of a resolved record, except the step (it is the x axis)."""
+    out = {}
+    for k, v in record.items():
+        if k == "step" or isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if math.isfinite(v):
+            out[k] = float(v)
+    return out
+
+
 class JsonlSink:
     """One JSON object per line, flushed at every write so a crash loses nothing."""
 
@@ -30,30 +74,160 @@ class JsonlSink:
         self._f = self.path.open("a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        clean = {k: _clean(v) for k, v in resolve(record).items()}
+        self._f.write(json.dumps(clean, default=_json_default) + "\n")
         self._f.flush()
 
     def close(self) -> None:
         self._f.close()
 
 
+class TensorBoardSink:
+    """Scalars, and a histogram for each list of numbers (e.g. `completion_lens`), by step."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        # Imported here: tensorboard is optional, and importing it costs a second.
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(log_dir), flush_secs=10)
+        self._n = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = resolve(record)
+        self._n += 1
+        step = _step(record, self._n)
+        for k, v in _scalars(record).items():
+            self._writer.add_scalar(k, v, step)
+        for k, v in record.items():
+            values = _numbers(v)
+            if values is not None:
+                self._writer.add_histogram(k, _array(values), step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _array(values: list[float]) -> Any:
+    import numpy as np
+
+    return np.asarray(values, dtype=np.float64)
+
+
+class WandbSink:
+    """Weights & Biases in offline mode: no network, no account; `wandb sync` uploads later.
+
+    The run's resolved `config.toml`, when present, becomes the W&B config.
+    """
+
+    def __init__(self, run_dir: str | Path, project: str = "slipstream") -> None:
+        import wandb  # optional: not a dependency of slipstream
+
+        run_dir = Path(run_dir)
+        config_path = run_dir / "config.toml"
+        config = tomllib.loads(config_path.read_text()) if config_path.exists() else None
+        self._wandb = wandb
+        self._run = wandb.init(
+            project=project, dir=str(run_dir), name=run_dir.name, mode="offline", config=config
+        )
+        self._n = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = resolve(record)
+        self._n += 1
+        data: dict[str, Any] = dict(_scalars(record))
+        for k, v in record.items():
+            values = _numbers(v)
+            if values is not None:
+                data[k] = self._wandb.Histogram(values)
+        self._run.log(data, step=_step(record, self._n))
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 class SafeSink:
-    """Wraps a sink: the first failure warns, later ones are silent; training goes on."""
+    """Wraps a sink: the first failure warns, later ones are counted silently; training goes on.
+
+    Writes keep being tried after a failure, so a transient one (a full disk freed) heals.
+    """
 
     def __init__(self, inner: Sink, name: str) -> None:
-        self.inner, self.name, self.failed = inner, name, False
+        self.inner, self.name = inner, name
+        self.failed = False
+        self.errors = 0
 
     def write(self, record: dict[str, Any]) -> None:
         try:
             self.inner.write(record)
         except Exception as e:  # deliberate fault tolerance: metrics never stop a run
-            if not self.failed:
-                warnings.warn(f"metrics sink {self.name} failed ({e!r}); continuing without it", stacklevel=2)
-            self.failed = True
+            self._fail(f"failed ({e!r})")
+
+    def _fail(self, what: str) -> None:
+        self.errors += 1
+        if not self.failed:
+            warnings.warn(
+                f"metrics sink {self.name} {what}; continuing without it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self.failed = True
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken sink must not fail the run
             self.inner.close()
+
+
+class _Disabled:
+    """Stands in for a sink that could not be opened (missing package, unwritable folder)."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+SINKS: dict[str, Any] = {
+    "jsonl": lambda run_dir: JsonlSink(Path(run_dir) / "metrics.jsonl"),
+    "tensorboard": lambda run_dir: TensorBoardSink(Path(run_dir) / "tensorboard"),
+    "wandb": WandbSink,
+}
+"""Sink factories by name; each takes the run folder."""
+
+
+def make_sinks(run_dir: str | Path, names: Sequence[str]) -> list[SafeSink]:
+    """The sinks named, JSONL first and always, each wrapped in `SafeSink`.
+
+    An unknown name is a configuration error (ValueError). A sink that fails to open warns
+    once and is returned disabled (`.failed` is True), so the run goes on without it.
+    """
+    unknown = [n for n in names if n not in SINKS]
+    if unknown:
+        raise ValueError(f"unknown metrics sink {unknown[0]!r}; expected one of {', '.join(SINKS)}")
+    out = []
+    for name in dict.fromkeys(["jsonl", *names]):
+        try:
+            out.append(SafeSink(SINKS[name](run_dir), name))
+        except Exception as e:  # deliberate: an optional sink never stops a run
+            safe = SafeSink(_Disabled(), name)
+            safe._fail(f"could not be opened ({e!r})")
+            out.append(safe)
+    return out
+
+
+class FanOut:
+    """Several sinks behind one `write`/`close`, as the loop holds one sink."""
+
+    def __init__(self, sinks: Sequence[SafeSink]) -> None:
+        self.sinks = list(sinks)
+
+    def write(self, record: dict[str, Any]) -> None:
+        for s in self.sinks:
+            s.write(record)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

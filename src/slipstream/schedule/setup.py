@@ -17,7 +17,9 @@ from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
 from slipstream.observe.progress import ProgressView
-from slipstream.observe.sinks import JsonlSink, SafeSink
+from slipstream.observe.rollouts import RolloutWriter
+from slipstream.observe.sinks import FanOut, make_sinks
+from slipstream.observe.timeline import TimelineWriter
 from slipstream.schedule.evaluate import heldout_accuracy
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
@@ -40,7 +42,9 @@ class Run:
     engine: Engine
     eval_engine: Engine
     trainer: Trainer
-    sink: SafeSink
+    sink: FanOut
+    rollouts: RolloutWriter
+    timeline: TimelineWriter
     view: ProgressView
     heldout: list[Prompt]
     pass_rates: PassRateTracker
@@ -173,7 +177,9 @@ def setup(cfg: Config) -> Run:
         engine=Engine(model, tok.eos_id, num_slots=slots, max_len=max_len),
         eval_engine=Engine(model, tok.eos_id, num_slots=max(len(heldout), 1), max_len=max_len),
         trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id),
-        sink=SafeSink(JsonlSink(run_dir / "metrics.jsonl"), "jsonl"),
+        sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
+        rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
+        timeline=TimelineWriter(run_dir),
         view=view, heldout=heldout,
         pass_rates=PassRateTracker(cfg.filters.pass_rate_low, cfg.filters.pass_rate_high),
         info=info,

@@ -19,6 +19,7 @@ from slipstream.train.checkpoint import save_checkpoint
 def train_sync(cfg: Config) -> dict[str, Any]:
     run = setup(cfg)
     t_start = time.perf_counter()
+    run.timeline.origin = t_start  # timeline seconds match the metrics' wall_s
     acc_start = acc = run.evaluate()
     run.view.log(f"run folder {run.dir}; held-out accuracy at start {acc_start:.3f}")
     empty_draws = 0
@@ -32,6 +33,8 @@ def train_sync(cfg: Config) -> dict[str, Any]:
         G = cfg.sampling.group_size
         groups = [run.score(p, completions[i * G : (i + 1) * G]) for i, p in enumerate(prompts)]
         t_gen = time.perf_counter() - t0
+        run.timeline.interval("sampler0", "generate", t0 - t_start, t0 - t_start + t_gen)
+        run.timeline.interval("trainer", "wait", t0 - t_start, t0 - t_start + t_gen)
         # 2. advantages and filters; groups with no signal go to the ledger, not the trainer
         kept = run.settle(groups)
         if not kept:
@@ -46,11 +49,14 @@ def train_sync(cfg: Config) -> dict[str, Any]:
         run.engine.version = run.eval_engine.version = run.trainer.version
         run.ledger.trained += len(kept)
         t_train = time.perf_counter() - t1
+        run.timeline.interval("trainer", "train", t1 - t_start, t1 - t_start + t_train)
         step = run.trainer.version
         if step % cfg.eval.every == 0 or step == cfg.run.steps:
-            acc = metrics["heldout_acc"] = run.evaluate()
+            with run.timeline.span("trainer", "eval"):
+                acc = metrics["heldout_acc"] = run.evaluate()
         record = step_record(run, groups, metrics, e0, t_gen, t_train, time.perf_counter() - t0, t_start)
         run.sink.write(record)
+        run.rollouts.write(step, groups)
         run.view.update(step, record)
         if step % cfg.checkpoint.every == 0 or step == cfg.run.steps:
             checkpoint(run)
@@ -99,6 +105,7 @@ def checkpoint(run: Run) -> None:
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
     run.view.close()
     run.sink.close()
+    run.timeline.close()
     summary = {
         "heldout_acc_start": acc_start,
         "heldout_acc_end": acc_end,

@@ -32,10 +32,10 @@ def running_sums(terms: list[int]) -> str:
     return ",".join(out)
 
 
-def draw_terms(rng: random.Random, k_min: int, k_max: int, alpha: float) -> list[int]:
+def draw_terms(rng: random.Random, k_min: int, k_max: int, alpha: float, term_max: int = 9) -> list[int]:
     ks = list(range(k_min, k_max + 1))
     k = rng.choices(ks, weights=[kk**-alpha for kk in ks])[0]
-    return [rng.randrange(10) for _ in range(k)]
+    return [rng.randint(0, term_max) for _ in range(k)]
 
 
 @dataclass
@@ -47,6 +47,7 @@ class RunningSums:
     k_min: int = 3
     k_max: int = 20
     alpha: float = 2.6
+    term_max: int = 9
     seed: int = 1234
     name: str = "running_sums"
     _train: list[Prompt] = field(default_factory=list, repr=False)
@@ -69,7 +70,7 @@ class RunningSums:
         self._train = train
 
     def _make(self, rng: random.Random, pid: str) -> Prompt:
-        terms = draw_terms(rng, self.k_min, self.k_max, self.alpha)
+        terms = draw_terms(rng, self.k_min, self.k_max, self.alpha, self.term_max)
         return Prompt(id=pid, text=format_terms(terms), answer=running_sums(terms), meta={"k": len(terms)})
 
     def train_prompts(self) -> list[Prompt]:
@@ -83,4 +84,4 @@ class RunningSums:
 
     def max_completion_tokens(self) -> int:
         """Longest correct completion in tokens, end-of-sequence included."""
-        return (self.k_max - 1) * (len(str(9 * self.k_max)) + 1)
+        return (self.k_max - 1) * (len(str(self.term_max * self.k_max)) + 1)

@@ -59,7 +59,7 @@ class Trainer:
         num_tokens = full.loss_mask.sum()
         num_seqs = full.loss_mask.any(dim=1).sum()
         max_len = full.loss_mask.shape[1]
-        parts, ent_sum, seq_lr = [], torch.zeros(()), []
+        parts, ent_sum, seq_lr, tok_lr = [], torch.zeros(()), [], []
         self.opt.zero_grad(set_to_none=True)
         mb = self.cfg.micro_batch_size
         total_loss = torch.zeros(())
@@ -75,6 +75,7 @@ class Trainer:
             parts.append(out.metrics)
             ent_sum += (entropy.detach() * batch.loss_mask).sum()
             seq_lr.append(staleness.seq_log_ratio(logp.detach(), batch.behavior_logp, batch.loss_mask))
+            tok_lr.append((logp.detach() - batch.behavior_logp)[batch.loss_mask])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         lr = self.lr_at(self.version)
         lr_scale = staleness.vcpo_lr_scale(torch.cat(seq_lr)) if self.cfg.vcpo else 1.0
@@ -95,6 +96,9 @@ class Trainer:
             "train/lr": lr * lr_scale,
             "train/skipped": 0.0 if finite else 1.0,
             "tokens/trained": float(num_tokens),
+            # how far the data's policy is from this one: 1 on-policy (ALGORITHMS.md, Staleness)
+            "staleness/ess_token": staleness.ess(torch.cat(tok_lr)),
+            "staleness/ess_seq": staleness.ess(torch.cat(seq_lr)),
         })
         if math.isnan(metrics["train/grad_norm"]):
             metrics["train/grad_norm"] = float("inf")

@@ -1,0 +1,157 @@
+"""Reading a run folder for the report: metrics, summary, ledger, timeline, rollouts.
+
+Only `metrics.jsonl` is required; a run still in progress has no `summary.json` or
+`ledger.json` yet, and a run of the sync loop before it wrote timelines has no
+`timeline.jsonl`. The figures show what is there and say what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slipstream.observe.rollouts import last_steps
+from slipstream.observe.timeline import Interval, read_timeline
+
+
+class ReportError(ValueError):
+    """A run folder is missing what the report needs, or holds a malformed file."""
+
+
+@dataclass
+class RunData:
+    dir: Path
+    label: str
+    metrics: list[dict[str, Any]]
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None
+    ledger: dict[str, Any] | None = None
+    timeline: list[Interval] = field(default_factory=list)
+    rollouts: str | None = None  # the last step's block of rollouts.txt
+
+    @property
+    def schedule(self) -> str:
+        return str(self.config.get("schedule", {}).get("name", "?"))
+
+    def values(self, *keys: str) -> list[tuple[dict[str, Any], float]]:
+        """(row, value) of each step that recorded the first of `keys` it has as a number."""
+        out = []
+        for row in self.metrics:
+            for k in keys:
+                v = row.get(k)
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    out.append((row, float(v)))
+                    break
+        return out
+
+    def has(self, *keys: str) -> bool:
+        return bool(self.values(*keys))
+
+    def generated_tokens(self) -> list[float]:
+        """Cumulative generated tokens at the end of each step (x axis of sample efficiency)."""
+        total, out = 0.0, []
+        for row in self.metrics:
+            total += float(row.get("tokens/generated") or 0)
+            out.append(total)
+        return out
+
+    def final_ledger(self) -> dict[str, Any] | None:
+        """ledger.json, else the summary's, else the last step's `ledger/*` counters."""
+        if self.ledger is not None:
+            return self.ledger
+        if self.summary is not None and isinstance(self.summary.get("ledger"), dict):
+            return self.summary["ledger"]
+        last = {
+            k.removeprefix("ledger/"): v
+            for k, v in self.metrics[-1].items()
+            if k.startswith("ledger/")
+        }
+        if not last:
+            return None
+        last["filtered"] = {"all reasons": last.get("filtered", 0)}
+        return last
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise ReportError(f"{path}: expected a JSON object, got {type(d).__name__}")
+    return d
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            # A run killed mid-write leaves a partial last line: keep what came before it.
+            if n == len(lines):
+                break
+            raise ReportError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ReportError(f"{path}:{n}: expected a JSON object per line")
+        rows.append(row)
+    if not rows:
+        raise ReportError(f"{path}: no steps recorded yet")
+    return rows
+
+
+def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise ReportError(f"{d}: not a run folder (no such directory)")
+    metrics_path = d / "metrics.jsonl"
+    if not metrics_path.exists():
+        raise ReportError(f"{d}: not a run folder (no metrics.jsonl)")
+    config: dict[str, Any] = {}
+    if (d / "config.toml").exists():
+        try:
+            config = tomllib.loads((d / "config.toml").read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ReportError(f"{d / 'config.toml'}: {e}") from None
+    timeline: list[Interval] = []
+    if (d / "timeline.jsonl").exists():
+        try:
+            timeline = read_timeline(d / "timeline.jsonl")
+        except ValueError as e:
+            raise ReportError(str(e)) from None
+    rollouts = None
+    if (d / "rollouts.txt").exists():
+        rollouts = (
+            last_steps((d / "rollouts.txt").read_text(encoding="utf-8", errors="replace")) or None
+        )
+    return RunData(
+        dir=d,
+        label=label or d.resolve().name,
+        metrics=read_metrics(metrics_path),
+        config=config,
+        summary=_json(d / "summary.json"),
+        ledger=_json(d / "ledger.json"),
+        timeline=timeline,
+        rollouts=rollouts,
+    )
+
+
+def load_runs(dirs: Sequence[str | Path]) -> list[RunData]:
+    """Runs labelled by folder name, with their position added where two names are the same."""
+    names = [Path(d).resolve().name for d in dirs]
+    runs = []
+    for i, d in enumerate(dirs):
+        run = load_run(d)
+        if names.count(names[i]) > 1:
+            run.label = f"{names[i]} ({i + 1})"
+        runs.append(run)
+    return runs

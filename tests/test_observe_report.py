@@ -1,0 +1,189 @@
+"""`slipstream report` on a small recorded run folder (tests/data/run_small, made by
+tests/data/make_run_small.py): every figure is a real image, the page loads in a browser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from slipstream.observe.figures import FIGURES, save
+from slipstream.observe.report import report_main, summary_rows
+from slipstream.observe.runs import load_run, load_runs
+
+RUN_SMALL = Path(__file__).parent / "data" / "run_small"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def assert_png(path: Path) -> None:
+    """A decodable PNG with pixels that are not all one colour."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path.name}: not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 100 and height > 100 and data[-8:-4] == b"IEND", f"{path.name}: truncated"
+    pixels = imread(path)
+    assert pixels.shape[:2] == (height, width) and float(np.std(pixels)) > 0.01, (
+        f"{path.name}: blank"
+    )
+
+
+def sync_copy(tmp_path: Path) -> Path:
+    """The recorded run relabelled as a `sync` run, with no staleness keys (as sync writes)."""
+    d = tmp_path / "run_sync"
+    shutil.copytree(RUN_SMALL, d)
+    cfg = (d / "config.toml").read_text().replace('name = "pipeline"', 'name = "sync"')
+    (d / "config.toml").write_text(cfg)
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    rows = [{k: v for k, v in r.items() if not k.startswith("staleness/")} for r in rows]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_each_figure_overlays_two_runs_as_a_png(name: str, tmp_path: Path) -> None:
+    runs = load_runs([RUN_SMALL, sync_copy(tmp_path)])
+    save(FIGURES[name][1](runs), tmp_path / name)
+    assert_png(tmp_path / name)
+
+
+def test_figures_of_a_run_with_only_metrics_say_what_is_missing(tmp_path: Path) -> None:
+    d = tmp_path / "bare"
+    d.mkdir()
+    shutil.copy(RUN_SMALL / "metrics.jsonl", d)
+    run = load_run(d)
+    assert run.timeline == [] and run.summary is None and run.ledger is None
+    assert run.final_ledger() == {
+        "generated": 80,
+        "trained": 77,
+        "filtered": {"all reasons": 3},
+        "stale": 0,
+        "aborted": 0,
+        "lost": 0,
+    }
+    for name in ("timeline.png", "ledger.png"):
+        save(FIGURES[name][1]([run]), tmp_path / name)
+        assert_png(tmp_path / name)
+
+
+def test_summary_of_the_recorded_run() -> None:
+    rows = summary_rows(load_run(RUN_SMALL), None)
+    assert rows["schedule"] == "pipeline" and rows["steps"] == "10"
+    assert rows["held-out accuracy"] == "0.047 → 0.354"
+    assert rows["lag mean / max"] == "1.50 / 2"
+    assert rows["ledger: generated / trained"] == "80 / 77" and rows["ledger balanced"] == "yes"
+    assert rows["ledger: filtered"] == "zero_variance 3"
+
+
+def test_bad_input_is_one_line_on_stderr_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = [
+        (
+            [str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+            "nope: not a run folder (no such directory)",
+        ),
+        ([str(tmp_path), "--out", str(tmp_path / "o")], "not a run folder (no metrics.jsonl)"),
+        ([str(RUN_SMALL)], "the following arguments are required: --out"),
+    ]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "metrics.jsonl").write_text('{"step": 1}\n{"step": \n{"step": 3}\n')
+    cases.append(([str(bad), "--out", str(tmp_path / "o")], "metrics.jsonl:2: not valid JSON"))
+    for argv, message in cases:
+        assert report_main(argv) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.count("\n") == 1 and err.startswith("slipstream report: error: ") and message in err
+        )
+
+
+def test_a_partial_last_line_of_a_live_run_is_ignored(tmp_path: Path) -> None:
+    d = tmp_path / "live"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text('{"step": 1, "wall_s": 1.0}\n{"step": 2, "wa')
+    assert [r["step"] for r in load_run(d).metrics] == [1]
+
+
+class _Images(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.srcs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "img":
+            self.srcs.append(dict(attrs)["src"] or "")
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("report")
+    out = tmp / "out"
+    assert report_main([str(RUN_SMALL), str(sync_copy(tmp)), "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_report_writes_index_and_every_figure(report_dir: Path) -> None:
+    page = (report_dir / "index.html").read_text()
+    images = _Images()
+    images.feed(page)
+    assert images.srcs == list(FIGURES)
+    for name in FIGURES:
+        assert_png(report_dir / name)
+    assert "run_small" in page and "run_sync" in page and "Rollouts of the last step" in page
+
+
+@pytest.mark.slow
+def test_report_loads_in_headless_chromium_without_errors(report_dir: Path, tmp_path: Path) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("chromium not installed: apt-get install chromium")
+    flags = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+    ]
+    url = (report_dir / "index.html").as_uri()
+    dom = subprocess.run(
+        [*flags, f"--user-data-dir={tmp_path / 'a'}", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # Chromium logs every console message (errors, uncaught exceptions) as a CONSOLE line.
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []
+    # The page's own check marks images that failed to load (see report._CHECK_SCRIPT).
+    assert f'data-figures-loaded="{len(FIGURES)}"' in dom.stdout
+    assert 'class="broken"' not in dom.stdout
+    shot = tmp_path / "page.png"
+    subprocess.run(
+        [
+            *flags,
+            f"--user-data-dir={tmp_path / 'b'}",
+            "--window-size=1100,2000",
+            f"--screenshot={shot}",
+            url,
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert_png(shot)

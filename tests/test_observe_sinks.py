@@ -1,0 +1,164 @@
+"""Sinks: JSONL takes floats and Metric values; a failing sink warns once, the run goes on."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from slipstream.observe.metrics import Max, Mean
+from slipstream.observe.sinks import FanOut, JsonlSink, SafeSink, make_sinks, read_jsonl
+
+
+class Exploding:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.calls += 1
+        raise OSError("disk full")
+
+    def close(self) -> None:
+        raise OSError("still full")
+
+
+def test_jsonl_writes_metric_values_and_plain_numbers(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path / "m.jsonl")
+    sink.write(
+        {
+            "step": 1,
+            "train/loss": Mean(3.0, 2.0),
+            "staleness/lag_max": Max(2),
+            "reward_mean": 0.5,
+            "completion_lens": [3, 4],
+            "nan": math.nan,
+            "inf": math.inf,
+            "grad_norm": torch.tensor(2.5),
+        }
+    )
+    sink.close()
+    (row,) = read_jsonl(tmp_path / "m.jsonl")
+    assert row == {
+        "step": 1,
+        "train/loss": 1.5,
+        "staleness/lag_max": 2.0,
+        "reward_mean": 0.5,
+        "completion_lens": [3, 4],
+        "nan": None,
+        "inf": 1e308,
+        "grad_norm": 2.5,
+    }
+
+
+def test_a_failing_sink_warns_exactly_once_and_the_run_goes_on(tmp_path: Path) -> None:
+    bad = Exploding()
+    sinks = FanOut([SafeSink(JsonlSink(tmp_path / "m.jsonl"), "jsonl"), SafeSink(bad, "exploding")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # count every warning, not Python's once-per-place
+        for step in range(1, 6):  # the loop: write every step, close at the end
+            sinks.write({"step": step, "reward_mean": 0.1 * step})
+        sinks.close()
+    messages = [str(w.message) for w in caught]
+    assert (
+        len(messages) == 1
+        and "metrics sink exploding failed" in messages[0]
+        and "disk full" in messages[0]
+    )
+    assert bad.calls == 5 and sinks.sinks[1].errors == 5 and sinks.sinks[1].failed
+    # the healthy sink saw every step
+    assert [r["step"] for r in read_jsonl(tmp_path / "m.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def test_make_sinks_rejects_unknown_names_and_always_has_jsonl_first(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match="unknown metrics sink 'mlflow'; expected one of jsonl, tensorboard, wandb"
+    ):
+        make_sinks(tmp_path, ["tensorboard", "mlflow"])
+    assert [s.name for s in make_sinks(tmp_path, [])] == ["jsonl"]
+    assert [s.name for s in make_sinks(tmp_path, ["jsonl", "jsonl"])] == ["jsonl"]
+
+
+def test_tensorboard_writes_event_files(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard not installed: pip install tensorboard")
+    jsonl, tb = make_sinks(tmp_path, ["tensorboard"])
+    assert tb.name == "tensorboard" and not tb.failed
+    for step in (1, 2):
+        tb.write(
+            {
+                "step": step,
+                "train/loss": Mean(1.0, 4.0),
+                "reward_mean": 0.5,
+                "completion_lens": [3, 5, 8],
+            }
+        )
+    tb.close()
+    jsonl.close()
+    assert not tb.failed
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and events[0].stat().st_size > 100
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(1, 0.25), (2, 0.25)]
+    assert "completion_lens" in acc.Tags()["histograms"]
+
+
+def test_wandb_missing_warns_once_and_is_disabled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jsonl, wb = make_sinks(tmp_path, ["wandb"])
+        for step in (1, 2, 3):
+            jsonl.write({"step": step})
+            wb.write({"step": step})
+        wb.close()
+    assert len(caught) == 1 and "metrics sink wandb could not be opened" in str(caught[0].message)
+    assert wb.failed and len(read_jsonl(tmp_path / "metrics.jsonl")) == 3
+
+
+def test_wandb_runs_offline_with_the_run_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: dict[str, Any] = {"log": []}
+
+    class FakeRun:
+        def log(self, data: dict[str, Any], step: int) -> None:
+            calls["log"].append((step, data))
+
+        def finish(self) -> None:
+            calls["finished"] = True
+
+    def init(**kwargs: Any) -> FakeRun:
+        calls["init"] = kwargs
+        return FakeRun()
+
+    fake = types.SimpleNamespace(init=init, Histogram=lambda values: ("hist", tuple(values)))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    (tmp_path / "config.toml").write_text("[run]\nseed = 3\n")
+    _, wb = make_sinks(tmp_path, ["wandb"])
+    wb.write({"step": 7, "reward_mean": Mean(1.0, 2.0), "completion_lens": [1, 2], "name": "x"})
+    wb.close()
+    assert calls["init"]["mode"] == "offline"  # no network, no account
+    assert calls["init"]["dir"] == str(tmp_path) and calls["init"]["config"] == {"run": {"seed": 3}}
+    assert calls["log"] == [(7, {"reward_mean": 0.5, "completion_lens": ("hist", (1.0, 2.0))})]
+    assert calls["finished"]
+
+
+def test_jsonl_lines_are_complete_after_each_write(tmp_path: Path) -> None:
+    # Flushed per write: a crash after step 2 still leaves two readable lines.
+    sink = JsonlSink(tmp_path / "m.jsonl")
+    sink.write({"step": 1})
+    sink.write({"step": 2})
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    sink.close()
