@@ -1,6 +1,18 @@
 """Generation: slot KV cache, continuous batching, sampling, per-token logprobs and versions,
-in-flight weight swap, abort."""
+in-flight weight swap, abort, and the collection of finished groups."""
 
-from slipstream.engine.engine import Completion, Engine, EngineStats, Request, SamplingParams
+from slipstream.engine.engine import Completion, Engine, KVMode, Request, SamplingParams
+from slipstream.engine.groups import GroupCollector, GroupMember
+from slipstream.engine.stats import EngineStats, rates
 
-__all__ = ["Completion", "Engine", "EngineStats", "Request", "SamplingParams"]
+__all__ = [
+    "Completion",
+    "Engine",
+    "EngineStats",
+    "GroupCollector",
+    "GroupMember",
+    "KVMode",
+    "Request",
+    "SamplingParams",
+    "rates",
+]

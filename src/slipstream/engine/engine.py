@@ -2,21 +2,44 @@
 
 Each call to `step()` does, in order:
 
-1. apply weights handed over by `load_weights` since the last step (between two decode steps:
-   never inside a forward pass);
-2. admit waiting requests into free slots and prefill them in one batched forward (a prefill
-   step between decode steps, not chunked prefill: our prompts are short next to completions,
-   so a whole-prompt prefill costs about one decode step and chunking would buy nothing but
-   complexity; long-prompt workloads would want chunking);
-3. one decode step for every active slot.
+1. apply weights handed over by `load_weights` since the last step: between two decode steps,
+   never inside a forward pass;
+2. top up the waiting line from the `refill` hook (the prompt source) and admit waiting
+   requests into the free slots;
+3. one forward that decodes one token for every slot that was live and prefills the prompts
+   just admitted, then one sampling call for all of them.
 
-A slot is refilled the moment its sequence finishes, so the pool never waits for the slowest
-sequence. Every sampled token records its behaviour log-prob and the engine's `version` at the
-moment it was sampled, so a sequence that spans a weight update carries both versions.
+Prefill strategy: whole prompts, prefilled in the same forward as the decode step (a mixed
+step, as in vLLM v1 and SGLang), not chunked. Every projection and MLP runs once over the flat
+list of decode tokens and prompt tokens, with no padding; only attention is split in a decode
+part and a prefill part (engine.forward). A separate prefill forward between decode steps
+costs a whole extra pass of per-layer overhead each time a slot is refilled, which in RLVR is
+nearly every step (a slot frees every few steps), and pads the prompts to the longest.
+Chunking bounds the latency of a decode step behind a long prompt; RLVR prompts are short next
+to their completions, so it would buy nothing here (`forward.prefill_part` already takes a
+start position per row: a chunked scheduler would only split prompts across steps).
+`mixed_prefill=False` runs the two as separate forwards, for exact prefill/decode timings;
+the tokens are the same.
+
+A slot freed in step n is refilled in step n+1, so the pool never waits for the slowest
+sequence. Every sampled token records its behaviour log-prob and the engine's `version` when
+it was sampled, so a sequence that spans a weight update carries both versions.
+
+Driving it (the asynchronous sampler's loop)::
+
+    engine = Engine(model, eos_id, num_slots, max_len, refill=source.take)
+    while running:
+        for group in collector.add(engine.step()):
+            emit(group)
+
+`refill(n)` is asked for up to `n` requests whenever fewer than `n` are waiting for the `n`
+free slots; it may return fewer (none: nothing to do now), or more (they wait), and must not
+block: the live sequences wait for it. Callers that push use `engine.add` instead.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -25,11 +48,25 @@ from typing import Any, Literal
 
 import torch
 
-from slipstream.engine.sampling import sample
+from slipstream.engine.forward import (
+    PartRows,
+    SlotKV,
+    decode_part,
+    forward,
+    make_plan,
+    model_weights,
+    prefill_part,
+)
+from slipstream.engine.sampling import Sampled, sample
+from slipstream.engine.stats import EngineStats
 from slipstream.model.llama import CausalLM
 from slipstream.types import FinishReason
 
 KVMode = Literal["keep", "recompute"]
+# Decode runs over the contiguous range of slots from the first live to the last: its keys are
+# a view of the cache. Free slots inside the range ride along as dummy rows; below this density
+# of live slots the wasted rows cost more than gathering the live slots' keys.
+_MIN_DENSITY = 0.5
 
 
 @dataclass(frozen=True)
@@ -44,6 +81,8 @@ class SamplingParams:
 
 @dataclass
 class Request:
+    """One sequence to generate. `seed` fixes its sampling noise (see engine.sampling)."""
+
     prompt_tokens: list[int]
     params: SamplingParams
     seed: int = 0
@@ -52,7 +91,12 @@ class Request:
 
 @dataclass
 class Completion:
-    """What the engine returns for a request: tokens with per-token log-probs and versions."""
+    """What the engine returns for a request: tokens with per-token log-probs and versions.
+
+    `logp[t]` is the behaviour log-prob of `tokens[t]` (temperature-scaled full softmax) under
+    the weights of version `versions[t]`; `kept_logmass[t]` is log of the probability mass kept
+    by top-k / top-p (0 without them; see engine.sampling for its use).
+    """
 
     request: Request
     tokens: list[int]
@@ -61,39 +105,51 @@ class Completion:
     finish_reason: FinishReason
     t_start: float
     t_end: float
-
-
-@dataclass
-class EngineStats:
-    """Counters since creation; callers diff two snapshots for a window."""
-
-    tokens_generated: int = 0
-    prefill_tokens: int = 0
-    decode_steps: int = 0
-    active_slot_steps: int = 0  # sum over decode steps of active slots (mean = / decode_steps)
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    weight_update_s: float = 0.0
-    weight_updates: int = 0
-    aborted: int = 0
-    active_trace: list[tuple[float, int]] = field(default_factory=list)  # (time, active slots)
-
-    def snapshot(self) -> dict[str, float]:
-        return {k: v for k, v in self.__dict__.items() if k != "active_trace"}
+    kept_logmass: list[float] = field(default_factory=list)
 
 
 @dataclass
 class _Slot:
     request: Request
     t_start: float
-    pos: int = 0  # tokens written into this slot's cache
     tokens: list[int] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    kept_logmass: list[float] = field(default_factory=list)
+
+    def completion(self, reason: FinishReason, now: float) -> Completion:
+        return Completion(
+            self.request,
+            self.tokens,
+            self.logp,
+            self.versions,
+            reason,
+            self.t_start,
+            now,
+            self.kept_logmass,
+        )
+
+
+@dataclass
+class _Decode:
+    """The decode rows of a step: slots live before admission, as a range or a gather."""
+
+    rows: slice | torch.Tensor  # cache rows: a contiguous range (free slots ride along) or ids
+    slot_ids: torch.Tensor  # [R] slot of each row
+    live: torch.Tensor  # [R] long, 1 where the slot was live (0: a free slot riding along)
+    order: list[int | None]  # slot of each row, None for free ones
+    n_live: int
+
+
+def _cat(xs: list[torch.Tensor]) -> torch.Tensor:
+    return xs[0] if len(xs) == 1 else torch.cat(xs)
 
 
 class Engine:
-    """Continuous-batching generator over a `CausalLM` with a slot KV cache."""
+    """Continuous-batching generator over a `CausalLM` with a slot KV cache.
+
+    Not thread-safe except `load_weights`, which any thread may call while another steps.
+    """
 
     def __init__(
         self,
@@ -104,182 +160,329 @@ class Engine:
         version: int = 0,
         kv_mode: KVMode = "keep",
         trace: bool = False,
+        refill: Callable[[int], Iterable[Request]] | None = None,
+        mixed_prefill: bool = True,
     ) -> None:
         if kv_mode not in ("keep", "recompute"):
             raise ValueError(f"kv_mode must be 'keep' or 'recompute', got {kv_mode!r}")
+        if num_slots < 1 or max_len < 2:
+            raise ValueError(f"need num_slots >= 1 and max_len >= 2, got {num_slots}, {max_len}")
         self.model = model.eval()
         self.eos_id = eos_id
         self.num_slots, self.max_len = num_slots, max_len
-        self.cache = model.new_cache(num_slots, max_len)
+        p = model.lm_head.weight
+        self.cache = SlotKV(model.config, num_slots, max_len, p.dtype, p.device)
         self.slots: list[_Slot | None] = [None] * num_slots
         self.waiting: deque[Request] = deque()
         self.version = version
         self.kv_mode: KVMode = kv_mode
+        self.refill = refill
+        self.mixed_prefill = mixed_prefill
         self.stats = EngineStats()
         self._trace = trace
+        self._num_active = 0
+        self._lock = threading.Lock()
         self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
         self._params = dict(model.named_parameters())
+        self._weights = model_weights(model)  # by reference: see load_weights
+        # Per-slot decode state as tensors, so a decode step reads a range of them as views
+        # instead of building its inputs from Python lists. Free slots hold position 0.
+        dev = p.device
+        self._last = torch.zeros(num_slots, dtype=torch.long, device=dev)  # next input token
+        self._pos = torch.zeros(num_slots, dtype=torch.long, device=dev)  # tokens in the cache
+        self._ntok = torch.zeros(num_slots, dtype=torch.long, device=dev)  # tokens sampled
+        self._live = torch.zeros(num_slots, dtype=torch.long, device=dev)  # 1 while in use
+        self._temp = torch.zeros(num_slots, device=dev)
+        self._top_p = torch.ones(num_slots, device=dev)
+        self._top_k = torch.zeros(num_slots, dtype=torch.long, device=dev)
+        self._seed = torch.zeros(num_slots, dtype=torch.long, device=dev)
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
+        """Queue a request; it is admitted into the first free slot by a later `step()`."""
         need = len(request.prompt_tokens) + request.params.max_new_tokens
         if need > self.max_len:
-            raise ValueError(f"prompt + max_new_tokens = {need} exceeds engine max_len {self.max_len}")
+            raise ValueError(
+                f"prompt ({len(request.prompt_tokens)}) + max_new_tokens "
+                f"({request.params.max_new_tokens}) = {need} exceeds engine max_len {self.max_len}"
+            )
         if not request.prompt_tokens:
             raise ValueError("empty prompt")
+        if request.params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {request.params.max_new_tokens}")
         self.waiting.append(request)
 
     @property
     def num_active(self) -> int:
-        return sum(s is not None for s in self.slots)
+        return self._num_active
 
     def idle(self) -> bool:
-        return not self.waiting and self.num_active == 0
+        """Nothing in flight and nothing waiting (the refill hook is not consulted)."""
+        return not self.waiting and self._num_active == 0
 
     # ---- weights --------------------------------------------------------------------------
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Hand over new weights; they take effect at the start of the next `step()`."""
-        self._pending_weights = (state, version)
+        """Hand over new weights; they take effect at the start of the next `step()`.
+
+        `state` maps parameter names to tensors of the same shapes (a state dict); the engine
+        keeps a reference until it copies, so the caller must not modify those tensors until
+        then. A newer hand-over before the next step replaces an older one. The engine reads
+        the model's parameters by reference: updating them in place (as this does, or as an
+        optimizer step on a shared model does) is seen at once; replacing a parameter object
+        is not, and needs a new engine.
+        """
+        missing = [n for n, p in self._params.items() if n not in state]
+        if missing:
+            raise KeyError(
+                f"load_weights: state lacks {len(missing)} parameters, e.g. {missing[:3]}"
+            )
+        for n, p in self._params.items():
+            if state[n].shape != p.shape:
+                raise ValueError(
+                    f"load_weights: {n} has shape {tuple(state[n].shape)}, expected {tuple(p.shape)}"
+                )
+        with self._lock:
+            self._pending_weights = (state, version)
 
     def _apply_weights(self) -> None:
-        if self._pending_weights is None:
+        with self._lock:
+            pending, self._pending_weights = self._pending_weights, None
+        if pending is None:
             return
-        state, version = self._pending_weights
-        self._pending_weights = None
+        state, version = pending
         t0 = time.perf_counter()
         with torch.no_grad():
             for name, p in self._params.items():
                 p.copy_(state[name])  # into existing storage: no reallocation, no re-pinning
+        t1 = time.perf_counter()
         self.version = version
-        if self.kv_mode == "recompute":
-            # AReaL: re-prefill each in-flight prefix under the new weights
-            live = [i for i, s in enumerate(self.slots) if s is not None]
-            if live:
-                self._forward_prefix(live, [self._prefix(i) for i in live])
-        self.stats.weight_update_s += time.perf_counter() - t0
+        live = [i for i, s in enumerate(self.slots) if s is not None]
+        if self.kv_mode == "recompute" and live:
+            # AReaL: re-prefill each in-flight prefix under the new weights. The last sampled
+            # token is not in the cache yet: the next decode step feeds it.
+            seqs = [self._slot(i).request.prompt_tokens + self._slot(i).tokens[:-1] for i in live]
+            ids, part = self._prefill_part(live, seqs)
+            forward(self._weights, self.cache, make_plan(self.cache, ids, [part], None))
+            self.stats.recompute_tokens += len(ids)
+        pause = time.perf_counter() - t0
+        self.stats.weight_copy_s += t1 - t0
+        self.stats.weight_update_s += pause
+        self.stats.weight_pause_max_s = max(self.stats.weight_pause_max_s, pause)
         self.stats.weight_updates += 1
-
-    def _prefix(self, i: int) -> list[int]:
-        s = self.slots[i]
-        assert s is not None
-        return s.request.prompt_tokens + s.tokens[:-1]  # the last token is not yet in the cache
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[Completion]:
-        """Apply pending weights, admit and prefill, decode once. Returns finished requests."""
+        """Apply pending weights; refill and admit; one forward that decodes every live slot and
+        prefills the admitted prompts; sample. Returns the requests that finished."""
         self._apply_weights()
-        finished: list[Completion] = []
+        live = [i for i, s in enumerate(self.slots) if s is not None]
+        dec = self._decode_rows(live) if live else None
         admitted = self._admit()
-        if admitted:
-            t0 = time.perf_counter()
-            logits = self._forward_prefix(admitted, [self.slots[i].request.prompt_tokens for i in admitted])  # type: ignore[union-attr]
-            finished += self._sample_into(admitted, logits)
-            self.stats.prefill_s += time.perf_counter() - t0
-        active = [i for i, s in enumerate(self.slots) if s is not None]
-        if active:
-            t0 = time.perf_counter()
-            slots = [self.slots[i] for i in active]
-            ids = torch.tensor([[s.tokens[-1]] for s in slots])  # type: ignore[union-attr]
-            pos = torch.tensor([[s.pos] for s in slots])  # type: ignore[union-attr]
-            with torch.no_grad():
-                logits = self.model(ids, positions=pos, cache=self.cache, slots=torch.tensor(active))
-            for s in slots:
-                s.pos += 1  # type: ignore[union-attr]
-            finished += self._sample_into(active, logits[:, -1])
-            self.stats.decode_s += time.perf_counter() - t0
-            self.stats.decode_steps += 1
-            self.stats.active_slot_steps += len(active)
+        finished: list[Completion] = []
+        if dec is not None and admitted and not self.mixed_prefill:
+            finished = self._run(dec, []) + self._run(None, admitted)  # exact times apart
+        elif dec is not None or admitted:
+            finished = self._run(dec, admitted)
         if self._trace:
-            self.stats.active_trace.append((time.perf_counter(), self.num_active))
+            self.stats.active_trace.append((time.perf_counter(), self._num_active))
         return finished
 
+    def _decode_rows(self, live: list[int]) -> _Decode:
+        lo, hi = live[0], live[-1] + 1
+        dev = self._pos.device
+        if len(live) >= _MIN_DENSITY * (hi - lo):
+            rows: slice | torch.Tensor = slice(lo, hi)
+            slot_ids = torch.arange(lo, hi, device=dev)
+            order: list[int | None] = [i if self.slots[i] else None for i in range(lo, hi)]
+        else:
+            rows = slot_ids = torch.tensor(live, device=dev)
+            order = list(live)
+            self.stats.sparse_decode_steps += 1
+        live_rows = self._live[rows].clone()  # a copy: admission changes _live
+        return _Decode(rows, slot_ids, live_rows, order, len(live))
+
     def _admit(self) -> list[int]:
-        admitted = []
-        now = time.perf_counter()
-        for i, s in enumerate(self.slots):
+        """Top up the waiting line from `refill`; move waiting requests into free slots."""
+        free = self.num_slots - self._num_active
+        if self.refill is not None and len(self.waiting) < free:
+            for r in self.refill(free - len(self.waiting)):
+                self.add(r)
+        admitted: list[int] = []
+        if not free or not self.waiting:
+            return admitted
+        now = time.time()
+        for i, s in enumerate(self.slots):  # lowest free slots first: keeps the live range dense
             if s is None and self.waiting:
-                self.slots[i] = _Slot(self.waiting.popleft(), t_start=now)
+                r = self.waiting.popleft()
+                self.slots[i] = _Slot(r, t_start=now)
                 admitted.append(i)
+                p = r.params
+                self._temp[i], self._top_p[i], self._top_k[i] = p.temperature, p.top_p, p.top_k
+                self._seed[i] = r.seed
+        self._num_active += len(admitted)
+        self._live[admitted] = 1
         return admitted
 
-    def _forward_prefix(self, idx: list[int], seqs: list[list[int]]) -> torch.Tensor:
-        """Write `seqs` into slots `idx` from position 0; return each row's last logits `[B, V]`."""
-        lens = torch.tensor([len(s) for s in seqs])
-        width = int(lens.max())
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            ids[r, : len(s)] = torch.tensor(s)
-        pos = torch.arange(width).expand(len(seqs), width)
-        with torch.no_grad():
-            logits = self.model(ids, positions=pos, cache=self.cache, slots=torch.tensor(idx))
-        for i, n in zip(idx, lens.tolist()):
-            self.slots[i].pos = n  # type: ignore[union-attr]
-        self.stats.prefill_tokens += int(lens.sum())
-        return logits[torch.arange(len(seqs)), lens - 1]
+    def _prefill_part(self, idx: list[int], seqs: list[list[int]]) -> tuple[torch.Tensor, PartRows]:
+        """Flat token ids `[N]` and the prefill part writing `seqs` into slots `idx` from 0."""
+        dev = self._pos.device
+        lens = torch.tensor([len(s) for s in seqs], device=dev)
+        ids = torch.tensor([t for s in seqs for t in s], device=dev)
+        slots = torch.tensor(idx, device=dev)
+        return ids, prefill_part(self.cache, slots, torch.zeros_like(lens), lens)
 
-    def _sample_into(self, idx: list[int], logits: torch.Tensor) -> list[Completion]:
-        slots = [self.slots[i] for i in idx]
-        ps = [s.request.params for s in slots]  # type: ignore[union-attr]
-        tokens, logp = sample(
-            logits,
-            temperature=torch.tensor([p.temperature for p in ps]),
-            top_k=torch.tensor([p.top_k for p in ps]),
-            top_p=torch.tensor([p.top_p for p in ps]),
-            seeds=torch.tensor([s.request.seed for s in slots]),  # type: ignore[union-attr]
-            steps=torch.tensor([len(s.tokens) for s in slots]),  # type: ignore[union-attr]
+    def _run(self, dec: _Decode | None, admitted: list[int]) -> list[Completion]:
+        """One forward over the decode rows `dec` and the prompts of `admitted`; sample; record.
+
+        Output rows: the decode rows in slot order, then the admitted prompts' last tokens.
+        """
+        t0 = time.perf_counter()
+        ids, parts, slot_ids, order = [], [], [], []
+        n_dec = n_pre = 0
+        if dec is not None:
+            parts.append(decode_part(self.cache, dec.rows, self._pos[dec.rows], dec.live))
+            ids.append(self._last[dec.rows])
+            slot_ids.append(dec.slot_ids)
+            order += dec.order
+            n_dec = len(dec.order)
+        if admitted:
+            prompts = [self._slot(i).request.prompt_tokens for i in admitted]
+            pre_ids, pre = self._prefill_part(admitted, prompts)
+            parts.append(pre)
+            ids.append(pre_ids)
+            slot_ids.append(torch.tensor(admitted, device=pre_ids.device))
+            order += admitted
+            n_pre = len(pre_ids)
+            lens = torch.tensor([len(p) for p in prompts], device=pre_ids.device)
+        out_index = torch.arange(n_dec, device=self._pos.device)
+        if admitted:  # the last token of each prompt
+            out_index = torch.cat([out_index, n_dec + lens.cumsum(0) - 1])
+        logits = forward(
+            self._weights, self.cache, make_plan(self.cache, _cat(ids), parts, out_index)
         )
-        done = []
-        for i, s, tok, lp in zip(idx, slots, tokens.tolist(), logp.tolist()):
-            assert s is not None
-            s.tokens.append(tok)
-            s.logp.append(lp)
-            s.versions.append(self.version)
-            self.stats.tokens_generated += 1
-            if tok == self.eos_id:
-                done.append(self._finish(i, FinishReason.STOP))
-            elif len(s.tokens) >= s.request.params.max_new_tokens:
-                done.append(self._finish(i, FinishReason.LENGTH))
+        assert logits is not None
+        rows = _cat(slot_ids)
+        got = sample(
+            logits,
+            self._temp[rows],
+            self._top_k[rows],
+            self._top_p[rows],
+            self._seed[rows],
+            self._ntok[rows],
+        )
+        if dec is not None:  # free rows riding in the range keep their state (maybe admitted now)
+            self._last[dec.rows] = torch.where(
+                dec.live.bool(), got.tokens[:n_dec], self._last[dec.rows]
+            )
+            self._pos[dec.rows] += dec.live
+            self._ntok[dec.rows] += dec.live
+        if admitted:
+            self._last[admitted] = got.tokens[n_dec:]
+            self._pos[admitted] = lens
+            self._ntok[admitted] = 1
+        done = self._record(order, got)
+        self._account(time.perf_counter() - t0, dec, n_dec, n_pre)
         return done
 
-    def _finish(self, i: int, reason: FinishReason) -> Completion:
+    def _account(self, seconds: float, dec: _Decode | None, n_dec: int, n_pre: int) -> None:
+        # a mixed step's time is split by token share: at these model sizes a prompt token
+        # costs about what a decode token does (separate forwards measure it exactly)
+        share = n_pre / (n_pre + n_dec)
+        self.stats.prefill_s += seconds * share
+        self.stats.decode_s += seconds * (1 - share)
+        if dec is not None:
+            self.stats.decode_steps += 1
+            self.stats.active_slot_steps += dec.n_live
+            self.stats.computed_slot_steps += n_dec
+        if n_pre:
+            self.stats.prefill_steps += 1
+            self.stats.prefill_tokens += n_pre
+
+    def _record(self, order: list[int | None], got: Sampled) -> list[Completion]:
+        """Append each live row's token, log-prob and version; release finished slots."""
+        tokens, logp = got.tokens.tolist(), got.logp.tolist()
+        mass = got.kept_logmass.tolist() if got.kept_logmass is not None else None
+        done = []
+        now = time.time()
+        n = 0
+        for r, i in enumerate(order):
+            if i is None:
+                continue
+            s = self._slot(i)
+            n += 1
+            tok = tokens[r]
+            s.tokens.append(tok)
+            s.logp.append(logp[r])
+            s.versions.append(self.version)
+            s.kept_logmass.append(mass[r] if mass is not None else 0.0)
+            if tok == self.eos_id:
+                done.append(self._release(i).completion(FinishReason.STOP, now))
+            elif len(s.tokens) >= s.request.params.max_new_tokens:
+                done.append(self._release(i).completion(FinishReason.LENGTH, now))
+        self.stats.tokens_generated += n
+        self.stats.finished += len(done)
+        return done
+
+    def _slot(self, i: int) -> _Slot:
         s = self.slots[i]
         assert s is not None
+        return s
+
+    def _release(self, i: int) -> _Slot:
+        """Free slot `i` (its cache rows are simply overwritten by the next prefill)."""
+        s = self._slot(i)
         self.slots[i] = None
-        return Completion(s.request, s.tokens, s.logp, s.versions, reason, s.t_start, time.perf_counter())
+        self._num_active -= 1
+        self._live[i] = 0
+        self._pos[i] = 0
+        self._ntok[i] = 0
+        return s
 
     # ---- control --------------------------------------------------------------------------
     def abort(self, predicate: Callable[[Completion], bool]) -> list[Completion]:
         """Abort in-flight sequences for which `predicate(partial completion)` holds.
 
-        They are returned with what they had, marked `aborted`, and their slots freed.
+        They are returned with what they had, marked `aborted`, and their slots freed (refilled
+        by the next `step()`). Staleness bound, for example:
+        `engine.abort(lambda c: engine.version - min(c.versions) > K)`.
         """
         out = []
-        now = time.perf_counter()
+        now = time.time()
         for i, s in enumerate(self.slots):
             if s is None:
                 continue
-            partial = Completion(s.request, s.tokens, s.logp, s.versions, FinishReason.ABORTED, s.t_start, now)
+            partial = s.completion(FinishReason.ABORTED, now)
             if predicate(partial):
-                self.slots[i] = None
+                self._release(i)
                 out.append(partial)
         self.stats.aborted += len(out)
         return out
 
     def cancel_waiting(self, predicate: Callable[[Request], bool]) -> list[Request]:
-        """Remove requests not yet admitted for which `predicate` holds."""
-        keep, gone = deque(), []
+        """Remove requests not yet admitted for which `predicate` holds; return them."""
+        keep: deque[Request] = deque()
+        gone: list[Request] = []
         for r in self.waiting:
             (gone if predicate(r) else keep).append(r)
         self.waiting = keep
         return gone
 
     def generate(self, requests: Iterable[Request]) -> list[Completion]:
-        """Run `requests` to completion; completions in request order."""
+        """Run `requests` to completion on an idle engine; completions in request order.
+
+        The refill hook is not consulted: this is a static batch (continuous batching inside).
+        """
+        if not self.idle():
+            raise RuntimeError("generate() needs an idle engine: it returns only its own requests")
         reqs = list(requests)
-        order = {id(r): n for n, r in enumerate(reqs)}
         for r in reqs:
             self.add(r)
+        order = {id(r): n for n, r in enumerate(reqs)}
+        refill, self.refill = self.refill, None
         out: list[Completion] = []
-        while not self.idle():
-            out += self.step()
+        try:
+            while not self.idle():
+                out += self.step()
+        finally:
+            self.refill = refill
         return sorted(out, key=lambda c: order[id(c.request)])

@@ -7,16 +7,29 @@ exactly from the softmax). Nothing depends on which slot or batch a request land
 request sampled inside a continuous batch gives the same tokens as sampled alone, and a run is
 reproducible from its seeds.
 
-Behaviour log-probability. We record `log softmax(logits / temperature)[token]`: the same
-temperature-scaled distribution the trainer evaluates, so an on-policy ratio is exactly 1.
-What top-k and top-p do to the importance ratio: they sample from the truncated distribution
-`mu(a) = p(a) / Z` on the kept set (Z <= 1 its mass), but the recorded log-prob is `log p(a)`,
-without the `-log Z` renormalisation. The trainer's ratio `pi/p` is then `Z` times the true
-ratio `pi/mu`: biased low by the dropped mass, per token. With the defaults (top_p=1,
-top_k=0) Z = 1 and there is no bias; keep them for RL, or accept the bias knowingly.
+Behaviour log-probability. We record `log p(a)`, `p = softmax(logits / temperature)` over the
+whole vocabulary: the distribution the trainer evaluates (`train.batch.token_logprobs`), so
+with identical weights the trainer's ratio is exactly 1.
+
+What top-k and top-p do to the importance ratio. With either on, the token is drawn from the
+truncated distribution `mu(a) = p(a) / Z` on the kept set K (`Z = sum_{a in K} p(a) <= 1`, per
+token, computed on the temperature-scaled logits: temperature first, then the filters, as in
+vLLM and `transformers`). The recorded log-prob stays `log p(a)`, so the ratio the trainer forms,
+`pi(a) / p(a)`, is the true importance ratio `pi(a) / mu(a)` divided by `Z`: it reads 1
+on-policy where the truth is `Z`, and it is biased upward by `1 / Z` off-policy. Tokens outside
+K have `mu = 0` and are never sampled, so no ratio corrects for them: the update follows the
+truncated policy. Each completion also records `log Z` per token (`kept_logmass`, 0 without
+filtering); the recorded log-prob minus it is `log mu(a)`, the exact behaviour log-prob, for
+a caller that wants the unbiased ratio. Defaults (top_k 0, top_p 1) give Z = 1: keep them for
+RL, or accept the bias knowingly.
+
+Greedy rows (temperature 0) take the argmax and record the log-prob at temperature 1; they are
+for evaluation, not for RL.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -57,6 +70,12 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+class Sampled(NamedTuple):
+    tokens: torch.Tensor  # [B] long
+    logp: torch.Tensor  # [B] log p(token), p the temperature-scaled full softmax
+    kept_logmass: torch.Tensor | None  # [B] log Z of the top-k / top-p set; None: no filter
+
+
 def sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -64,17 +83,25 @@ def sample(
     top_p: torch.Tensor,
     seeds: torch.Tensor,
     steps: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Sampled:
     """Next tokens `[B]` and their behaviour log-probs `[B]` from last-position logits `[B, V]`.
 
-    Rows with temperature 0 are greedy; their log-prob is taken at temperature 1.
+    `temperature`, `top_k`, `top_p`, `seeds` and `steps` (the index of the token being sampled
+    within its completion) are per row `[B]`. Rows with temperature 0 are greedy.
     """
     logits = logits.float()
     greedy = temperature <= 0
+    all_greedy = bool(greedy.all())
     t = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
     scaled = logits / t
     logp_all = scaled.log_softmax(dim=-1)
     kept = filter_logits(scaled, top_k, top_p)
-    noisy = kept + gumbel_noise(seeds, steps, logits.shape[-1]).to(kept.dtype)
-    tokens = torch.where(greedy, scaled.argmax(dim=-1), noisy.argmax(dim=-1))
-    return tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+    if all_greedy:
+        tokens = scaled.argmax(dim=-1)
+    else:
+        noisy = kept + gumbel_noise(seeds, steps, logits.shape[-1]).to(kept.dtype)
+        tokens = torch.where(greedy, scaled.argmax(dim=-1), noisy.argmax(dim=-1))
+    logmass = None
+    if kept is not scaled:  # log Z = logsumexp over the kept set of the normalised log-probs
+        logmass = (logp_all + (kept - scaled)).logsumexp(dim=-1)
+    return Sampled(tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1), logmass)

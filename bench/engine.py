@@ -1,0 +1,311 @@
+"""Generation throughput of slipstream's engine: against `transformers`, and continuous
+batching against static batches on the heavy-tailed built-in task.
+
+Run: python bench/engine.py [--batch 64] [--max-new-tokens 128] [--repeats 3] [--quick].
+Prints three readable tables, then one JSON line with the headline figures.
+
+1. Engine vs `transformers.generate`. A random Llama (hidden 256, 4 layers, vocab 512) is built
+   with `transformers`, saved as an ordinary Hugging Face folder and loaded by both. Same
+   prompts (batch of `--batch`, 16 tokens each), greedy, exactly `--max-new-tokens` new tokens
+   per sequence on both sides (no stop token: `eos_token_id=None` for `generate`, an
+   unreachable stop id for the engine), so both count the same tokens. Median of repeats after
+   one warm-up; the contenders' runs alternate, and CPU time is shown next to wall time (on a
+   shared machine the CPU-time ratio is the steadier one). The greedy tokens are compared as a
+   correctness check.
+2. Continuous vs static batching on the built-in task (running sums, heavy-tailed lengths), on
+   the built-in model's shape (random init). A random model's lengths are not the task's, so
+   the lengths are driven by the task instead: each request's `max_new_tokens` is the token
+   length of its prompt's correct completion plus the end-of-sequence token, and no stop token
+   is honoured, so every request generates exactly that many tokens (the length distribution
+   a model that solves the task produces: p99 about 6x the median). Static: batches of
+   `--batch` requests, each waiting for its longest (finished rows stop computing, so this is
+   the best static baseline, not a padded one). Continuous: the same requests through one pool
+   of `--batch` slots, each slot refilled as soon as it frees; and once more with prefill as a
+   separate forward between decode steps. Same engine, same tokens.
+3. The in-flight weight update pause (copy into the parameters, plus re-prefill in
+   `recompute` mode) for the model of part 1 with a full pool of sequences in flight.
+
+Threads: `--threads 1` by default so that the figures are stable on a shared machine; both
+sides always run with the same number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.model import load_pretrained
+from slipstream.model.builtin import init_builtin
+from slipstream.tasks import RunningSums
+
+NO_STOP = -1  # a stop id no token can equal: every request runs to its max_new_tokens
+PROMPT_LEN = 16
+
+
+@dataclass
+class Timing:
+    wall_s: float  # median wall time of the timed runs
+    cpu_s: float  # median CPU time of this process over the same runs
+    result: object  # what the last run returned
+
+
+def side_by_side(contenders: dict[str, Callable[[], object]], repeats: int) -> dict[str, Timing]:
+    """Median wall and CPU time of each contender, after one warm-up call of each.
+
+    Runs alternate (a, b, a, b, ...), so that a change of load on a shared machine falls on all
+    contenders alike instead of on whichever ran during it.
+    """
+    for fn in contenders.values():
+        fn()
+    wall: dict[str, list[float]] = {k: [] for k in contenders}
+    cpu: dict[str, list[float]] = {k: [] for k in contenders}
+    last: dict[str, object] = {}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            last[name] = fn()
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+    med = statistics.median
+    return {k: Timing(med(wall[k]), med(cpu[k]), last[k]) for k in contenders}
+
+
+# ---- 1. engine vs transformers -------------------------------------------------------------
+def hf_model_folder(path: Path, seed: int) -> Path:
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(cfg).float()
+    with torch.no_grad():  # 0.02 init gives near-uniform logits; a wider one gives real argmaxes
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(path)
+    return path
+
+
+def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
+    import transformers
+
+    B, N = args.batch, args.max_new_tokens
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(2, 512, (B, PROMPT_LEN), generator=g)
+    hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None
+    ours = load_pretrained(folder)
+    engine = Engine(ours, NO_STOP, num_slots=B, max_len=PROMPT_LEN + N)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=N)
+
+    def run_hf() -> torch.Tensor:
+        with torch.no_grad():
+            out = hf.generate(
+                prompts,
+                attention_mask=torch.ones_like(prompts),
+                max_new_tokens=N,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return out[:, PROMPT_LEN:]
+
+    def run_ours() -> list[list[int]]:
+        return [c.tokens for c in engine.generate(Request(p, greedy) for p in prompts.tolist())]
+
+    t = side_by_side({"hf": run_hf, "ours": run_ours}, args.repeats)
+    hf_tokens, our_tokens = t["hf"].result, t["ours"].result
+    assert isinstance(hf_tokens, torch.Tensor) and isinstance(our_tokens, list)
+    n_hf, n_ours = hf_tokens.numel(), sum(map(len, our_tokens))
+    assert n_hf == n_ours == B * N, (n_hf, n_ours)
+    same = sum(a == b for a, b in zip(hf_tokens.tolist(), our_tokens))
+    res = {
+        "engine_tokens_per_s": n_ours / t["ours"].wall_s,
+        "transformers_tokens_per_s": n_hf / t["hf"].wall_s,
+        "ratio_vs_transformers": t["hf"].wall_s / t["ours"].wall_s,
+        "ratio_vs_transformers_cpu_time": t["hf"].cpu_s / t["ours"].cpu_s,
+        "greedy_sequences_identical": same,
+    }
+    print(
+        f"1. Generation, batch {B}, {PROMPT_LEN}-token prompts, {N} new tokens each, greedy "
+        f"(Llama hidden 256, 4 layers, vocab 512; {args.threads} thread(s); median of {args.repeats})"
+    )
+    print(f"   {'':24s}{'tokens/s':>10s}{'wall s':>9s}{'CPU s':>8s}{'ms/step':>9s}")
+    for name, key in (("transformers generate", "hf"), ("slipstream engine", "ours")):
+        w, c = t[key].wall_s, t[key].cpu_s
+        print(f"   {name:24s}{B * N / w:10,.0f}{w:9.2f}{c:8.2f}{w / N * 1e3:9.2f}")
+    print(
+        f"   {'ratio':24s}{res['ratio_vs_transformers']:9.2f}x  "
+        f"(CPU time: {res['ratio_vs_transformers_cpu_time']:.2f}x)"
+    )
+    print(f"   greedy sequences identical to transformers: {same}/{B}\n")
+    return res
+
+
+# ---- 2. continuous vs static ---------------------------------------------------------------
+def task_requests(n: int) -> list[Request]:
+    """`n` built-in-task requests whose lengths are the task's correct completion lengths."""
+    model, tok = init_builtin(seed=0)
+    del model
+    task = RunningSums(num_train=n, num_heldout=1)
+    reqs = []
+    for i, p in enumerate(task.train_prompts()[:n]):
+        length = len(tok.encode(p.answer)) + 1  # the answer, then end-of-sequence
+        reqs.append(Request(tok.encode(p.text), SamplingParams(1.0, max_new_tokens=length), seed=i))
+    return reqs
+
+
+def continuous_vs_static(args: argparse.Namespace) -> dict[str, float]:
+    B = args.batch
+    reqs = task_requests(args.task_requests)
+    model, _ = init_builtin(seed=0)
+    max_len = max(len(r.prompt_tokens) + r.params.max_new_tokens for r in reqs)
+    lens = sorted(r.params.max_new_tokens for r in reqs)
+    med, p99 = lens[len(lens) // 2], lens[int(0.99 * (len(lens) - 1))]
+    total = sum(lens)
+
+    def static() -> Engine:
+        engine = Engine(model, NO_STOP, num_slots=B, max_len=max_len)
+        for i in range(0, len(reqs), B):
+            engine.generate(reqs[i : i + B])  # waits for the batch's longest request
+        return engine
+
+    def continuous(mixed: bool) -> Callable[[], Engine]:
+        def run() -> Engine:
+            engine = Engine(model, NO_STOP, num_slots=B, max_len=max_len, mixed_prefill=mixed)
+            for r in reqs:
+                engine.add(r)
+            while not engine.idle():
+                engine.step()
+            return engine
+
+        return run
+
+    t = side_by_side(
+        {
+            "static batches": static,
+            "continuous": continuous(mixed=True),
+            "  prefill apart": continuous(mixed=False),
+        },
+        args.repeats,
+    )
+    rows = []
+    for name, tm in t.items():
+        e = tm.result
+        assert isinstance(e, Engine) and e.stats.tokens_generated == total
+        s = e.stats
+        live = s.active_slot_steps / s.decode_steps
+        pre = s.prefill_s / (s.prefill_s + s.decode_s)
+        rows.append((name, total / tm.wall_s, tm.wall_s, tm.cpu_s, s.decode_steps, live, pre))
+    print(
+        f"2. Built-in task, {len(reqs)} requests, {B} slots, built-in model shape "
+        f"(hidden 128, 4 layers); completion tokens: median {med}, p99 {p99}, max {lens[-1]}"
+    )
+    print(
+        f"   {'':18s}{'tokens/s':>10s}{'wall s':>8s}{'CPU s':>7s}{'decode steps':>14s}"
+        f"{'live slots':>12s}{'prefill':>9s}"
+    )
+    for name, tps, w, c, steps, live, pre in rows:
+        print(f"   {name:18s}{tps:10,.0f}{w:8.2f}{c:7.2f}{steps:14d}{live:12.1f}{pre:9.1%}")
+    ratio = t["static batches"].wall_s / t["continuous"].wall_s
+    ratio_cpu = t["static batches"].cpu_s / t["continuous"].cpu_s
+    print(
+        f"   {'ratio':18s}{ratio:9.2f}x  (continuous / static tokens/s; CPU time: {ratio_cpu:.2f}x)"
+    )
+    print("   'prefill apart': the same continuous run with prefill as its own forward between")
+    print("   decode steps (exact prefill share; a mixed step's share is split by token count)\n")
+    return {
+        "continuous_vs_static_ratio": ratio,
+        "continuous_vs_static_ratio_cpu_time": ratio_cpu,
+        "continuous_tokens_per_s": total / t["continuous"].wall_s,
+        "static_tokens_per_s": total / t["static batches"].wall_s,
+        "continuous_prefill_apart_tokens_per_s": total / t["  prefill apart"].wall_s,
+    }
+
+
+# ---- 3. weight update pause ------------------------------------------------------------------
+def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
+    B = args.batch
+    ours, new = load_pretrained(folder), load_pretrained(folder)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.01)
+    state = new.state_dict()
+    out = {}
+    print(
+        f"3. In-flight weight update, {B} sequences in flight at position ~{PROMPT_LEN + 32} "
+        f"({sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M parameters)"
+    )
+    for mode in ("keep", "recompute"):
+        engine = Engine(ours, NO_STOP, num_slots=B, max_len=PROMPT_LEN + 64, kv_mode=mode)  # type: ignore[arg-type]
+        for i in range(B):
+            engine.add(
+                Request(
+                    [2 + (i + j) % 500 for j in range(PROMPT_LEN)],
+                    SamplingParams(1.0, max_new_tokens=64),
+                    seed=i,
+                )
+            )
+        for _ in range(32):
+            engine.step()
+        pauses = []
+        for v in range(1, 4):
+            engine.load_weights(state, v)
+            before = engine.stats.weight_update_s
+            engine.step()
+            pauses.append(engine.stats.weight_update_s - before)
+        out[f"weight_pause_{mode}_ms"] = statistics.median(pauses) * 1e3
+        step_ms = engine.stats.decode_s / engine.stats.decode_steps * 1e3
+        print(
+            f"   {mode:10s} pause {out[f'weight_pause_{mode}_ms']:8.2f} ms   (one decode step: {step_ms:.2f} ms)"
+        )
+    print()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=64, help="sequences per batch / engine slots")
+    ap.add_argument(
+        "--max-new-tokens", type=int, default=128, help="new tokens per sequence (part 1)"
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    ap.add_argument(
+        "--task-requests", type=int, default=1024, help="requests of the built-in task (part 2)"
+    )
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
+    ap.add_argument("--quick", action="store_true", help="a fast smoke run: small sizes, 1 repeat")
+    args = ap.parse_args()
+    if args.quick:
+        args.max_new_tokens, args.repeats, args.task_requests = 32, 1, 256
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = hf_model_folder(Path(tmp) / "llama", seed=0)
+        res = vs_transformers(args, folder)
+        res |= continuous_vs_static(args)
+        res |= weight_pause(args, folder)
+    res |= {"batch": args.batch, "max_new_tokens": args.max_new_tokens, "threads": args.threads}
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Engine metrics: cumulative counters, a bounded trace of active slots, and windowed rates.
+
+Counters only grow; a caller takes two `snapshot()`s and turns the difference into rates with
+`rates(before, after, seconds)`. Nothing here reads a clock: the engine times its phases and
+the caller supplies the window's wall time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was created."""
+
+    tokens_generated: int = 0  # sampled tokens (each prefill samples one, each decode row one)
+    prefill_tokens: int = 0  # prompt tokens written into the cache at admission
+    recompute_tokens: int = 0  # prefix tokens re-prefilled after a weight update (`recompute`)
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    active_slot_steps: int = 0  # sum over decode steps of live slots (mean = / decode_steps)
+    computed_slot_steps: int = 0  # rows the decode forward ran, holes included (>= active)
+    sparse_decode_steps: int = 0  # decode steps that gathered a sparse live set's keys
+    # time of forward, sampling and bookkeeping; a mixed step (decode + prefill in one forward)
+    # is split by token share, separate forwards (`mixed_prefill=False`) are timed exactly
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    weight_update_s: float = 0.0  # total pause of weight updates: copy + re-prefill
+    weight_copy_s: float = 0.0  # of which: copying tensors into the parameters
+    weight_pause_max_s: float = 0.0  # longest single pause
+    weight_updates: int = 0
+    finished: int = 0  # completions that ended by EOS or max tokens
+    aborted: int = 0
+    # (perf_counter time, live slots) after each step, when the engine traces; bounded so a
+    # long run cannot grow it without limit (the mean is exact from the counters anyway)
+    active_trace: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=100_000))
+
+    def snapshot(self) -> dict[str, float]:
+        """The counters (not the trace), for diffing."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "active_trace"}
+
+
+def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Metrics of the window between two snapshots that spans `seconds` of wall time.
+
+    `engine/tokens_per_s` counts sampled tokens only (prompt tokens are prefill work, reported
+    as `engine/prefill_tokens_per_s`). `engine/active_slots_mean` is the mean number of live
+    slots per decode step; `engine/prefill_frac` the share of engine time spent in prefill.
+    """
+    d = {k: after[k] - before[k] for k in after}
+    busy = d["prefill_s"] + d["decode_s"] + d["weight_update_s"]
+    return {
+        "engine/tokens_per_s": d["tokens_generated"] / max(seconds, 1e-9),
+        "engine/prefill_tokens_per_s": d["prefill_tokens"] / max(seconds, 1e-9),
+        "engine/tokens": d["tokens_generated"],
+        "engine/decode_steps": d["decode_steps"],
+        "engine/active_slots_mean": d["active_slot_steps"] / max(d["decode_steps"], 1),
+        "engine/prefill_s": d["prefill_s"],
+        "engine/decode_s": d["decode_s"],
+        "engine/prefill_frac": d["prefill_s"] / max(busy, 1e-9),
+        "engine/busy_frac": busy / max(seconds, 1e-9),
+        "engine/weight_updates": d["weight_updates"],
+        "engine/weight_pause_s": d["weight_update_s"],
+        "engine/weight_pause_mean_s": d["weight_update_s"] / max(d["weight_updates"], 1),
+        "engine/recompute_tokens": d["recompute_tokens"],
+        "engine/aborted": d["aborted"],
+    }
