@@ -38,7 +38,7 @@ class RunConfig(_Section):
     """Run folder (metrics, checkpoints, summary). Default: runs/<UTC timestamp>."""
     seed: int = 0
     """Seed of everything random: prompt order, sampling, initialisation."""
-    steps: int = Field(60, ge=1)
+    steps: int = Field(200, ge=1)
     """Optimizer steps (policy versions) to train."""
     quiet: bool = False
     """No live display: one plain line per evaluation, for logs and CI."""
@@ -73,30 +73,49 @@ class TaskConfig(_Section):
     `path/to/file.py:function` taking (prompt: Prompt, completion: str) -> float."""
     prompt_template: str = "{prompt}"
     """How a row's prompt becomes the model's input text (`{prompt}` is replaced)."""
+    max_train_prompts: int | None = Field(None, ge=1)
+    """Train on the first N training prompts only (None: all). A small pool makes prompts
+    recur within a run, as epochs over a fixed dataset do: that is where the pass-rate band
+    and adaptive group sizes, which track each prompt's pass rate, have something to act on."""
 
 
 class SamplingConfig(_Section):
     group_size: int = Field(8, ge=1)
     """G: completions sampled per prompt."""
-    temperature: float = Field(1.0, gt=0.0)
-    """Sampling temperature; log-probs are recorded for the temperature-scaled distribution."""
+    temperature: float = Field(0.6, gt=0.0)
+    """Sampling temperature; log-probs are recorded, and the trainer evaluates, the
+    temperature-scaled distribution, so RL optimises the policy that is sampled."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling; below 1 it biases the importance ratio (see engine.sampling)."""
     top_k: int = Field(0, ge=0)
     """Keep only the k most likely tokens; 0 keeps all."""
     max_new_tokens: int = Field(64, ge=1)
     """Longest completion; longer ones are cut and marked `length`."""
+    adaptive_group_size: bool = False
+    """Vary G per prompt within the same budget of B x `group_size` samples: prompts with a low
+    running pass rate get more samples than easy ones, so that hard prompts still get a group
+    with a success and a failure (schedule.group_size, Knapsack RL). Unseen prompts count as
+    pass rate 0.5. Off: every prompt gets `group_size`."""
+    group_size_min: int = Field(2, ge=1)
+    """Smallest group with `adaptive_group_size` (at most `group_size`)."""
+    group_size_max: int = Field(32, ge=1)
+    """Largest group with `adaptive_group_size` (at least `group_size`)."""
 
 
 class TrainerConfig(_Section):
-    batch_prompts: int = Field(16, ge=1)
+    batch_prompts: int = Field(64, ge=1)
     """B: prompts per optimizer step (B x G samples)."""
-    lr: float = Field(1e-3, gt=0.0, lt=1.0)
+    lr: float = Field(6e-4, gt=0.0, lt=1.0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(10, ge=0)
     """Linear learning-rate warm-up steps."""
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    """After warm-up: constant, or cosine decay to `lr * lr_min_ratio` at `run.steps`. The decay
+    keeps late steps from undoing early gains on small models (noisy RL gradients)."""
+    lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """Final learning rate as a fraction of `lr` (cosine schedule)."""
     grad_clip: float = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this value."""
     micro_batch_size: int = Field(16, ge=1)
@@ -106,9 +125,10 @@ class TrainerConfig(_Section):
     """Advantage estimator: one of slipstream.algo.advantages.METHODS."""
     loss: str = "ppo"
     """Policy loss: one of slipstream.algo.losses.METHODS."""
-    agg: str | None = None
+    agg: str | None = "seq-mean-token-mean"
     """Loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum, token-sum-norm);
-    None uses the loss's own default."""
+    None uses the loss's own default. The default weighs each sequence equally: on the
+    built-in task token-mean lets long failed traces dominate and was less stable."""
     eps_low: float | None = Field(None, ge=0.0)
     """PPO-family lower clip; None uses the loss's default."""
     eps_high: float | None = Field(None, ge=0.0)
@@ -131,7 +151,35 @@ class FilterConfig(_Section):
     pass_rate_band: bool = False
     """Stop drawing prompts whose running pass rate is <= low or >= high (saves generation)."""
     pass_rate_low: float = Field(0.05, ge=0.0, le=1.0)
+    """Lower bound of the pass-rate band: prompts at or below it (hopeless) are not drawn."""
     pass_rate_high: float = Field(0.9, ge=0.0, le=1.0)
+    """Upper bound of the pass-rate band: prompts at or above it (mastered) are not drawn."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling (§3.2): after filtering, draw more prompts until the step holds B
+    informative groups or `max_extra_draws` extra prompts were drawn. Each refill draws only
+    the missing number of prompts, so a step never holds more than B groups. Needs
+    `zero_variance` (it refills what the filters drop)."""
+    max_extra_draws: int = Field(32, ge=0)
+    """Bound of dynamic sampling: prompts drawn in one step beyond the first B."""
+    overlong: Literal["off", "mask", "penalty"] = "off"
+    """Truncated completions (DAPO §3.4). `mask`: a completion cut at max_new_tokens is taken
+    out of its group before advantages (its tokens count as tokens/wasted; a group left with
+    fewer than 2 samples is dropped, reason `overlong`). `penalty`: add the soft length
+    penalty, 0 up to max_new_tokens - overlong_cache, then linear down to -1, to the reward
+    used for advantages (the verifier's reward is still what is logged and tracked)."""
+    overlong_cache: int = Field(16, ge=0)
+    """L_cache of the overlong penalty, in tokens (at most sampling.max_new_tokens)."""
+
+
+class ReplayConfig(_Section):
+    enabled: bool = False
+    """Keep past successes of each prompt and replace up to `per_group` samples of a group that
+    has no success with stored ones (RePO / RLEP). A replayed sample keeps its behaviour
+    log-probs and versions, so the loss's importance ratio corrects for its age."""
+    capacity_per_prompt: int = Field(4, ge=1)
+    """Successes stored per prompt; the newest are kept."""
+    per_group: int = Field(1, ge=1)
+    """k: stored successes mixed into one group with no success (at most its size)."""
 
 
 class ScheduleConfig(_Section):
@@ -196,7 +244,7 @@ class RuntimeConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = Field(10, ge=1)
+    every: int = Field(20, ge=1)
     """Greedy held-out accuracy every this many steps (and at the start and end)."""
     num_prompts: int = Field(256, ge=1)
     """Held-out prompts evaluated (at most the split's size)."""
@@ -210,7 +258,7 @@ class CheckpointConfig(_Section):
 
 
 class WarmstartConfig(_Section):
-    target_acc: float = Field(0.2, gt=0.0, lt=1.0)
+    target_acc: float = Field(0.1, gt=0.0, lt=1.0)
     """Supervised warm start of the built-in model stops once held-out accuracy reaches this."""
     max_steps: int = Field(3000, ge=1)
     lr: float = Field(3e-3, gt=0.0, lt=1.0)
@@ -228,6 +276,7 @@ class Config(_Section):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     filters: FilterConfig = Field(default_factory=FilterConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -240,6 +289,24 @@ class Config(_Section):
             raise ValueError("task.path: required when task.kind = 'jsonl'")
         if self.filters.pass_rate_low >= self.filters.pass_rate_high:
             raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
+        return self
+
+    @model_validator(mode="after")
+    def _algorithms_consistent(self) -> Config:
+        s, f = self.sampling, self.filters
+        if s.adaptive_group_size and not s.group_size_min <= s.group_size <= s.group_size_max:
+            raise ValueError(
+                f"sampling.group_size_min: adaptive group size needs group_size_min <= group_size <= "
+                f"group_size_max, got {s.group_size_min} <= {s.group_size} <= {s.group_size_max}"
+            )
+        if s.adaptive_group_size and s.group_size_min < 2 and self.trainer.advantage == "rloo":
+            raise ValueError("sampling.group_size_min: rloo needs groups of at least 2")
+        if f.dynamic_sampling and not f.zero_variance:
+            raise ValueError("filters.dynamic_sampling: needs filters.zero_variance = true (it refills dropped groups)")
+        if f.overlong == "penalty" and f.overlong_cache > s.max_new_tokens:
+            raise ValueError(
+                f"filters.overlong_cache: must be at most sampling.max_new_tokens ({s.max_new_tokens}), got {f.overlong_cache}"
+            )
         return self
 
 

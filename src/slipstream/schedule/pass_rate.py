@@ -77,6 +77,16 @@ class PassRateTracker:
         rec = self._records.get(prompt_id)
         return default if rec is None or rec.attempts == 0 else rec.rate(self.ema_decay)
 
+    def smoothed(self, prompt_id: str, prior: float = 0.5, strength: float = 2.0) -> float:
+        """`(passes + prior * strength) / (attempts + strength)`: the count estimate pulled
+        toward `prior` (Beta(1, 1) with the defaults), so an unseen prompt is at `prior` and
+        one with 0 of 8 is at 0.1, not 0. Adaptive group sizes need this: at a raw 0 a
+        group can never be informative and would get the fewest samples, the opposite of
+        what a hard prompt needs. Counts only, whatever `ema_decay` is."""
+        rec = self._records.get(prompt_id)
+        passes, attempts = (rec.passes, rec.attempts) if rec is not None else (0, 0)
+        return (passes + prior * strength) / (attempts + strength)
+
     def should_draw(self, prompt_id: str) -> tuple[bool, str]:
         """`(draw, reason)`: unseen or under-sampled prompts are always drawn (`"unseen"`),
         prompts in the band are drawn (`"in_band"`), others are skipped with reason

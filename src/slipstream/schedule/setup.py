@@ -21,12 +21,24 @@ from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
 from slipstream.schedule.evaluate import heldout_accuracy
+from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
+from slipstream.schedule.replay import ReplayBuffer
 from slipstream.tasks import JsonlTask, PromptSource, RunningSums, Task, load_reward
 from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start
-from slipstream.types import Group, Prompt, Sample
+from slipstream.types import FinishReason, Group, Prompt, Sample
+
+# Counters of `Run.counters`, cumulative over the run (the sync loop reports per-step deltas).
+COUNTERS = (
+    "tokens/wasted",  # generated tokens that never enter an optimizer step's loss mask
+    "tokens/replayed",  # tokens of replayed samples trained on (generated in an earlier step)
+    "replay/samples",  # stored successes mixed into groups with none
+    "filters/overlong_masked",  # truncated samples taken out of their group (overlong = mask)
+    "filters/extra_draws",  # prompts drawn beyond B by dynamic sampling
+    "filters/prompts_skipped",  # prompts the pass-rate band did not draw (nothing generated)
+)
 
 
 @dataclass
@@ -52,6 +64,9 @@ class Run:
     draws: int = 0  # prompts drawn so far: the seed counter of sampling
     prompts_skipped: Counter[str] = field(default_factory=Counter)
     info: dict[str, Any] = field(default_factory=dict)
+    replay: ReplayBuffer | None = None  # with replay.enabled
+    rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
+    counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
 
     @property
     def params(self) -> SamplingParams:
@@ -81,7 +96,49 @@ class Run:
                 out.append(p)
             else:
                 self.prompts_skipped[reason] += 1  # nothing generated: not a ledger entry
+                self.counters["filters/prompts_skipped"] += 1
         return out
+
+    def group_sizes(self, prompts: list[Prompt]) -> list[int]:
+        """G of each prompt `[B]`: `group_size` each, or with `adaptive_group_size` the split
+        of the same budget B x `group_size` that maximises the expected number of informative
+        groups given each prompt's smoothed pass rate (schedule.group_size)."""
+        s = self.cfg.sampling
+        if not s.adaptive_group_size:
+            return [s.group_size] * len(prompts)
+        rates = [self.pass_rates.smoothed(p.id) for p in prompts]
+        return allocate_group_sizes(rates, s.group_size * len(prompts), s.group_size_min, s.group_size_max)
+
+    def rollout(self, prompts: list[Prompt]) -> list[Group]:
+        """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
+        sizes = self.group_sizes(prompts)
+        completions = self.engine.generate([r for p, g in zip(prompts, sizes) for r in self.requests(p, g)])
+        groups, start = [], 0
+        for p, g in zip(prompts, sizes):
+            groups.append(self.score(p, completions[start : start + g]))
+            start += g
+        return groups
+
+    def collect(self, n: int) -> tuple[list[Group], list[Group]]:
+        """Draw n prompts, generate and settle: `(every group generated, the groups to train on)`.
+
+        With dynamic sampling (DAPO §3.2) the prompts whose groups the filters dropped are
+        replaced by new draws, as many as are missing, until n groups are kept or
+        `max_extra_draws` extra prompts were drawn; the step then trains on what it has.
+        Drawing only what is missing means no informative group is ever generated and discarded.
+        """
+        f = self.cfg.filters
+        groups = self.rollout(self.draw(n))
+        kept = self.settle(groups)
+        extra = 0
+        while f.dynamic_sampling and not filters.dynamic_sampling_done(len(kept), n, extra, f.max_extra_draws):
+            more = min(n - len(kept), f.max_extra_draws - extra)
+            extra += more
+            new = self.rollout(self.draw(more))
+            groups += new
+            kept += self.settle(new)
+        self.counters["filters/extra_draws"] += extra
+        return groups, kept
 
     def score(self, prompt: Prompt, completions: list[Any]) -> Group:
         samples = []
@@ -96,18 +153,73 @@ class Run:
         return Group(prompt, samples)
 
     def settle(self, groups: list[Group]) -> list[Group]:
-        """Advantages and filters: the groups to train on; the rest go to the ledger."""
+        """Shaping, replay, filters and advantages of freshly generated groups: the groups to
+        train on; each dropped one goes to the ledger with its reason.
+
+        Per group, in order: the pass-rate tracker and the replay buffer see the verifier's
+        rewards; overlong `mask` takes truncated samples out; replay swaps stored successes
+        into a group with none; overlong `penalty` shapes the rewards that advantages see;
+        zero-variance drops a group with equal (shaped) rewards; advantages are computed.
+        A kept group is the input object (advantages set) or, when its samples changed, a new
+        `Group`: inputs keep exactly what was generated.
+
+        `tokens/wasted` (in `counters`) grows by every generated token that does not enter
+        the loss mask of an optimizer step: all of a dropped group, masked samples, samples
+        replaced by replayed ones. A kept sample whose advantage is 0 is *not* wasted: it is
+        in the loss mask and the token-mean normaliser, and regularised losses (dro) act on
+        it. So per step: tokens/generated = tokens/trained - tokens/replayed + tokens/wasted.
+        """
         kept = []
         for g in groups:
             self.pass_rates.update(g.prompt.id, g.rewards_G)
-            reason = filters.group_drop_reason(g.rewards_G, ["zero_variance"] if self.cfg.filters.zero_variance else [])
+            if self.replay is not None:
+                self.replay.add(g)
+            out, reason = self._prepare(g)
             if reason:
                 self.ledger.filtered[reason] += 1
-                continue
-            adv = advantages.compute(torch.tensor([g.rewards_G]), self.cfg.trainer.advantage)
-            g.advantages_G = adv[0].tolist()
-            kept.append(g)
+            else:
+                kept.append(out)
+            self._account(g, None if reason else out)
         return kept
+
+    def _prepare(self, g: Group) -> tuple[Group, str | None]:
+        """`(group to train on, None)` or `(group, reason to drop it)`; see `settle`."""
+        f = self.cfg.filters
+        if f.overlong == "mask":
+            live = [s for s in g.samples if s.finish_reason != FinishReason.LENGTH]
+            self.counters["filters/overlong_masked"] += len(g.samples) - len(live)
+            if len(live) < min(2, len(g.samples)):  # no group left to compare within
+                return g, filters.OVERLONG
+            if len(live) < len(g.samples):
+                g = Group(g.prompt, live)
+        if self.replay is not None:
+            samples, n = self.replay.mix_into(g, self.cfg.replay.per_group, self.rng)
+            if n:
+                g = Group(g.prompt, samples)
+                self.counters["replay/samples"] += n
+        rewards_G = self._shaped_rewards(g)
+        reason = filters.group_drop_reason(rewards_G, [filters.ZERO_VARIANCE] if f.zero_variance else [])
+        if reason:
+            return g, reason
+        g.advantages_G = advantages.compute(torch.tensor([rewards_G]), self.cfg.trainer.advantage)[0].tolist()
+        return g, None
+
+    def _shaped_rewards(self, g: Group) -> list[float]:
+        """The rewards advantages see: the verifier's, plus DAPO's soft overlong penalty (§3.4)."""
+        if self.cfg.filters.overlong != "penalty":
+            return g.rewards_G
+        lens = torch.tensor([s.num_tokens for s in g.samples])
+        pen = filters.overlong_penalty(lens, self.cfg.sampling.max_new_tokens, self.cfg.filters.overlong_cache)
+        return [r + p for r, p in zip(g.rewards_G, pen.tolist())]
+
+    def _account(self, generated: Group, trained: Group | None) -> None:
+        """Token counts of one settled group: generated samples not trained on are wasted;
+        trained samples that were not generated here are replayed."""
+        gen_ids = {id(s) for s in generated.samples}
+        kept_ids = {id(s) for s in trained.samples} if trained is not None else set()
+        self.counters["tokens/wasted"] += sum(s.num_tokens for s in generated.samples if id(s) not in kept_ids)
+        if trained is not None:
+            self.counters["tokens/replayed"] += sum(s.num_tokens for s in trained.samples if id(s) not in gen_ids)
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -163,7 +275,7 @@ def setup(cfg: Config) -> Run:
     task = build_task(cfg)
     model, tok, info = build_model(cfg, task, view)
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
-    train = task.train_prompts()
+    train = task.train_prompts()[: cfg.task.max_train_prompts]
     max_len = max(_max_len(train, tok, cfg.sampling.max_new_tokens), _max_len(heldout, tok, cfg.sampling.max_new_tokens)) if heldout else _max_len(train, tok, cfg.sampling.max_new_tokens)
     slots = cfg.trainer.batch_prompts * cfg.sampling.group_size
     mc = model.config
@@ -176,11 +288,13 @@ def setup(cfg: Config) -> Run:
         source=PromptSource(train, seed=cfg.run.seed),
         engine=Engine(model, tok.eos_id, num_slots=slots, max_len=max_len),
         eval_engine=Engine(model, tok.eos_id, num_slots=max(len(heldout), 1), max_len=max_len),
-        trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id),
+        trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps),
         sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
         view=view, heldout=heldout,
         pass_rates=PassRateTracker(cfg.filters.pass_rate_low, cfg.filters.pass_rate_high),
         info=info,
+        replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
+        rng=random.Random(cfg.run.seed),
     )

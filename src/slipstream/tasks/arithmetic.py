@@ -2,7 +2,7 @@
 
 Prompt `3+5+4=`, completion `8,12`: the sum after each addition, comma-separated.
 
-The number of terms k is drawn with P(k) ~ k^-2.6 on [3, 20], so most completions are a few
+The number of terms k is drawn with P(k) ~ k^-3 on [3, 20], so most completions are a few
 tokens and a few are fifty: the p99 completion length is about 6x the median, the straggler
 shape of reasoning traces that makes synchronous RL wait. The verifier is exact: reward 1
 only when the whole chain is right, so the model cannot shorten its traces to game the
@@ -46,7 +46,7 @@ class RunningSums:
     num_heldout: int = 256
     k_min: int = 3
     k_max: int = 20
-    alpha: float = 2.6
+    alpha: float = 3.0
     term_max: int = 9
     seed: int = 1234
     name: str = "running_sums"

@@ -23,8 +23,11 @@ from slipstream.types import Batch, Group
 class Trainer:
     """AdamW on a `CausalLM`, one `step()` per policy version."""
 
-    def __init__(self, model: CausalLM, cfg: TrainerConfig, temperature: float, pad_id: int) -> None:
+    def __init__(
+        self, model: CausalLM, cfg: TrainerConfig, temperature: float, pad_id: int, total_steps: int = 0
+    ) -> None:
         self.model = model
+        self.total_steps = total_steps
         self.cfg = cfg
         self.temperature = temperature
         self.pad_id = pad_id
@@ -48,9 +51,16 @@ class Trainer:
         return collate([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], self.pad_id)
 
     def lr_at(self, version: int) -> float:
-        if self.cfg.warmup_steps and version < self.cfg.warmup_steps:
-            return self.cfg.lr * (version + 1) / self.cfg.warmup_steps
-        return self.cfg.lr
+        """Learning rate of the step that produces `version + 1`: warm-up, then the schedule."""
+        cfg = self.cfg
+        if cfg.warmup_steps and version < cfg.warmup_steps:
+            return cfg.lr * (version + 1) / cfg.warmup_steps
+        span = self.total_steps - cfg.warmup_steps
+        if cfg.lr_schedule == "constant" or span <= 0:
+            return cfg.lr
+        progress = min(1.0, (version - cfg.warmup_steps) / span)
+        floor = cfg.lr * cfg.lr_min_ratio
+        return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on `groups`; bump the version. Skips (and counts) a non-finite step."""

@@ -28,7 +28,7 @@ from slipstream.tasks.arithmetic import RunningSums
 from slipstream.train.batch import collate, token_logprobs
 from slipstream.types import FinishReason, Prompt, Sample
 
-CACHE_VERSION = "ws-1"
+CACHE_VERSION = "ws-2"
 
 
 def cache_root(cfg: WarmstartConfig) -> Path:
