@@ -1,23 +1,25 @@
 """Calibration: fit the CPU profile from a measured local run, then predict another run.
 
 On a CPU a tiny model's forward pass costs a fixed overhead (Python, kernel launches) plus work
-linear in the tokens it processes and in the context they attend to. So one model covers both
-a decode step (n sequences, one token each) and a prefill (one pass over a prompt):
+linear in the rows it computes and in the context they attend to. The local engine runs a
+*mixed* step: prompts admitted in a step are prefilled in the same forward as the decode rows,
+and each prompt's last row samples its first token. In the in-process loop the whole batch is
+admitted at once, so a step's generation is one prefill pass plus `engine/decode_steps`
+decode passes (`engine/decode_steps` counts passes with decode rows, not sequences):
 
-    t_forward = a + b * tokens + e * context_tokens
+    time/generate_s = a * passes + b * rows + e * context,   where
+      passes  = engine/decode_steps + 1
+      rows    = engine/prefill_tokens + tokens/generated - samples   (first tokens: no row)
+      context = sum over samples of (prompt_len * (L-1) + L (L - 1) / 2) + samples * prompt_len^2 / 2
 
-Summed over a step of the run (sampler metrics are sums over sampler processes):
-
-    time/generate_s = a * passes + b * tokens + e * context,   where
-      passes  = engine/decode_steps + prefills,   prefills = engine/prefill_tokens / prompt_len
-      tokens  = tokens/generated + engine/prefill_tokens
-      context = sum over samples of (prompt_len * L + L (L - 1) / 2) + prefills * prompt_len^2 / 2
-
-The context sum does not depend on how sequences were batched: the x-th token of a sample
-always attends to prompt_len + x tokens. Training is `time/train_s = c + d * tokens/trained`.
-Both are least squares over the run's steps with non-negative coefficients (exact, by trying
-every subset of columns: there are three at most). What a step costs beyond generation and
-training in a run without overlap (`sync`, `tail_batching`) is the weight sync's latency.
+Training is `time/train_s = c + d * tokens/trained`, where `tokens/trained` is the loss
+(completion) tokens of the groups the filters kept, so the profile also records the trained
+share of generated tokens (`trained_frac`), which the simulator applies to its completions.
+`step_time_s` is generation + training (evaluation excluded) and `sampler_busy` is
+`time/generate_s / step_time_s`. Both fits are least squares over the run's steps with
+non-negative coefficients (exact, by trying every subset of columns: there are three at most).
+What a step costs beyond generation and training in a run without overlap (`sync`,
+`tail_batching`) is the weight sync's latency.
 
 `predict` then simulates a second run from its config.toml with the fitted profile and the
 first run's empirical lengths (the same task), and compares step time and sampler busy fraction
@@ -53,6 +55,10 @@ class Calibration:
     """The run folder fitted (its lengths are the default length distribution)."""
     fit_error: dict[str, float]
     """In-sample relative RMS error of the generate and train time fits."""
+    trained_frac: float = 1.0
+    """Tokens trained per token generated (`tokens/trained` / `tokens/generated`): the share
+    the filters keep. The trainer's cost line is per trained token, so the simulator trains
+    this share of the completion tokens it generated."""
 
 
 def nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -76,23 +82,20 @@ def _rel_rms(pred: np.ndarray, y: np.ndarray) -> float:
 
 
 def _generate_columns(run: RunRecord, prompt: float) -> np.ndarray:
-    """[steps, 3]: forward passes, tokens processed, context tokens attended (module doc)."""
+    """[steps, 3]: forward passes, rows computed, context tokens attended (module doc)."""
     rows = []
     for m in run.metrics:
         lens = np.asarray(m.get("completion_lens") or [], dtype=np.float64)
+        samples = len(lens) if len(lens) else run.batch_prompts * run.group_size
         prefill = float(m["engine/prefill_tokens"])
-        prefills = prefill / prompt if prompt > 0 else 0.0
-        if len(lens):
-            context = float((prompt * lens + lens * (lens - 1) / 2).sum())
-        else:  # no lengths logged: mean length from the counts
-            n, mean = (
-                run.batch_prompts * run.group_size,
-                float(m["tokens/generated"]) / max(1, run.batch_prompts * run.group_size),
-            )
-            context = n * (prompt * mean + mean * (mean - 1) / 2)
-        context += prefills * prompt * prompt / 2
-        passes = float(m["engine/decode_steps"]) + prefills
-        rows.append((passes, float(m["tokens/generated"]) + prefill, context))
+        generated = float(m["tokens/generated"])
+        if not len(lens):  # no lengths logged: every sample at the mean length
+            lens = np.full(samples, generated / max(1, samples))
+        decoded = np.maximum(lens - 1, 0)  # the first token comes out of the prefill pass
+        context = float((prompt * decoded + decoded * (decoded + 1) / 2).sum())
+        context += samples * prompt * prompt / 2
+        passes = float(m["engine/decode_steps"]) + 1  # + the pass that prefilled the batch
+        rows.append((passes, generated - samples + prefill, context))
     return np.array(rows)
 
 
@@ -105,6 +108,8 @@ def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration
     T = np.array([[1.0, float(m["tokens/trained"])] for m in run.metrics])
     y_train = np.array([float(m["time/train_s"]) for m in run.metrics])
     c, d = nonneg_lstsq(T, y_train)
+    generated = sum(float(m["tokens/generated"]) for m in run.metrics)
+    trained = sum(float(m["tokens/trained"]) for m in run.metrics)
     hw = replace(
         base,
         name=f"cpu@{run.path.name}",
@@ -127,7 +132,8 @@ def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration
         "generate": _rel_rms(X @ np.array([a, b, e]), y_gen),
         "train": _rel_rms(T @ np.array([c, d]), y_train),
     }
-    return Calibration(hw, prompt, run.prefills_per_group, str(run.path), errors)
+    frac = trained / generated if generated > 0 else 1.0
+    return Calibration(hw, prompt, run.prefills_per_group, str(run.path), errors, frac)
 
 
 def sim_config(
@@ -150,6 +156,7 @@ def sim_config(
         lengths,
         cal.prompt_len,
         prefills_per_group=cal.prefills_per_group,
+        trained_frac=cal.trained_frac,
     )
     lag = run.max_lag if run.schedule in ("async", "pipeline") else None
     # More steps than the run had: the prediction is of the expected step, not of one draw.
@@ -186,6 +193,7 @@ def save_calibration(cal: Calibration, path: Path) -> None:
         "prefills_per_group": cal.prefills_per_group,
         "source": cal.source,
         "fit_error": cal.fit_error,
+        "trained_frac": cal.trained_frac,
     }
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
@@ -200,6 +208,7 @@ def load_calibration(path: Path) -> Calibration:
             float(data["prefills_per_group"]),
             str(data["source"]),
             dict(data.get("fit_error", {})),
+            float(data.get("trained_frac", 1.0)),
         )
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise RunError(f"{path}: not a calibration file ({e})") from None

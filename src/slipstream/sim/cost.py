@@ -198,9 +198,13 @@ def sum_max_linear(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
 
 def prefill_time(model: ModelShape, hw: Hardware, tokens: float, tp: int = 1) -> float:
     """Seconds to prefill one prompt of `tokens` tokens (compute bound, causal attention)."""
-    if hw.prefill_token_s is not None:  # measured: one forward pass of `tokens` tokens
+    if hw.prefill_token_s is not None:
+        # measured on the local engine, whose mixed step prefills admitted prompts in the same
+        # forward as the decode step: no pass of its own (the simulator counts a sequence's
+        # passes from its first token), and the prompt's last row is the one that samples
+        # that first token, which the decode line already charges
         ctx_s = (hw.decode_ctx_s or 0.0) * tokens * tokens / 2
-        return hw.decode_overhead_s + (hw.prefill_token_s * tokens + ctx_s) / tp
+        return (hw.prefill_token_s * max(tokens - 1, 0.0) + ctx_s) / tp
     flops = 2 * model.active * tokens + model.attn_flops_per_ctx_token * tokens * tokens / 2
     return flops / (tp * hw.peak_flops * hw.prefill_flop_eff)
 

@@ -366,7 +366,7 @@ class EventLoop:
             self.g_alive[g] = False
         self.live -= self.B
         self.token_sum += completion
-        return completion + self.B * G * self.prompt, completion / (self.B * G)
+        return self._train_tokens(completion), completion / (self.B * G)
 
     def _take_fixed(self) -> tuple[float, float] | None:
         info = self.batches.get(self.taken)
@@ -382,7 +382,14 @@ class EventLoop:
             completion += tokens
         self.token_sum += completion
         n_samples = self.B * self.G
-        return completion + n_samples * self.prompt, completion / n_samples
+        return self._train_tokens(completion), completion / n_samples
+
+    def _train_tokens(self, completion: float) -> float:
+        """Tokens the trainer's cost line counts for a step that generated `completion`."""
+        frac = self.cfg.workload.trained_frac
+        if frac is not None:
+            return frac * completion
+        return completion + self.B * self.G * self.prompt
 
     def _try_train(self) -> None:
         if self.trainer_busy or self.now < self.job_down_until:

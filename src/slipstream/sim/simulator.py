@@ -87,6 +87,10 @@ class Workload:
     prefills_per_group: float = 1.0
     """Prompt prefills per group: 1 when the G samples share it (prefix caching), G when the
     engine prefills each sample."""
+    trained_frac: float | None = None
+    """When set, a step trains this share of its completion tokens (a calibrated profile's
+    line is per trained token: filters drop groups, prompts are not loss tokens); when unset,
+    every sample's prompt and completion."""
 
 
 @dataclass(frozen=True)
