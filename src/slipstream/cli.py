@@ -15,6 +15,7 @@ commands:
   sim ...                                      simulate a cluster run (slipstream sim -h)
   plan ...                                     recommend a GPU split and schedule (slipstream plan -h)
   report RUN_DIR [RUN_DIR ...] --out DIR       figures and an HTML page from run folders
+  bench schedules [--out DIR] ...              the five schedules on the built-in task, compared
 """
 
 
@@ -27,9 +28,14 @@ def _train(argv: list[str]) -> int:
     if overrides and "=" not in overrides[0]:
         path = overrides.pop(0)
     cfg = load_config(path, overrides)
-    from slipstream.schedule.sync import train_sync
+    if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
+        from slipstream.schedule.sync import train_sync
 
-    train_sync(cfg)
+        train_sync(cfg)
+    else:  # every other schedule runs samplers and the trainer in separate processes
+        from slipstream.schedule.orchestrator import train_async
+
+        train_async(cfg)
     return 0
 
 
@@ -49,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             from slipstream.sim.cli import sim_main
 
             return sim_main(rest)
+        if cmd == "bench":
+            if not rest or rest[0] != "schedules":
+                print("slipstream: error: usage: slipstream bench schedules [options]", file=sys.stderr)
+                return 2
+            from slipstream.schedule.bench import bench_schedules_main
+
+            return bench_schedules_main(rest[1:])
         if cmd == "report":
             from slipstream.observe.report import report_main
 

@@ -1,0 +1,13 @@
+"""The five schedules on the built-in task: `slipstream bench schedules` as a plain script.
+
+Run: python bench/schedules.py [--presets sync,pipeline] [--target 0.5] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from slipstream.schedule.bench import bench_schedules_main
+
+if __name__ == "__main__":  # the sampler processes are spawned: they import this module
+    sys.exit(bench_schedules_main(sys.argv[1:]))

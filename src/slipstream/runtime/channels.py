@@ -1,0 +1,134 @@
+"""What the trainer and the samplers exchange, as records and protocols.
+
+    trainer ──PromptChannel── [PromptRequest, ...] ──▶ sampler
+    trainer ◀──GroupChannel── SamplerMessage ───────── sampler
+    trainer ──WeightChannel── (parameters, version) ─▶ sampler   (latest value, not a queue)
+
+Every blocking call takes a timeout: nobody waits forever, so a stop request or a dead peer
+is noticed within one timeout. The local runtime implements these protocols with bounded
+multiprocessing queues and shared memory; a Ray runtime implements the same ones with actor
+queues and the object store, and the sampler and orchestrator code does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+from slipstream.types import Group, Prompt
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """One group to generate: `len(seeds)` samples of `prompt`, the first `group_size` to
+    finish are kept (more seeds than `group_size` means redundant rollouts)."""
+
+    group_id: int  # unique per draw, in issue order
+    prompt: Prompt
+    seeds: tuple[int, ...]
+    group_size: int  # G
+    issue_version: int  # trainer version when the orchestrator issued it
+    batch: int = -1  # fixed batching: the batch (step window) it belongs to; -1: continuous
+
+
+@dataclass
+class SamplerReport:
+    """A sampler's cumulative counters at time `t` (`time.perf_counter()`, which is the
+    system-wide monotonic clock on Linux, so the trainer can compare it with its own)."""
+
+    sampler_id: int
+    t: float
+    t_ready: float  # when the sampler began taking work
+    busy_s: float = 0.0  # generating: engine steps, scoring
+    weight_sync_s: float = 0.0  # reading the weight channel and copying into the model
+    weight_loads: int = 0
+    tokens_generated: int = 0
+    decode_steps: int = 0
+    prefill_tokens: int = 0
+    cancelled_tokens: int = 0  # tokens of redundant members cancelled once G had finished
+    aborted_tokens: int = 0  # tokens of groups aborted for staleness
+    version: int = 0  # the weights version the sampler generates with
+    # closed (kind, t0, t1) intervals since the previous report, for the timeline
+    intervals: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+MessageKind = Literal["ready", "group", "aborted", "stats", "error"]
+
+
+@dataclass
+class SamplerMessage:
+    """What a sampler sends the trainer.
+
+    `ready`: built and holding the first weights. `group`: a finished, scored group for
+    `request`. `aborted`: the group of `request` was cut short (staleness bound); `group` holds
+    what it had. `stats`: only the report. `error`: the sampler failed; `error` is the traceback.
+    """
+
+    kind: MessageKind
+    sampler_id: int
+    request: PromptRequest | None = None
+    group: Group | None = None
+    report: SamplerReport | None = None
+    error: str = ""
+
+
+class PromptChannel(Protocol):
+    """Bounded queue of prompt requests, trainer to samplers. One item is a list: a fixed-batch
+    chunk travels as one item so a sampler never starts half of it."""
+
+    def put(self, requests: list[PromptRequest], timeout: float) -> bool:
+        """False if the channel stayed full for `timeout` seconds."""
+        ...
+
+    def get(self, timeout: float) -> list[PromptRequest] | None:
+        """None if nothing arrived within `timeout` seconds (0: do not wait)."""
+        ...
+
+    def depth(self) -> int: ...
+
+
+class GroupChannel(Protocol):
+    """Bounded queue of sampler messages, samplers to trainer."""
+
+    def put(self, message: SamplerMessage, timeout: float) -> bool: ...
+
+    def get(self, timeout: float) -> SamplerMessage | None: ...
+
+    def depth(self) -> int: ...
+
+
+class WeightChannel(Protocol):
+    """The latest published weights and their version; readers never see a torn copy."""
+
+    def publish(self, params: Mapping[str, torch.Tensor], version: int) -> float:
+        """Copy `params` in as `version`; returns the seconds it took."""
+        ...
+
+    def version(self) -> int:
+        """Latest published version (-1 before the first publish); cheap, never blocks."""
+        ...
+
+    def read(self, newer_than: int, timeout: float) -> tuple[dict[str, torch.Tensor], int] | None:
+        """A consistent copy of the weights if a version newer than `newer_than` is published,
+        else None. The tensors belong to the reader until its next `read`."""
+        ...
+
+
+class StopFlag(Protocol):
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+
+@dataclass
+class Channels:
+    """Everything a sampler or the orchestrator talks through."""
+
+    prompts: PromptChannel
+    groups: GroupChannel
+    weights: WeightChannel
+    stop: StopFlag
+    num_samplers: int = 1

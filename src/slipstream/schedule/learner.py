@@ -1,0 +1,108 @@
+"""The trainer side of an orchestrated run: a `Run` seen through the `Learner` protocol.
+
+Draws and seeds come from the `Run` (one draw counter, so `sync` on the local runtime draws
+the same prompts with the same seeds as the in-process loop); settling, the optimizer step,
+evaluation, checkpoints and the metrics sink are the ones `train_sync` uses.
+
+With `runtime.defer_eval`, an evaluation step only snapshots the weights (a copy in memory)
+with its wall time; `evaluate_deferred` scores the snapshots after the run. Evaluation then
+takes no time from training, which a time-to-accuracy benchmark needs; the cost is one copy of
+the weights per evaluation step, held until the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+from slipstream.runtime.channels import Channels
+from slipstream.schedule.ledger import Ledger
+from slipstream.schedule.setup import COUNTERS, Run
+from slipstream.schedule.sync import checkpoint
+from slipstream.types import Group, Prompt
+
+
+class RunLearner:
+    """Implements `orchestrator.Learner` over a `Run`."""
+
+    def __init__(self, run: Run, defer_eval: bool = False, timeline: Any = None) -> None:
+        self.run = run
+        self.ledger: Ledger = run.ledger
+        self.defer_eval = defer_eval
+        self.timeline = timeline
+        self.t_start = time.perf_counter()
+        self.acc: float | None = None
+        self.curve: list[dict[str, float]] = []  # {step, wall_s, heldout_acc}
+        self._snapshots: list[tuple[int, float, dict[str, torch.Tensor]]] = []
+        self._mark = Counter(run.counters)  # the run's counters at the last step record
+
+    @property
+    def version(self) -> int:
+        return self.run.trainer.version
+
+    def draw(self, n: int) -> list[Prompt]:
+        return self.run.draw(n)
+
+    def group_sizes(self, prompts: list[Prompt]) -> list[int]:
+        return self.run.group_sizes(prompts)
+
+    def seeds(self, prompt: Prompt, n: int) -> list[int]:
+        return [r.seed for r in self.run.requests(prompt, n)]
+
+    def settle(self, groups: list[Group]) -> list[Group]:
+        return self.run.settle(groups)
+
+    def train(self, groups: list[Group]) -> dict[str, Any]:
+        metrics = self.run.trainer.step(groups)
+        self.run.engine.version = self.run.eval_engine.version = self.run.trainer.version
+        return metrics
+
+    def publish(self, channels: Channels) -> float:
+        return channels.weights.publish(dict(self.run.model.named_parameters()), self.version)
+
+    def evaluate(self, step: int) -> float | None:
+        """Held-out accuracy now, or (deferred) a snapshot to score after the run."""
+        wall = time.perf_counter() - self.t_start
+        if self.defer_eval:
+            state = {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
+            self._snapshots.append((step, wall, state))
+            return None
+        t0 = time.perf_counter()
+        acc = self.acc = self.run.evaluate()
+        if self.timeline is not None:
+            self.timeline.interval(
+                "trainer", "eval", t0 - self.t_start, time.perf_counter() - self.t_start
+            )
+        self.curve.append({"step": step, "wall_s": wall, "heldout_acc": acc})
+        return acc
+
+    def after_step(self, record: dict[str, Any], groups: list[Group]) -> None:
+        run, step = self.run, record["step"]
+        cfg = run.cfg
+        for k in COUNTERS:  # what settling counted (tokens/wasted, replay, filters) this step
+            record[k] = record.get(k, 0) + run.counters[k] - self._mark[k]
+        self._mark = Counter(run.counters)
+        if step % cfg.eval.every == 0 or step == cfg.run.steps:
+            acc = self.evaluate(step)
+            if acc is not None:
+                record["heldout_acc"] = acc
+        run.sink.write(record)
+        run.rollouts.write(step, groups)
+        run.view.update(step, record)
+        if step % cfg.checkpoint.every == 0 or step == cfg.run.steps:
+            checkpoint(run)
+
+    def evaluate_deferred(self) -> None:
+        """Score the snapshots (after the run); leaves the model with its final weights."""
+        if not self._snapshots:
+            return
+        final = {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
+        for step, wall, state in self._snapshots:
+            self.run.model.load_state_dict(state)
+            self.acc = self.run.evaluate()
+            self.curve.append({"step": step, "wall_s": wall, "heldout_acc": self.acc})
+        self.run.model.load_state_dict(final)
+        self._snapshots = []

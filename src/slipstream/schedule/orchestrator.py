@@ -1,0 +1,570 @@
+"""The orchestrator: one loop that runs every schedule, in the trainer process.
+
+It owns what must be decided in one place: the prompt source and the draw counter (so seeds
+match the synchronous loop's), which prompts are in flight, admission control, the lag policy,
+the ledger, and when to train. Samplers only generate what they are given.
+
+Steps are cut into *windows* of B groups: a step trains on the groups of one window that pass
+the filters, exactly as the synchronous loop trains on the informative groups of one batch, so
+every schedule spends the same generation per step. A window whose groups are all filtered
+closes without a step (the version does not move), again as in the synchronous loop; with
+dynamic sampling a window first waits for replacements of its filtered groups.
+
+- fixed batching: window w is batch w, issued whole (B prompts) once `w <= closed + K`: `sync`
+  and `tail_batching` (K = 0) issue batch w+1 only after step w's weights are published;
+  `double_buffer` (K = 1) keeps exactly one batch ahead. The window closes when all of its
+  groups are back.
+- continuous batching: one prompt at a time while accepted + running groups stay within
+  (K + 1) x B of those consumed by closed windows, `issued - stale - aborted - consumed <
+  (K + 1) x B`: AReaL's `(K + v + 1) x B` bound, where windows of exactly B groups make
+  consumed = v x B. The bound counts groups, not tokens, so slow, hard groups are never
+  starved by short ones. A window is the next B groups to arrive.
+
+On arrival a group's lag is `version - oldest token's version`. Beyond K the lag policy
+applies: `drop` (ledger: stale), `abort` (the sampler already cut most; the rest are dropped),
+or `keep` (trained; the loss's importance ratios against the behaviour log-probs correct it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from slipstream.algo.staleness import lag_stats
+from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
+from slipstream.schedule.ledger import Ledger
+from slipstream.schedule.presets import ScheduleSpec
+from slipstream.schedule.tail import LengthModel
+from slipstream.types import Group, Prompt
+
+COUNTERS = (
+    "busy_s",
+    "weight_sync_s",
+    "tokens_generated",
+    "decode_steps",
+    "prefill_tokens",
+    "cancelled_tokens",
+    "aborted_tokens",
+)
+
+
+class Learner(Protocol):
+    """The trainer side the orchestrator drives (a `Run` in production, a fake in tests)."""
+
+    ledger: Ledger
+
+    @property
+    def version(self) -> int: ...
+
+    def draw(self, n: int) -> list[Prompt]: ...
+
+    def group_sizes(self, prompts: list[Prompt]) -> list[int]: ...
+
+    def seeds(self, prompt: Prompt, n: int) -> list[int]: ...
+
+    def settle(self, groups: list[Group]) -> list[Group]: ...
+
+    def train(self, groups: list[Group]) -> dict[str, Any]: ...
+
+    def publish(self, channels: Channels) -> float: ...
+
+    def after_step(self, record: dict[str, Any], groups: list[Group]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Options:
+    batch_prompts: int  # B
+    group_size: int  # G
+    steps: int
+    redundant: int = 0  # r
+    lag_policy: str = "drop"
+    tail_pool: int = 4
+    poll_s: float = 0.05
+    stall_timeout_s: float = 600.0
+    max_empty_windows: int = 20
+    dynamic_sampling: bool = False  # DAPO: refill a window's filtered groups with new draws
+    max_extra_draws: int = 32
+
+
+@dataclass
+class OrchestratorState:
+    issued: int = 0  # groups issued; also the next group id
+    batches_issued: int = 0  # fixed batching
+    windows: int = 0  # windows closed, with or without a step
+    empty_in_row: int = 0
+    out_of_bound: int = 0  # stale + aborted: no longer count against admission
+    consumed: int = 0  # continuous: groups taken into windows
+    outstanding: dict[int, PromptRequest] = field(default_factory=dict)  # issued, not back
+    queue: deque[tuple[Prompt, int]] = field(default_factory=deque)  # drawn (prompt, G), not issued
+    window: list[tuple[int, Group]] = field(default_factory=list)  # continuous: arrived, not taken
+    batches: dict[int, list[tuple[int, Group]]] = field(default_factory=dict)  # fixed: by batch
+    batch_left: dict[int, int] = field(default_factory=dict)  # fixed: groups not back yet
+    # the open window: every group it took, those the filters kept, its dynamic-sampling draws
+    step_groups: list[Group] = field(default_factory=list)
+    kept: list[Group] = field(default_factory=list)
+    extra: int = 0
+    need: int = 0  # continuous: arrivals the open window still takes
+    unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
+    reports: dict[int, SamplerReport] = field(default_factory=dict)  # latest per sampler
+    ready: set[int] = field(default_factory=set)
+    wasted_tokens: int = 0  # stale groups' tokens (cancelled/aborted: in reports)
+    t_start: float = 0.0
+    t_end: float = 0.0
+    t_last_msg: float = 0.0
+    # the open step's accounting
+    t_step: float = 0.0
+    wait_s: float = 0.0
+    prev: dict[int, SamplerReport] = field(default_factory=dict)  # reports at the last record
+    first: dict[int, SamplerReport] = field(default_factory=dict)  # reports at start
+    wait_total: float = 0.0
+    lags: list[tuple[float, int, int]] = field(default_factory=list)  # (mean, max, tokens)
+    ess: list[tuple[float, float]] = field(default_factory=list)
+
+
+class Orchestrator:
+    """Issues prompt requests, receives groups, trains a step per window, publishes weights."""
+
+    def __init__(
+        self,
+        spec: ScheduleSpec,
+        opts: Options,
+        learner: Learner,
+        channels: Channels,
+        health: Callable[[], None] = lambda: None,
+        timeline: Any = None,
+    ) -> None:
+        self.spec, self.opts, self.learner, self.ch = spec, opts, learner, channels
+        self.health = health
+        self.timeline = timeline
+        self.state = OrchestratorState()
+        self.lengths = LengthModel()
+        self.fixed = spec.batching == "fixed"
+        self._wait_span: list[float] | None = None
+
+    # ---- start ------------------------------------------------------------------------------
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every sampler reported `ready` (built, holding version 0)."""
+        deadline = time.monotonic() + timeout
+        while len(self.state.ready) < self.ch.num_samplers:
+            msg = self.ch.groups.get(self.opts.poll_s)
+            if msg is not None:
+                self.receive(msg)
+            else:
+                self.health()
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"samplers not ready after {timeout:.0f}s ({len(self.state.ready)} ready)"
+                )
+
+    def start(self) -> None:
+        """Start the clocks and issue the first work (before the initial evaluation, so that
+        samplers generate while the trainer evaluates)."""
+        st = self.state
+        st.t_start = st.t_step = st.t_last_msg = time.perf_counter()
+        st.first = dict(st.reports)
+        st.prev = dict(st.reports)
+        self.issue()
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        """Until `steps` versions are trained.
+
+        Consumes: sampler messages (groups, aborted groups, counters).
+        Produces: prompt requests (as admission allows), one optimizer step and one weight
+        publish per window with informative groups, one record per step (`after_step`).
+        Waits for: groups, when no window is complete (`runtime/trainer_wait`).
+        Unblocked by: a sampler finishing a group; a dead sampler or a stall raises.
+        """
+        st = self.state
+        while self.learner.version < self.opts.steps:
+            self.health()  # a stop request or a dead sampler surfaces here, between messages
+            self.issue()
+            t0 = time.perf_counter()
+            msg = self.ch.groups.get(self.opts.poll_s)
+            t1 = time.perf_counter()
+            st.wait_s += t1 - t0
+            self._waited(t0, t1)
+            if msg is None:
+                if st.outstanding and t1 - st.t_last_msg > self.opts.stall_timeout_s:
+                    raise TimeoutError(
+                        f"no group from the samplers for {self.opts.stall_timeout_s:.0f}s "
+                        f"with {len(st.outstanding)} in flight"
+                    )
+                continue
+            st.t_last_msg = t1
+            self.receive(msg)
+            while (
+                self.learner.version < self.opts.steps
+                and (groups := self._complete_window()) is not None
+            ):
+                self.close_window(groups)
+        st.t_end = time.perf_counter()
+        self._waited(0.0, 0.0)  # flush the open wait interval
+
+    # ---- issuing ------------------------------------------------------------------------------
+    def issue(self) -> None:
+        """Issue every prompt request the schedule and admission control allow now."""
+        st, K, B = self.state, self.spec.max_lag, self.opts.batch_prompts
+        left = self.opts.steps - self.learner.version  # steps still to train
+        if left <= 0:
+            return
+        if self.fixed:
+            while st.batches_issued < st.windows + min(K + 1, left):
+                st.batches_issued += 1
+                self._issue_batch(st.batches_issued - 1, self._next(B))
+            return
+        while True:  # AReaL: accepted + running stays within (K + 1) x B of what was consumed
+            if st.unsent is None:
+                if st.issued - st.out_of_bound - st.consumed >= min(K + 1, left) * B:
+                    return
+                st.unsent = self._request(*self._next(1)[0], batch=-1)
+            if not self.ch.prompts.put([st.unsent], timeout=0):
+                return  # queue full: sent after the next message
+            st.unsent = None
+
+    def _issue_batch(self, b: int, items: list[tuple[Prompt, int]]) -> None:
+        """Fixed batching: batch `b` (or dynamic-sampling draws for it) in one chunk per sampler."""
+        reqs = [self._request(p, g, batch=b) for p, g in items]
+        n = self.ch.num_samplers
+        for chunk in filter(
+            None, (reqs[i * len(reqs) // n : (i + 1) * len(reqs) // n] for i in range(n))
+        ):
+            if not self.ch.prompts.put(chunk, timeout=self.opts.stall_timeout_s):
+                raise TimeoutError("prompt queue full: samplers are not taking work")
+        self.state.batch_left[b] = self.state.batch_left.get(b, 0) + len(reqs)
+
+    def _next(self, n: int) -> list[tuple[Prompt, int]]:
+        """The next `n` prompts to issue, with their group sizes. Drawn B at a time, as the
+        synchronous loop draws them; tail batching draws `tail_pool` x B and sorts them by
+        expected completion length (schedule.tail)."""
+        st = self.state
+        while len(st.queue) < n:
+            unit = self.opts.batch_prompts
+            if self.spec.prompt_order == "by_expected_length":
+                unit *= self.opts.tail_pool
+            prompts = self.learner.draw(unit)
+            items = list(zip(prompts, self.learner.group_sizes(prompts)))
+            if self.spec.prompt_order == "by_expected_length":
+                items.sort(key=lambda it: self.lengths.expected(it[0]))
+            st.queue.extend(items)
+        return [st.queue.popleft() for _ in range(n)]
+
+    def _request(self, prompt: Prompt, group_size: int, batch: int) -> PromptRequest:
+        st = self.state
+        seeds = tuple(self.learner.seeds(prompt, group_size + self.opts.redundant))
+        req = PromptRequest(st.issued, prompt, seeds, group_size, self.learner.version, batch)
+        st.outstanding[req.group_id] = req
+        st.issued += 1
+        return req
+
+    # ---- receiving ------------------------------------------------------------------------------
+    def receive(self, msg: SamplerMessage) -> None:
+        st = self.state
+        if msg.kind == "error":
+            raise RuntimeError(f"sampler {msg.sampler_id} failed:\n{msg.error}")
+        if msg.report is not None:
+            st.reports[msg.sampler_id] = msg.report
+            for kind, t0, t1 in msg.report.intervals:
+                self._interval(f"sampler{msg.sampler_id}", kind, t0, t1)
+        if msg.kind == "ready":
+            st.ready.add(msg.sampler_id)
+        if msg.kind not in ("group", "aborted"):
+            return
+        assert msg.request is not None and msg.group is not None
+        req = st.outstanding.pop(msg.request.group_id)
+        self.learner.ledger.generated += 1
+        if msg.kind == "aborted":
+            self.learner.ledger.aborted += 1
+            self._out_of_bound(req)
+            return
+        group = msg.group
+        self.lengths.update(group.prompt, [s.num_tokens for s in group.samples])
+        lag = self.learner.version - group.oldest_version
+        if lag > self.spec.max_lag and self.opts.lag_policy != "keep":
+            self.learner.ledger.stale += 1
+            st.wasted_tokens += group.num_tokens
+            self._out_of_bound(req)
+            return
+        if self.fixed:
+            st.batches.setdefault(req.batch, []).append((req.group_id, group))
+            st.batch_left[req.batch] -= 1
+        else:
+            st.window.append((req.group_id, group))
+
+    def _out_of_bound(self, req: PromptRequest) -> None:
+        if self.fixed:
+            self.state.batch_left[req.batch] -= 1
+        else:
+            self.state.out_of_bound += 1
+
+    def _complete_window(self) -> list[Group] | None:
+        """Groups that complete what the open window waits for, in issue order; else None."""
+        st = self.state
+        if self.fixed:
+            w = st.windows
+            if st.batch_left.get(w, -1) != 0:
+                return None
+            del st.batch_left[w]
+            pairs = st.batches.pop(w, [])
+        else:
+            need = st.need or self.opts.batch_prompts
+            if len(st.window) < need:
+                return None
+            pairs, st.window = st.window[:need], st.window[need:]
+            st.consumed += need
+            st.need = 0
+        return [g for _, g in sorted(pairs, key=lambda p: p[0])]
+
+    # ---- a step ---------------------------------------------------------------------------------
+    def close_window(self, groups: list[Group]) -> None:
+        """Settle `groups` (filters, advantages); with dynamic sampling, wait for replacements
+        of filtered groups; then one optimizer step on the kept groups, publish, issue, record."""
+        st, B = self.state, self.opts.batch_prompts
+        st.step_groups += groups
+        st.kept += self.learner.settle(groups) if groups else []
+        if self.opts.dynamic_sampling and len(st.kept) < B and st.extra < self.opts.max_extra_draws:
+            more = min(B - len(st.kept), self.opts.max_extra_draws - st.extra)
+            st.extra += more
+            if self.fixed:  # as the synchronous loop: draw what is missing, into this batch
+                prompts = self.learner.draw(more)
+                self._issue_batch(st.windows, list(zip(prompts, self.learner.group_sizes(prompts))))
+            else:
+                st.need = more
+            return
+        groups, kept, extra = st.step_groups, st.kept, st.extra
+        st.step_groups, st.kept, st.extra = [], [], 0
+        st.windows += 1
+        if not kept:
+            st.empty_in_row += 1
+            if st.empty_in_row > self.opts.max_empty_windows:
+                raise RuntimeError(
+                    f"{st.empty_in_row} windows in a row had no informative group: check the reward"
+                )
+            self.issue()
+            return
+        st.empty_in_row = 0
+        lag = _lag(kept, self.learner.version, self.spec.max_lag)
+        t0 = time.perf_counter()
+        metrics = self.learner.train(kept)
+        t1 = time.perf_counter()
+        self.learner.ledger.trained += len(kept)
+        publish_s = self.learner.publish(self.ch)
+        t2 = time.perf_counter()
+        self._interval("trainer", "train", t0, t1)
+        self._interval("trainer", "weight_sync", t1, t2)
+        self.issue()  # samplers get the next work before evaluation and checkpointing
+        record = self._record(groups, metrics, lag, t1 - t0, publish_s)
+        record["filters/extra_draws"] = extra
+        self.learner.after_step(record, groups)
+
+    def _record(
+        self,
+        groups: list[Group],
+        metrics: dict[str, Any],
+        lag: dict[str, Any],
+        t_train: float,
+        publish_s: float,
+    ) -> dict[str, Any]:
+        st = self.state
+        now = time.perf_counter()
+        step_s = now - st.t_step
+        d = _delta(st.reports, st.prev)
+        span = sum(st.reports[i].t - st.prev[i].t for i in st.reports if i in st.prev)
+        n = max(len(st.reports), 1)
+        lens = [s.num_tokens for g in groups for s in g.samples]
+        rewards = [s.reward for g in groups for s in g.samples]
+        trained = float(metrics.get("tokens/trained", 0.0))
+        busy = d["busy_s"] / span if span > 0 else 0.0
+        record = {
+            "step": self.learner.version,
+            "version": self.learner.version,
+            "wall_s": now - st.t_start,
+            "step_time_s": step_s,
+            "reward_mean": sum(rewards) / max(len(rewards), 1),
+            **metrics,
+            **{f"staleness/{k}": v for k, v in lag.items()},
+            "staleness/mismatch_kl": metrics.get("train/approx_kl", 0.0),
+            "runtime/sampler_busy": busy,
+            "runtime/trainer_wait": st.wait_s / max(step_s, 1e-9),
+            "runtime/weight_sync_s": publish_s + d["weight_sync_s"] / n,
+            "runtime/weight_publish_s": publish_s,
+            "queue/depth": self.ch.groups.depth(),
+            "queue/in_flight": len(st.outstanding),
+            "time/generate_s": d["busy_s"] / n,
+            "time/train_s": t_train,
+            "tokens/generated": d["tokens_generated"],
+            "tokens/trained": trained,
+            "tokens/wasted": st.wasted_tokens + d["cancelled_tokens"] + d["aborted_tokens"],
+            "tokens/cancelled": d["cancelled_tokens"],
+            "engine/tokens_per_s": d["tokens_generated"] / max(step_s, 1e-9),
+            "train/tokens_per_s": trained / max(t_train, 1e-9),
+            "engine/decode_steps": d["decode_steps"],
+            "engine/prefill_tokens": d["prefill_tokens"],
+            "completion_len_mean": sum(lens) / max(len(lens), 1),
+            "completion_len_max": max(lens, default=0),
+            "completion_lens": lens,
+            **self.learner.ledger.flat(),
+        }
+        st.lags.append((lag["lag_mean"], lag["lag_max"], sum(lens)))
+        st.ess.append(
+            (metrics.get("staleness/ess_token", 1.0), metrics.get("staleness/ess_seq", 1.0))
+        )
+        st.wait_total += st.wait_s
+        st.prev, st.t_step, st.wait_s, st.wasted_tokens = dict(st.reports), now, 0.0, 0
+        return record
+
+    def summary(self) -> dict[str, Any]:
+        """Run-level staleness and utilisation (over the whole loop)."""
+        st = self.state
+        d = _delta(st.reports, st.first)
+        span = sum(st.reports[i].t - st.first[i].t for i in st.reports if i in st.first)
+        wall = (st.t_end or time.perf_counter()) - st.t_start
+        toks = sum(t for *_, t in st.lags) or 1
+        return {
+            "schedule": self.spec.name,
+            "sampler_busy": d["busy_s"] / span if span > 0 else 0.0,
+            "trainer_wait": (st.wait_total + st.wait_s) / max(wall, 1e-9),
+            "lag_mean": sum(m * t for m, _, t in st.lags) / toks,
+            "lag_max": max((m for _, m, _ in st.lags), default=0),
+            "ess_token": sum(e for e, _ in st.ess) / max(len(st.ess), 1),
+            "ess_seq": sum(e for _, e in st.ess) / max(len(st.ess), 1),
+            "groups_issued": st.issued,
+            "groups_unfinished": len(st.outstanding),
+            "windows": st.windows,
+            "tokens_generated": d["tokens_generated"],
+        }
+
+    def leftover(self) -> int:
+        """Groups received but never trained or dropped (the end of the run cut them off)."""
+        st = self.state
+        return len(st.window) + sum(len(v) for v in st.batches.values()) + len(st.kept)
+
+    def _waited(self, t0: float, t1: float) -> None:
+        """Extend the trainer's open wait interval, or close it and open a new one."""
+        span = self._wait_span
+        if span is not None and t0 - span[1] < 2e-3:
+            span[1] = t1
+            return
+        if span is not None and span[1] - span[0] > 1e-3:
+            self._interval("trainer", "wait", span[0], span[1])
+        self._wait_span = [t0, t1] if t1 > t0 else None
+
+    def _interval(self, actor: str, kind: str, t0: float, t1: float) -> None:
+        if self.timeline is not None:
+            o = self.state.t_start
+            self.timeline.interval(actor, kind, max(t0 - o, 0.0), max(t1 - o, 0.0))
+
+
+def _lag(groups: list[Group], version: int, max_lag: int) -> dict[str, Any]:
+    rows = [s.versions_T for g in groups for s in g.samples if s.versions_T]
+    if not rows:
+        return {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
+    T = max(map(len, rows))
+    versions = torch.full((len(rows), T), version, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, v in enumerate(rows):
+        versions[i, : len(v)] = torch.tensor(v)
+        mask[i, : len(v)] = True
+    out = lag_stats(versions, mask, version, num_bins=max_lag + 2)
+    return {"lag_mean": out["lag_mean"], "lag_max": out["lag_max"], "lag_hist": out["lag_hist"]}
+
+
+def _delta(now: dict[int, SamplerReport], before: dict[int, SamplerReport]) -> dict[str, float]:
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for i, r in now.items():
+        b = before.get(i)
+        for k in COUNTERS:
+            out[k] += getattr(r, k) - (getattr(b, k) if b is not None else 0.0)
+    return out
+
+
+# ---- the local run ------------------------------------------------------------------------------
+def train_async(cfg: Any) -> dict[str, Any]:
+    """Train with `cfg.schedule` on the local runtime; the run folder is `train_sync`'s:
+    config.toml, metrics.jsonl, ledger.json, summary.json, timeline.jsonl, rollouts,
+    checkpoints/. Ctrl-C, SIGTERM and errors take the runtime's one shutdown path, and the
+    ledger is written either way."""
+    from slipstream.runtime.local import Interrupts
+    from slipstream.schedule.sync import finish
+
+    run, rt, learner, orch, sampler = _build(cfg)
+    signals = Interrupts()
+
+    def health() -> None:
+        signals.raise_if_requested()
+        rt.check()
+
+    orch.health = health
+    try:
+        with signals.catch():
+            rt.channels.weights.publish(dict(run.model.named_parameters()), run.trainer.version)
+            rt.start(sampler)
+            run.view.log(f"schedule {orch.spec.name}: {rt.num_samplers} sampler process(es)")
+            orch.wait_ready(cfg.runtime.startup_timeout_s)
+            orch.start()
+            learner.t_start = run.timeline.origin = orch.state.t_start
+            acc_start = learner.evaluate(0)
+            orch.run()
+            wall = time.perf_counter() - orch.state.t_start
+    except BaseException:
+        run.view.close()  # leave the terminal clean; metrics written so far stay
+        run.sink.close()
+        run.timeline.close()
+        raise
+    finally:
+        rt.shutdown()
+        run.ledger.in_flight = orch.leftover()
+        (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
+    learner.evaluate_deferred()
+    curve = sorted(learner.curve, key=lambda c: c["step"])
+    run.info.update(orch.summary(), heldout_curve=curve, runtime="local", sampler_pids=rt.pids())
+    acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
+    return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
+
+
+def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
+    """The run, the runtime (not started), the learner, the orchestrator, the sampler spec."""
+    from slipstream.runtime.local import LocalRuntime, default_threads
+    from slipstream.schedule.learner import RunLearner
+    from slipstream.schedule.presets import preset
+    from slipstream.schedule.sampler import SamplerSpec
+    from slipstream.schedule.setup import setup
+
+    spec = preset(cfg.schedule.name, cfg.schedule.max_lag)
+    rc, sc = cfg.runtime, cfg.schedule
+    B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, sc.redundant
+    run = setup(cfg)
+    torch.set_num_threads(rc.trainer_threads or default_threads(rc.num_samplers))
+    rt = LocalRuntime(
+        dict(run.model.named_parameters()),
+        rc.num_samplers,
+        rc.threads_per_sampler or default_threads(rc.num_samplers),
+        prompt_queue=(spec.max_lag + 2) * B + rc.num_samplers,
+        group_queue=rc.queue_size or 2 * B,
+        shutdown_timeout_s=rc.shutdown_timeout_s,
+    )
+    learner = RunLearner(run, rc.defer_eval, run.timeline)
+    f = cfg.filters
+    opts = Options(
+        B,
+        G,
+        cfg.run.steps,
+        r,
+        sc.lag_policy,
+        sc.tail_pool,
+        rc.poll_s,
+        rc.stall_timeout_s,
+        dynamic_sampling=f.dynamic_sampling,
+        max_extra_draws=f.max_extra_draws,
+    )
+    orch = Orchestrator(spec, opts, learner, rt.channels, rt.check, run.timeline)
+    dtype = run.model.lm_head.weight.dtype
+    slots = rc.sampler_slots or B * (G + r)
+    sampler = SamplerSpec(cfg, run.model.config, dtype, run.tok, spec, slots, run.engine.max_len)
+    return run, rt, learner, orch, sampler

@@ -1,0 +1,309 @@
+"""The sampler: an engine, a copy of the model and the task's verifier, fed by prompt requests.
+
+`SamplerWorker.run(channels)` is the whole actor; it sees only the channel protocols, so any
+runtime can host it (the local runtime runs it in a spawned process).
+
+What the schedule decides here (`ScheduleSpec`):
+
+- batching `fixed`: take one chunk of a batch when idle, run it to its longest sample, take
+  the next. `continuous`: keep the engine's slots full, pulling requests as slots free.
+- weight sync `in_flight`: a newer version is loaded between two decode steps, so a sequence
+  may span versions (each token records its own). `between_batches`: loaded only with no
+  sequence in flight: before a fixed batch starts, or, with continuous batching, after the
+  engine drains (admission pauses while a newer version waits), so no sequence mixes versions.
+- lag policy `abort`: a sequence whose oldest token falls more than K versions behind the
+  latest published version is aborted with its whole group, as soon as that happens.
+- redundant rollouts (r > 0): a request carries G + r seeds; the first G members to finish
+  are kept and the rest cancelled, their tokens counted as `cancelled_tokens`. The kept
+  members are the fastest, so groups are biased toward short completions (RollArt accepts
+  this bias to cut the straggler wait; report it next to any accuracy claim).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from slipstream.config import Config
+from slipstream.engine import Completion, Engine, Request, SamplingParams
+from slipstream.model import CausalLM, ModelConfig, Tokenizer
+from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
+from slipstream.schedule.presets import ScheduleSpec
+from slipstream.tasks.base import Task
+from slipstream.types import Group, Prompt, Sample
+
+STATS_EVERY_S = 0.5  # a busy sampler reports its counters at least this often
+
+
+def score_group(
+    tok: Tokenizer, task: Task, prompt: Prompt, completions: list[Completion], sampler_id: int = 0
+) -> Group:
+    """Decode and verify each completion; the group's samples in member order."""
+    samples = []
+    for c in completions:
+        text = tok.decode(c.tokens)
+        samples.append(
+            Sample(
+                prompt.id,
+                c.request.prompt_tokens,
+                c.tokens,
+                c.logp,
+                c.versions,
+                c.finish_reason,
+                completion_text=text,
+                reward=float(task.reward(prompt, text)),
+                sampler_id=sampler_id,
+                seed=c.request.seed,
+                t_start=c.t_start,
+                t_end=c.t_end,
+            )
+        )
+    return Group(prompt, samples)
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    """What a sampler process needs to build itself; picklable. Calling it builds the worker
+    (the runtime calls it inside the child, so the model is never pickled)."""
+
+    cfg: Config
+    model_config: ModelConfig
+    dtype: torch.dtype
+    tokenizer: Tokenizer
+    schedule: ScheduleSpec
+    num_slots: int
+    max_len: int
+
+    def __call__(self, sampler_id: int) -> SamplerWorker:
+        from slipstream.schedule.setup import build_task
+
+        model = CausalLM(self.model_config).to(self.dtype)  # weights arrive through the channel
+        engine = Engine(
+            model, self.tokenizer.eos_id, num_slots=self.num_slots, max_len=self.max_len, version=-1
+        )
+        return SamplerWorker(self, sampler_id, engine, build_task(self.cfg))
+
+
+@dataclass
+class _Member:
+    request: PromptRequest
+    done: list[Completion] = field(default_factory=list)
+
+
+@dataclass
+class SamplerState:
+    """Everything the loop mutates."""
+
+    backlog: deque[Request] = field(default_factory=deque)  # requests not yet in the engine
+    groups: dict[int, _Member] = field(default_factory=dict)  # in flight, by group id
+    draining: bool = False  # between_batches + continuous: finishing before a weight load
+    checked_version: int = -1  # latest version the abort rule has been applied against
+    t_last_report: float = 0.0
+    span: list[Any] | None = None  # open timeline interval [kind, t0, t1]
+    report: SamplerReport = field(default_factory=lambda: SamplerReport(0, 0.0, 0.0))
+
+
+class SamplerWorker:
+    """One sampler: `run(channels)` until the stop flag is set."""
+
+    def __init__(self, spec: SamplerSpec, sampler_id: int, engine: Engine, task: Task) -> None:
+        self.spec, self.id, self.engine, self.task = spec, sampler_id, engine, task
+        self.tok = spec.tokenizer
+        s = spec.cfg.sampling
+        self.params = SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
+        self.lag_policy = spec.cfg.schedule.lag_policy
+        self.poll_s = spec.cfg.runtime.poll_s
+        self.state = SamplerState()
+        self.engine.refill = self._refill
+
+    # ---- the loop -------------------------------------------------------------------------
+    def run(self, ch: Channels) -> None:
+        """Generate groups for prompt requests until `ch.stop` is set.
+
+        Consumes: prompt requests (`ch.prompts`); weight versions (`ch.weights`).
+        Produces: one message per request on `ch.groups`, a scored `group` or an `aborted`
+        one, each carrying the sampler's counters; `stats` when it goes idle or every
+        `STATS_EVERY_S` while busy.
+        Waits for: prompt requests, when it has nothing to generate (the orchestrator's
+        admission control or the trainer's step holds them back); a full group queue.
+        Unblocked by: the orchestrator issuing prompts; `ch.stop` (checked every `poll_s`).
+        """
+        st = self.state
+        st.report = SamplerReport(self.id, time.perf_counter(), time.perf_counter())
+        self._load_weights(ch, wait=True)
+        st.report.t_ready = time.perf_counter()
+        self._send(ch, SamplerMessage("ready", self.id))
+        while not ch.stop.is_set():
+            self._sync_weights(ch)
+            self._take(ch)
+            if self.engine.num_active == 0 and not st.backlog:
+                self._wait_for_work(ch)
+                continue
+            t0 = time.perf_counter()
+            done = self.engine.step()
+            for c in done:
+                self._finished(ch, c)
+            self._abort_stale(ch)
+            self._account("generate", t0)
+            if time.perf_counter() - st.t_last_report > STATS_EVERY_S:
+                self._send(ch, SamplerMessage("stats", self.id))
+
+    def _take(self, ch: Channels) -> None:
+        """Move prompt requests from the channel into the backlog, as the batching allows."""
+        st = self.state
+        if self.spec.schedule.batching == "fixed":
+            if self.engine.num_active == 0 and not st.backlog:
+                chunk = ch.prompts.get(0)
+                if chunk:
+                    self._sync_weights(ch, batch_start=True)  # weights published before the batch
+                    self._admit(chunk)
+            return
+        if st.draining:
+            return
+        free = self.engine.num_slots - self.engine.num_active
+        while len(st.backlog) < free:
+            chunk = ch.prompts.get(0)
+            if not chunk:
+                break
+            self._admit(chunk)
+
+    def _admit(self, chunk: list[PromptRequest]) -> None:
+        for req in chunk:
+            self.state.groups[req.group_id] = _Member(req)
+            ids = self.tok.encode(req.prompt.text)
+            for g, seed in enumerate(req.seeds):
+                self.state.backlog.append(
+                    Request(ids, self.params, seed=seed, key=(req.group_id, g))
+                )
+
+    def _refill(self, n: int) -> list[Request]:
+        """The engine's refill hook: up to `n` backlog requests (none while draining)."""
+        if self.state.draining:
+            return []
+        b = self.state.backlog
+        return [b.popleft() for _ in range(min(n, len(b)))]
+
+    def _wait_for_work(self, ch: Channels) -> None:
+        st = self.state
+        if st.report.busy_s and st.span and st.span[0] == "generate":
+            self._send(ch, SamplerMessage("stats", self.id))  # exact counters at going idle
+        t0 = time.perf_counter()
+        chunk = ch.prompts.get(self.poll_s)
+        if chunk:
+            if self.spec.schedule.batching == "fixed":
+                self._sync_weights(ch, batch_start=True)
+            self._admit(chunk)
+        self._account("wait", t0)
+
+    # ---- weights ----------------------------------------------------------------------------
+    def _sync_weights(self, ch: Channels, batch_start: bool = False) -> None:
+        """Load a newer version if the schedule allows it now."""
+        latest = ch.weights.version()
+        if latest <= self.engine.version:
+            self.state.draining = False
+            return
+        idle = self.engine.num_active == 0 and not self.state.backlog
+        if self.spec.schedule.weight_sync == "in_flight" or batch_start or idle:
+            self._load_weights(ch)
+        elif self.spec.schedule.batching == "continuous":
+            self.state.draining = True  # admit nothing until the engine is empty
+            if self.engine.num_active == 0:
+                self._load_weights(ch)
+                self.state.draining = False
+
+    def _load_weights(self, ch: Channels, wait: bool = False) -> None:
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.spec.cfg.runtime.startup_timeout_s
+        got = ch.weights.read(self.engine.version, timeout=5.0)
+        while got is None and wait and not ch.stop.is_set():
+            if time.monotonic() > deadline:
+                raise TimeoutError("sampler: no weights published")
+            time.sleep(0.01)
+            got = ch.weights.read(self.engine.version, timeout=5.0)
+        if got is None:
+            return
+        state, version = got
+        self.engine.load_weights(state, version)
+        if self.engine.num_active == 0:  # apply now: a step with nothing to admit or decode
+            refill, self.engine.refill = self.engine.refill, None
+            assert not self.engine.step()
+            self.engine.refill = refill
+        r = self.state.report
+        r.weight_loads += 1
+        r.version = version
+        # (in flight, the engine's copy into the parameters lands in its next step)
+        r.weight_sync_s += time.perf_counter() - t0
+        self._account("weight_sync", t0)
+
+    # ---- finished and aborted groups ----------------------------------------------------------
+    def _finished(self, ch: Channels, c: Completion) -> None:
+        gid, _ = c.request.key
+        member = self.state.groups.get(gid)
+        if member is None:  # a member finishing in the same step its group was completed
+            self.state.report.cancelled_tokens += len(c.tokens)
+            return
+        member.done.append(c)
+        G = member.request.group_size
+        if len(member.done) < G:
+            return
+        del self.state.groups[gid]
+        if len(member.request.seeds) > G:  # redundant members still out: cancel them
+            self.state.report.cancelled_tokens += self._cancel(gid)
+        kept = sorted(member.done[:G], key=lambda x: x.request.key[1])
+        group = score_group(self.tok, self.task, member.request.prompt, kept, self.id)
+        self._send(ch, SamplerMessage("group", self.id, request=member.request, group=group))
+
+    def _cancel(self, gid: int) -> int:
+        """Drop group `gid`'s members still waiting or running; tokens they had generated."""
+        self.state.backlog = deque(r for r in self.state.backlog if r.key[0] != gid)
+        return sum(len(c.tokens) for c in self.engine.abort(lambda c: c.request.key[0] == gid))
+
+    def _abort_stale(self, ch: Channels) -> None:
+        """Lag policy `abort`: cut groups whose oldest token is more than K behind the latest
+        published version, as soon as a publish makes them so."""
+        st = self.state
+        latest = ch.weights.version()
+        if self.lag_policy != "abort" or latest == st.checked_version:
+            return
+        st.checked_version = latest
+        K = self.spec.schedule.max_lag
+        stale = self.engine.abort(lambda c: bool(c.versions) and latest - min(c.versions) > K)
+        for gid in dict.fromkeys(c.request.key[0] for c in stale):
+            member = st.groups.pop(gid, None)
+            if member is None:
+                continue
+            partial = [c for c in stale if c.request.key[0] == gid] + member.done
+            tokens = sum(len(c.tokens) for c in partial) + self._cancel(gid)
+            st.report.aborted_tokens += tokens
+            group = Group(member.request.prompt, [])
+            self._send(ch, SamplerMessage("aborted", self.id, request=member.request, group=group))
+
+    # ---- reporting -------------------------------------------------------------------------
+    def _account(self, kind: str, t0: float) -> None:
+        """Time since `t0` was spent on `kind`; extend or close the open timeline interval."""
+        t1 = time.perf_counter()
+        st, r = self.state, self.state.report
+        if kind == "generate":
+            r.busy_s += t1 - t0
+        if st.span and st.span[0] == kind and t0 - st.span[2] < 1e-3:
+            st.span[2] = t1
+            return
+        if st.span:
+            r.intervals.append((st.span[0], st.span[1], st.span[2]))
+        st.span = [kind, t0, t1]
+
+    def _send(self, ch: Channels, msg: SamplerMessage) -> None:
+        st, r = self.state, self.state.report
+        s = self.engine.stats
+        r.t, r.tokens_generated = time.perf_counter(), s.tokens_generated
+        r.decode_steps, r.prefill_tokens = s.decode_steps, s.prefill_tokens
+        msg.report = replace(r, intervals=list(r.intervals))  # the queue pickles it later
+        while not ch.groups.put(msg, timeout=self.poll_s):
+            if ch.stop.is_set():
+                return
+        st.t_last_report = r.t
+        r.intervals = []

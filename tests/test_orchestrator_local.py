@@ -1,0 +1,245 @@
+"""Real runs on the local runtime: every preset's ledger adds up and its lag stays within K;
+`sync` on the local runtime follows the in-process loop exactly; Ctrl-C and errors leave no
+process behind.
+
+The runs use a random built-in-shaped model saved as a Hugging Face folder and a JSONL task
+with a reward that a random model earns half the time (odd-length completions), so there is
+a learning signal from the first step and no warm start to wait for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from slipstream.config import load_config
+from slipstream.model import load_pretrained, save_pretrained
+from slipstream.model.builtin import init_builtin
+from slipstream.schedule.orchestrator import train_async
+from slipstream.schedule.presets import preset
+from slipstream.schedule.sync import train_sync
+from slipstream.tasks import RunningSums
+
+pytestmark = pytest.mark.slow
+
+REWARD = """\
+import multiprocessing
+
+def odd(prompt, completion):
+    return float(len(completion) % 2)
+
+def fails_in_samplers(prompt, completion):
+    if multiprocessing.parent_process() is not None:
+        raise ValueError("injected reward failure")
+    return 0.0
+"""
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("assets")
+    model, tok = init_builtin(seed=3)
+    with torch.no_grad():  # wider than the init: varied completions, lengths, rewards
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.1)
+    save_pretrained(model, tmp / "model")
+    tok.save(tmp / "model")
+    rows = RunningSums(num_train=200, num_heldout=8).train_prompts()
+    (tmp / "rows.jsonl").write_text(
+        "".join(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n" for p in rows)
+    )
+    (tmp / "reward.py").write_text(REWARD)
+    return tmp
+
+
+def _cfg(assets: Path, run_dir: Path, *extra: str, reward: str = "odd"):
+    return load_config(
+        None,
+        [
+            f'run.dir="{run_dir}"',
+            "run.steps=4",
+            "run.quiet=true",
+            "run.threads=1",
+            f'model.path="{assets / "model"}"',
+            'task.kind="jsonl"',
+            f'task.path="{assets / "rows.jsonl"}"',
+            f'task.reward="{assets / "reward.py"}:{reward}"',
+            "sampling.max_new_tokens=16",
+            "trainer.batch_prompts=4",
+            "sampling.group_size=4",
+            "eval.every=2",
+            "eval.num_prompts=8",
+            "checkpoint.every=2",
+            'runtime.kind="local"',
+            "runtime.trainer_threads=1",
+            "runtime.threads_per_sampler=1",
+            *extra,
+        ],
+    )
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+CASES = {
+    "sync": [],
+    "tail_batching": [],
+    "double_buffer": ["schedule.redundant=2"],
+    "async": ["schedule.max_lag=1", 'schedule.lag_policy="keep"'],
+    "pipeline": ["schedule.max_lag=1", 'schedule.lag_policy="abort"'],
+    "pipeline-2": ["schedule.max_lag=1", "runtime.num_samplers=2"],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ledger_adds_up_and_lag_stays_within_k(assets, tmp_path, case):
+    name = case.split("-")[0]
+    cfg = _cfg(assets, tmp_path / case, f'schedule.name="{name}"', *CASES[case])
+    K = preset(name, cfg.schedule.max_lag).max_lag
+    summary = train_async(cfg)
+    ledger = json.loads((tmp_path / case / "ledger.json").read_text())
+    settled = (
+        ledger["trained"]
+        + sum(ledger["filtered"].values())
+        + ledger["stale"]
+        + ledger["aborted"]
+        + ledger["lost"]
+    )
+    assert ledger["generated"] == settled + ledger["in_flight"] and ledger["balanced"]
+    assert ledger == summary["ledger"]
+    records = _records(tmp_path / case)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[-1]["ledger/trained"] == ledger["trained"] > 0
+    if cfg.schedule.lag_policy != "keep":
+        assert all(r["staleness/lag_max"] <= K for r in records)
+        assert all(sum(r["staleness/lag_hist"][K + 1 :]) == 0 for r in records)
+    for key in (
+        "staleness/ess_token",
+        "staleness/ess_seq",
+        "staleness/mismatch_kl",
+        "runtime/sampler_busy",
+        "runtime/trainer_wait",
+        "queue/depth",
+        "runtime/weight_sync_s",
+        "engine/tokens_per_s",
+        "train/tokens_per_s",
+        "time/generate_s",
+        "tokens/generated",
+        "ledger/generated",
+    ):
+        assert all(key in r for r in records), key
+    assert len(summary["sampler_pids"]) == (2 if case == "pipeline-2" else 1)
+    if cfg.schedule.redundant:
+        assert sum(r["tokens/cancelled"] for r in records) > 0
+    assert not [p for p in mp.active_children() if p.name.startswith("slipstream-sampler")]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("filters.dynamic_sampling=true", "sampling.adaptive_group_size=true", "run.steps=3")],
+    ids=["plain", "dynamic-adaptive"],
+)
+def test_sync_on_the_local_runtime_follows_the_in_process_loop(assets, tmp_path, extra):
+    """Same seed, one thread each: the same prompts, seeds, completions, losses and weights."""
+    train_sync(_cfg(assets, tmp_path / "inprocess", *extra))
+    train_async(_cfg(assets, tmp_path / "local", *extra))
+    steps = 3 if extra else 4
+    timing = (
+        "wall_s",
+        "step_time_s",
+        "time/",
+        "tokens_per_s",
+        "sampler_busy",
+        "engine/",
+        "runtime/",
+        "queue/",
+        "tokens/wasted",
+    )
+    a, b = _records(tmp_path / "inprocess"), _records(tmp_path / "local")
+    assert len(a) == len(b) == steps
+    for ra, rb in zip(a, b):
+        shared = [k for k in ra if k in rb and not any(t in k for t in timing)]
+        assert len(shared) > 15
+        assert {k: ra[k] for k in shared} == {k: rb[k] for k in shared}
+    assert len({r["train/loss"] for r in a}) == steps  # the trajectory moves: it can fail
+    wa = load_pretrained(
+        tmp_path / "inprocess" / "checkpoints" / f"step_{steps:06d}" / "model"
+    ).state_dict()
+    wb = load_pretrained(
+        tmp_path / "local" / "checkpoints" / f"step_{steps:06d}" / "model"
+    ).state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_sampler_error_stops_the_run_and_leaves_no_process(assets, tmp_path):
+    cfg = _cfg(assets, tmp_path / "err", 'schedule.name="pipeline"', reward="fails_in_samplers")
+    with pytest.raises(RuntimeError, match="injected reward failure"):
+        train_async(cfg)
+    assert not [p for p in mp.active_children() if p.name.startswith("slipstream-sampler")]
+    assert json.loads((tmp_path / "err" / "ledger.json").read_text())["balanced"]
+
+
+def _marked(marker: str) -> list[int]:
+    """Pids of live processes whose environment carries `marker`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (d / "environ").read_bytes():
+                stat = (d / "stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[0] != "Z":  # a zombie is already dead
+                    out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_ctrl_c_stops_every_process(assets, tmp_path):
+    marker = f"SLIPSTREAM_TEST_MARKER={uuid.uuid4().hex}"
+    run_dir = tmp_path / "sigint"
+    script = tmp_path / "run.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_orchestrator_local import _cfg
+        from slipstream.schedule.orchestrator import train_async
+        from pathlib import Path
+        if __name__ == "__main__":
+            train_async(_cfg(Path({str(assets)!r}), Path({str(run_dir)!r}), 'schedule.name="pipeline"', "run.steps=100000"))
+    """)
+    )
+    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + 120
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < end, "the run never got going"
+            time.sleep(0.2)
+        assert len(_marked(marker.split("=")[1])) >= 2  # the parent and its sampler
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    time.sleep(0.5)
+    assert _marked(marker.split("=")[1]) == []
+    assert json.loads((run_dir / "ledger.json").read_text())["balanced"]
