@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 from slipstream.config import ConfigError, load_config
 from slipstream.tasks import TaskError
@@ -12,6 +14,7 @@ USAGE = """slipstream COMMAND ...
 
 commands:
   train [CONFIG.toml|.yaml] [key=value ...]   train (no arguments: the built-in task on CPU)
+  train --resume RUN_DIR [key=value ...]       continue a run from its newest checkpoint
   sim ...                                      simulate a cluster run (slipstream sim -h)
   plan ...                                     recommend a GPU split and schedule (slipstream plan -h)
   report RUN_DIR [RUN_DIR ...] --out DIR       figures and an HTML page from run folders
@@ -22,16 +25,28 @@ commands:
 def _train(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="slipstream train", description="Train with RL on verifiable rewards.")
     parser.add_argument("items", nargs="*", help="an optional config file, then key=value overrides")
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR",
+        help="continue RUN_DIR from its newest checkpoint with RUN_DIR/config.toml (key=value overrides "
+        "still apply, e.g. a larger run.steps)",
+    )
     args = parser.parse_args(argv)
     path = None
     overrides = list(args.items)
-    if overrides and "=" not in overrides[0]:
+    if args.resume:
+        path = Path(args.resume) / "config.toml"
+        if not path.exists():
+            raise ConfigError(f"{args.resume}: no config.toml to resume from")
+        overrides.append(f"run.dir={json.dumps(str(args.resume))}")
+    elif overrides and "=" not in overrides[0]:
         path = overrides.pop(0)
     cfg = load_config(path, overrides)
     if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
         from slipstream.schedule.sync import train_sync
 
-        train_sync(cfg)
+        train_sync(cfg, resume=bool(args.resume))
+    elif args.resume:
+        raise ConfigError("--resume: only the in-process sync loop can resume (runtime.kind = 'inprocess')")
     else:  # every other schedule runs samplers and the trainer in separate processes
         from slipstream.schedule.orchestrator import train_async
 

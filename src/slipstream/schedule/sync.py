@@ -10,20 +10,38 @@ generation and the trainer (filters, overlong, replay, dynamic sampling, group s
 from __future__ import annotations
 
 import json
+import random
 import time
+from pathlib import Path
 from typing import Any
 
-from slipstream.config import Config
+import torch
+
+from slipstream.config import Config, ConfigError
 from slipstream.schedule.setup import COUNTERS, Run, setup
-from slipstream.train.checkpoint import save_checkpoint
+from slipstream.train.checkpoint import (
+    list_checkpoints,
+    load_trainer_state,
+    load_weights,
+    save_checkpoint,
+)
 from slipstream.types import Group
 
 
-def train_sync(cfg: Config) -> dict[str, Any]:
+def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
+    """Train `cfg.run.steps` steps; with `resume`, continue the run in `cfg.run.dir` from its
+    newest complete checkpoint (the same trajectory as an unbroken run, bit for bit)."""
+    ckpt = latest_checkpoint(cfg.run.dir) if resume else None
+    if ckpt is not None:
+        truncate_metrics(Path(cfg.run.dir or ".") / "metrics.jsonl", int(ckpt.name.removeprefix("step_")))
     run = setup(cfg)
-    t_start = time.perf_counter()
+    saved = restore(run, ckpt) if ckpt is not None else {}
+    t_start = time.perf_counter() - saved.get("wall_s", 0.0)
     run.timeline.origin = t_start  # timeline seconds match the metrics' wall_s
-    acc_start = acc = run.evaluate()
+    acc_start = saved.get("heldout_acc_start")
+    if acc_start is None:
+        acc_start = run.evaluate()
+    acc = saved.get("heldout_acc", acc_start)
     run.view.log(f"run folder {run.dir}; held-out accuracy at start {acc_start:.3f}")
     empty_draws = 0
     mark, groups = marks(run), []  # counters at the last step record, groups generated since
@@ -60,7 +78,7 @@ def train_sync(cfg: Config) -> dict[str, Any]:
         run.view.update(step, record)
         mark, groups = marks(run), []
         if step % cfg.checkpoint.every == 0 or step == cfg.run.steps:
-            checkpoint(run)
+            checkpoint(run, heldout_acc_start=acc_start, heldout_acc=acc, wall_s=time.perf_counter() - t_start)
     return finish(run, acc_start, acc, time.perf_counter() - t_start)
 
 
@@ -99,17 +117,78 @@ def step_record(run: Run, groups: list[Group], metrics, mark, t_gen, t_train, t_
     }
 
 
-def checkpoint(run: Run) -> None:
+def checkpoint(run: Run, **extra: Any) -> None:
+    """Everything the loop's future depends on; `restore` puts it back. `extra`: the loop's
+    own numbers (held-out accuracy at the start, elapsed time), JSON values."""
     state = {
         "version": run.trainer.version,
         "source": run.source.state_dict(),
-        "draws": run.draws,
+        "draws": run.draws,  # the seed counter of sampling
         "ledger": run.ledger.as_dict(),
         "pass_rates": run.pass_rates.state_dict(),
         "replay": run.replay.state_dict() if run.replay is not None else None,
         "counters": dict(run.counters),
+        "prompts_skipped": dict(run.prompts_skipped),
+        "rng_python": random.getstate(),
+        "rng_run": run.rng.getstate(),  # replay's choices
+        **extra,
     }
-    save_checkpoint(run.dir, run.trainer.version, run.model, run.tok, run.trainer.state_dict(), state, run.cfg.checkpoint.keep)
+    trainer_state = {**run.trainer.state_dict(), "rng_torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        trainer_state["rng_cuda"] = torch.cuda.get_rng_state_all()
+    save_checkpoint(run.dir, run.trainer.version, run.model, run.tok, trainer_state, state, run.cfg.checkpoint.keep)
+
+
+def latest_checkpoint(run_dir: str | Path | None) -> Path:
+    """The newest complete checkpoint of a run folder; `ConfigError` if there is none."""
+    ckpts = list_checkpoints(run_dir or ".")
+    if not ckpts:
+        raise ConfigError(f"{run_dir}: no checkpoint to resume from (expected checkpoints/step_NNNNNN)")
+    return ckpts[-1]
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after `step` (and a torn last line), written by a run killed after its
+    checkpoint, so that the resumed run's records do not repeat them."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step):
+            keep.append(line + "\n")
+    path.write_text("".join(keep), encoding="utf-8")
+
+
+def restore(run: Run, ckpt: Path) -> dict[str, Any]:
+    """Load a checkpoint into a freshly set-up run; returns its state.json (the loop's extras)."""
+    state = json.loads((ckpt / "state.json").read_text())
+    load_weights(run.model, ckpt / "model")
+    trainer_state = load_trainer_state(ckpt)
+    run.trainer.load_state_dict(trainer_state)
+    run.engine.version = run.eval_engine.version = run.trainer.version
+    run.source.load_state_dict(state["source"])
+    run.draws = state["draws"]
+    run.ledger.load(state["ledger"])
+    run.pass_rates.load_state_dict(state["pass_rates"])
+    if run.replay is not None and state.get("replay") is not None:
+        run.replay.load_state_dict(state["replay"])
+    run.counters.update(state.get("counters", {}))
+    run.prompts_skipped.update(state.get("prompts_skipped", {}))
+    if "rng_python" in state:
+        version, internal, gauss = state["rng_python"]
+        random.setstate((version, tuple(internal), gauss))
+        version, internal, gauss = state["rng_run"]
+        run.rng.setstate((version, tuple(internal), gauss))
+    if "rng_torch" in trainer_state:
+        torch.set_rng_state(trainer_state["rng_torch"])
+    if "rng_cuda" in trainer_state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(trainer_state["rng_cuda"])
+    run.view.log(f"resumed from {ckpt} (step {run.trainer.version})")
+    return state
 
 
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from slipstream.model import CausalLM, Tokenizer, save_pretrained
+from slipstream.model import CausalLM, Tokenizer, load_pretrained, save_pretrained
 
 PREFIX = "step_"
 
@@ -74,3 +74,10 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
     return torch.load(Path(ckpt) / "trainer.pt", weights_only=True)
+
+
+def load_weights(model: CausalLM, folder: str | Path) -> None:
+    """Copy a checkpoint's safetensors weights into `model` in place, so that everything that
+    holds its parameters (the optimizer, the engines) sees them."""
+    with torch.no_grad():
+        model.load_state_dict(load_pretrained(folder).state_dict())

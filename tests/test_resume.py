@@ -1,0 +1,87 @@
+"""Never lose work: a run killed after a checkpoint and resumed follows the unbroken trajectory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slipstream.cli import main
+from slipstream.config import load_config
+from slipstream.observe.rollouts import RolloutWriter
+from slipstream.schedule.sync import train_sync
+from slipstream.train.checkpoint import load_trainer_state
+
+TIMING = ("wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy")  # as in test_spine
+
+
+def _tiny_cfg(tmp_path, name, *extra):
+    return load_config(None, [
+        f'run.dir="{tmp_path / name}"', "run.steps=4", "run.quiet=true", "run.threads=1", "run.seed=7",
+        "trainer.batch_prompts=4", "sampling.group_size=4", "eval.every=2", "eval.num_prompts=16",
+        "warmstart.max_steps=30", "warmstart.target_acc=0.99", f'warmstart.cache_dir="{tmp_path / "cache"}"',
+        "filters.zero_variance=false", "checkpoint.every=2", *extra,
+    ])
+
+
+def _steady(records):
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
+
+
+def _read(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+class Killed(Exception):
+    pass
+
+
+def _weights(run_dir, step):
+    return load_file(str(run_dir / "checkpoints" / f"step_{step:06d}" / "model" / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch):
+    steps = ("replay.enabled=true",)  # replay: its buffer and rng must be restored too
+    whole = train_sync(_tiny_cfg(tmp_path, "whole", *steps))
+
+    write = RolloutWriter.write
+
+    def die_after_step_3(self, step, groups):  # the step-3 record is written, its checkpoint is not
+        write(self, step, groups)
+        if step == 3:
+            raise Killed
+
+    monkeypatch.setattr(RolloutWriter, "write", die_after_step_3)
+    with pytest.raises(Killed):
+        train_sync(_tiny_cfg(tmp_path, "broken", *steps))
+    monkeypatch.undo()
+    broken = tmp_path / "broken"
+    assert [r["step"] for r in _read(broken / "metrics.jsonl")] == [1, 2, 3]
+
+    assert main(["train", "--resume", str(broken)]) == 0
+    a, b = _read(tmp_path / "whole" / "metrics.jsonl"), _read(broken / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    assert _steady(a) == _steady(b)
+    wa, wb = _weights(tmp_path / "whole", 4), _weights(broken, 4)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    summary = json.loads((broken / "summary.json").read_text())
+    assert summary["heldout_acc_start"] == whole["heldout_acc_start"]
+    assert summary["heldout_acc_end"] == whole["heldout_acc_end"]
+    assert summary["ledger"] == whole["ledger"]
+    trainer_state = load_trainer_state(broken / "checkpoints" / "step_000004")  # weights_only=True
+    assert trainer_state["version"] == 4 and isinstance(trainer_state["rng_torch"], torch.Tensor)
+
+
+@pytest.mark.parametrize("make", ["nothing", "config_only"])
+def test_resume_without_checkpoint_or_config_exits_2(tmp_path, capsys, make):
+    run = tmp_path / "run"
+    run.mkdir()
+    if make == "config_only":
+        (run / "config.toml").write_text('[run]\nquiet = true\n')
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert ("no config.toml" if make == "nothing" else "no checkpoint") in err
