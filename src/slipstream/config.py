@@ -154,6 +154,25 @@ class FilterConfig(_Section):
     """Lower bound of the pass-rate band: prompts at or below it (hopeless) are not drawn."""
     pass_rate_high: float = Field(0.9, ge=0.0, le=1.0)
     """Upper bound of the pass-rate band: prompts at or above it (mastered) are not drawn."""
+    pass_rate_min_attempts: int = Field(16, ge=1)
+    """Scored samples a prompt needs before the band may exclude it (below, it is always drawn).
+    The default is two groups of the default `sampling.group_size` = 8: one group of 8 failures
+    happens by chance to 43 % of prompts with a true pass rate of 0.1 (0.9^8), two to 19 %, so
+    one group is too little evidence to drop a prompt for good. This is the practice of
+    difficulty filtering in DAPO-style training (Skywork-OR1, Polaris): a prompt is judged
+    hopeless or mastered from several rollouts' pass rate (16 or more), not from one group;
+    DAPO's own dynamic sampling (§3.2) only drops a group, never the prompt."""
+    pass_rate_ema_decay: float | None = Field(None, ge=0.0, lt=1.0)
+    """None: the band judges the all-time pass rate (passes / attempts). A decay `a`: an
+    exponential moving average over groups, `p <- a p + (1 - a) q`, so a prompt that the
+    policy has learned leaves the band sooner (a prompt already excluded gets no new groups
+    unless `pass_rate_retry_after` re-admits it)."""
+    pass_rate_retry_after: int = Field(0, ge=0)
+    """Re-admit an excluded prompt: after the band skipped it this many times since its last
+    group, it is drawn once more (reason `retry`), so a prompt excluded by chance or since
+    learned can come back (as GRESO re-samples skipped prompts with some probability). With
+    prompts drawn once per epoch, N means one group every N + 1 epochs. 0: never (excluded
+    for the rest of the run)."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling (§3.2): after filtering, draw more prompts until the step holds B
     informative groups or `max_extra_draws` extra prompts were drawn. Each refill draws only
@@ -337,11 +356,13 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.lr=3e-4")
     key, _, value = item.partition("=")
     parts = key.strip().split(".")
+    if not all(parts) or not _is_text(key):
+        raise ConfigError(f"override {item!r}: empty or not valid Unicode key; expected key=value, e.g. trainer.lr=3e-4")
     node = raw
     for p in parts[:-1]:
         child = node.setdefault(p, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"{key}: {p!r} is a value, not a section")
+            raise ConfigError(f"{key.strip()!r}: {p!r} is a value, not a section")
         node = child
     node[parts[-1]] = parse_value(value.strip())
 
@@ -350,7 +371,12 @@ def read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot be read ({e.strerror})") from None
     try:
         if path.suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}
@@ -358,8 +384,11 @@ def read_file(path: str | Path) -> dict[str, Any]:
             data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.').upper() or 'TOML'}: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to parse") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table of sections at the top level")
+    _check_keys(data, path)
     return data
 
 
@@ -369,11 +398,29 @@ def _explain(err: ValidationError) -> str:
     if e["type"] == "extra_forbidden":
         near = difflib.get_close_matches(key, _all_keys(Config), n=1, cutoff=0.5)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
-        return f"unknown key '{key}'{hint}"
+        return f"unknown key {key!r}{hint}"
     msg = e["msg"].removeprefix("Value error, ")
     if not key or msg.startswith(f"{key}."):  # a model-level validator names the key itself
         return msg
     return f"{key}: {msg} (got {e.get('input')!r})"
+
+
+def _check_keys(raw: dict[Any, Any], path: Path, prefix: str = "") -> None:
+    """Empty keys and keys that are not text (a lone surrogate): pydantic cannot name them."""
+    for k, v in raw.items():
+        name = f"{prefix}{k}"
+        if isinstance(k, str) and (not k or not _is_text(k)):
+            raise ConfigError(f"{path}: key {name!r} is empty or not valid Unicode text")
+        if isinstance(v, dict):
+            _check_keys(v, path, f"{name}.")
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
