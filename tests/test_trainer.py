@@ -1,0 +1,40 @@
+"""The trainer: a non-finite step is skipped and leaves weights and optimizer state untouched."""
+
+from __future__ import annotations
+
+import torch
+
+from slipstream.config import TrainerConfig
+from slipstream.model.builtin import init_builtin
+from slipstream.train.trainer import Trainer
+from slipstream.types import FinishReason, Group, Prompt, Sample
+
+
+def _group(tok, advantages):
+    prompt = Prompt("p", "1+2=", "3")
+    ids = tok.encode(prompt.text)
+    samples = [
+        Sample("p", ids, [*tok.encode("3"), tok.eos_id], [-1.0, -1.0], [0, 0], FinishReason.STOP),
+        Sample("p", ids, [*tok.encode("4"), tok.eos_id], [-1.0, -1.0], [0, 0], FinishReason.STOP),
+    ]
+    return Group(prompt, samples, advantages_G=advantages)
+
+
+def test_non_finite_step_is_skipped_and_changes_nothing():
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(model, TrainerConfig(), temperature=1.0, pad_id=tok.pad_id)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    # a non-finite gradient (an overflow somewhere in backward), injected on one parameter
+    hook = model.model.norm.weight.register_hook(lambda g: g * float("nan"))
+    metrics = trainer.step([_group(tok, [1.0, -1.0])])
+    hook.remove()
+    assert metrics["train/skipped"] == 1.0 and trainer.skipped_steps == 1
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not trainer.opt.state  # AdamW moments never touched
+    # non-finite advantages are dropped token by token (algo.losses), not trained on
+    metrics = trainer.step([_group(tok, [float("inf"), float("nan")])])
+    assert metrics["train/nonfinite_tokens"] == 4.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    metrics = trainer.step([_group(tok, [1.0, -1.0])])
+    assert metrics["train/skipped"] == 0.0 and trainer.version == 3
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
