@@ -22,6 +22,7 @@ Training draws from the first `--pool` prompts of the task so that prompts recur
 a fixed dataset do: the pass-rate band and adaptive group sizes act on prompts they have seen.
 
 Run: python bench/algorithms.py [--steps 60] [--quick] [--out bench_out/algorithms.png]
+     [--only no_filters,zv+pass_rate_band] [--set filters.pass_rate_min_attempts=24]
 Prints a table, saves the plot and ends with one JSON line.
 """
 
@@ -202,7 +203,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every N steps")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--only", default="", help="comma-separated run names (default: all)")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated run names (default: all); e.g. no_filters,zv+pass_rate_band for "
+        "the filter comparison alone (its @same_tokens rerun follows when needed)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override for every run, after the shared ones (repeatable), e.g. "
+        "filters.pass_rate_min_attempts=24 to try another band",
+    )
     args = ap.parse_args(argv)
     if args.quick and args.steps == 60:
         args.steps = 12
@@ -222,7 +236,7 @@ def common_overrides(args: argparse.Namespace) -> list[str]:
     return [
         f"run.steps={args.steps}", f"run.seed={args.seed}", "run.threads=1", "run.quiet=true",
         "run.rollouts_per_step=0", f"eval.every={args.eval_every}", f"checkpoint.every={args.steps}",
-        f"task.max_train_prompts={pool}",
+        f"task.max_train_prompts={pool}", *args.set,
     ]  # fmt: skip
 
 

@@ -119,3 +119,15 @@ def test_tracker_state_round_trip() -> None:
     restored.load_state_dict(tracker.state_dict())
     assert restored.state_dict() == tracker.state_dict()
     assert restored.pass_rate("a") == 0.5 and len(restored) == 2
+
+
+def test_tracker_retry_after_re_admits_an_excluded_prompt() -> None:
+    tracker = PassRateTracker(retry_after=2)
+    tracker.update("h", [0.0] * 8)
+    assert [tracker.should_draw("h")[1] for _ in range(6)] == [filters.PASS_RATE_BAND] * 2 + [
+        "retry"
+    ] + [filters.PASS_RATE_BAND] * 2 + ["retry"]
+    tracker.update("h", [0.0] * 8)  # 0/16: still hopeless; a new group resets the skips
+    assert tracker.should_draw("h") == (False, filters.PASS_RATE_BAND)
+    with pytest.raises(ValueError, match="retry_after"):
+        PassRateTracker(retry_after=-1)

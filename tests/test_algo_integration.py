@@ -18,7 +18,7 @@ from slipstream.config import ConfigError, load_config
 from slipstream.engine import Completion, Request
 from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.replay import ReplayBuffer
-from slipstream.schedule.setup import Run
+from slipstream.schedule.setup import Run, make_pass_rate_tracker
 from slipstream.schedule.sync import train_sync
 from slipstream.tasks import RunningSums
 from slipstream.types import FinishReason, Group, Prompt
@@ -241,6 +241,36 @@ def test_pass_rate_band_spends_no_generation_on_mastered_or_hopeless_prompts():
         == {"pass_rate_band": run.counters["filters/prompts_skipped"]}
     )
     assert len(kept) == 3 and run.ledger.generated == 6
+
+
+def test_pass_rate_band_settings_come_from_the_config():
+    # Groups of 4 and min_attempts 8: e and h stay "unseen" for two groups, then the band
+    # excludes them; retry_after 1 draws an excluded prompt again after one skip.
+    prompts = [_prompt("e", *EASY), _prompt("m", *MIXED), _prompt("h", *HARD)]
+    run = _run(
+        prompts,
+        "filters.pass_rate_band=true",
+        "trainer.batch_prompts=3",
+        "filters.pass_rate_min_attempts=8",
+        "filters.pass_rate_retry_after=1",
+        "filters.pass_rate_ema_decay=0.5",
+    )
+    run.pass_rates = make_pass_rate_tracker(run.cfg)
+    t = run.pass_rates
+    assert (t.min_attempts, t.retry_after, t.ema_decay) == (8, 1, 0.5)
+    run.collect(3)
+    run.collect(3)
+    assert run.engine.prompts_generated() == ["e", "m", "h"] * 2  # 4 < 8 attempts: all drawn
+    run.collect(3)  # cycle e m h e m: e skipped, m, h skipped, e retried, m
+    assert run.engine.prompts_generated()[6:] == ["m", "e", "m"]
+    assert run.prompts_skipped == {"pass_rate_band": 2}
+
+
+def test_pass_rate_band_defaults():
+    f = load_config().filters
+    assert not f.pass_rate_band  # off unless asked for
+    t = make_pass_rate_tracker(load_config())
+    assert (t.min_attempts, t.retry_after, t.ema_decay) == (16, 0, None)
 
 
 # ---- adaptive group size -----------------------------------------------------------------------

@@ -23,6 +23,7 @@ class PromptRecord:
     passes: int = 0
     attempts: int = 0
     ema: float | None = None  # exponential moving average of per-group pass rates
+    skips: int = 0  # band skips since the last group (not checkpointed: restarts at 0)
 
     def rate(self, decay: float | None) -> float:
         if decay is not None and self.ema is not None:
@@ -37,7 +38,8 @@ class PassRateTracker:
     changes slowly relative to an epoch. With `ema_decay=a`, each new group's pass rate `q`
     moves the estimate `p <- a * p + (1 - a) * q`, so a prompt that the policy has since learned
     leaves the band sooner. A sample passes when its reward is at least `success_threshold`.
-    A prompt needs `min_attempts` scored samples before the band can exclude it.
+    A prompt needs `min_attempts` scored samples before the band can exclude it. With
+    `retry_after=N > 0`, an excluded prompt is drawn again after N skips since its last group.
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class PassRateTracker:
         success_threshold: float = 1.0,
         ema_decay: float | None = None,
         min_attempts: int = 1,
+        retry_after: int = 0,
     ) -> None:
         filters.in_pass_rate_band(0.5 * (low + high), low, high)  # validates the band
         if ema_decay is not None and not 0 <= ema_decay < 1:
@@ -57,7 +60,10 @@ class PassRateTracker:
         self.low, self.high = low, high
         self.success_threshold = success_threshold
         self.ema_decay = ema_decay
+        if retry_after < 0:
+            raise ValueError(f"retry_after must be >= 0, got {retry_after}")
         self.min_attempts = min_attempts
+        self.retry_after = retry_after
         self._records: dict[str, PromptRecord] = {}
 
     def update(self, prompt_id: str, rewards_G: Sequence[float]) -> None:
@@ -68,6 +74,7 @@ class PassRateTracker:
         rec = self._records.setdefault(prompt_id, PromptRecord())
         rec.passes += passes
         rec.attempts += len(rewards_G)
+        rec.skips = 0
         q = passes / len(rewards_G)
         if self.ema_decay is not None:
             rec.ema = q if rec.ema is None else self.ema_decay * rec.ema + (1 - self.ema_decay) * q
@@ -90,11 +97,19 @@ class PassRateTracker:
     def should_draw(self, prompt_id: str) -> tuple[bool, str]:
         """`(draw, reason)`: unseen or under-sampled prompts are always drawn (`"unseen"`),
         prompts in the band are drawn (`"in_band"`), others are skipped with reason
-        `filters.PASS_RATE_BAND`."""
+        `filters.PASS_RATE_BAND`; with `retry_after=N`, a prompt skipped N times since its last
+        group is drawn (`"retry"`). A skip is counted here, so call it once per draw."""
         rec = self._records.get(prompt_id)
         if rec is None or rec.attempts < self.min_attempts:
             return True, "unseen"
-        return filters.should_draw(rec.rate(self.ema_decay), self.low, self.high)
+        ok, reason = filters.should_draw(rec.rate(self.ema_decay), self.low, self.high)
+        if ok:
+            return ok, reason
+        if self.retry_after and rec.skips >= self.retry_after:
+            rec.skips = 0
+            return True, "retry"
+        rec.skips += 1
+        return ok, reason
 
     def __len__(self) -> int:
         return len(self._records)

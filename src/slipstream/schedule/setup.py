@@ -265,6 +265,15 @@ def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
     return max(len(tok.encode(p.text)) for p in prompts) + max_new
 
 
+def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
+    """The pass-rate tracker with the band settings of `cfg.filters`."""
+    f = cfg.filters
+    return PassRateTracker(
+        f.pass_rate_low, f.pass_rate_high, ema_decay=f.pass_rate_ema_decay,
+        min_attempts=f.pass_rate_min_attempts, retry_after=f.pass_rate_retry_after,
+    )
+
+
 def setup(cfg: Config) -> Run:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -293,7 +302,7 @@ def setup(cfg: Config) -> Run:
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
         view=view, heldout=heldout,
-        pass_rates=PassRateTracker(cfg.filters.pass_rate_low, cfg.filters.pass_rate_high),
+        pass_rates=make_pass_rate_tracker(cfg),
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
