@@ -36,22 +36,12 @@ from typing import Any, Protocol
 
 import torch
 
-from slipstream.algo.staleness import lag_stats
-from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
+from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.presets import ScheduleSpec
+from slipstream.schedule.step_stats import StepStats, group_lag
 from slipstream.schedule.tail import LengthModel
 from slipstream.types import Group, Prompt
-
-COUNTERS = (
-    "busy_s",
-    "weight_sync_s",
-    "tokens_generated",
-    "decode_steps",
-    "prefill_tokens",
-    "cancelled_tokens",
-    "aborted_tokens",
-)
 
 
 class Learner(Protocol):
@@ -111,20 +101,8 @@ class OrchestratorState:
     extra: int = 0
     need: int = 0  # continuous: arrivals the open window still takes
     unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
-    reports: dict[int, SamplerReport] = field(default_factory=dict)  # latest per sampler
     ready: set[int] = field(default_factory=set)
-    wasted_tokens: int = 0  # stale groups' tokens (cancelled/aborted: in reports)
-    t_start: float = 0.0
-    t_end: float = 0.0
     t_last_msg: float = 0.0
-    # the open step's accounting
-    t_step: float = 0.0
-    wait_s: float = 0.0
-    prev: dict[int, SamplerReport] = field(default_factory=dict)  # reports at the last record
-    first: dict[int, SamplerReport] = field(default_factory=dict)  # reports at start
-    wait_total: float = 0.0
-    lags: list[tuple[float, int, int]] = field(default_factory=list)  # (mean, max, tokens)
-    ess: list[tuple[float, float]] = field(default_factory=list)
 
 
 class Orchestrator:
@@ -143,6 +121,7 @@ class Orchestrator:
         self.health = health
         self.timeline = timeline
         self.state = OrchestratorState()
+        self.stats = StepStats()
         self.lengths = LengthModel()
         self.fixed = spec.batching == "fixed"
         self._wait_span: list[float] | None = None
@@ -165,10 +144,8 @@ class Orchestrator:
     def start(self) -> None:
         """Start the clocks and issue the first work (before the initial evaluation, so that
         samplers generate while the trainer evaluates)."""
-        st = self.state
-        st.t_start = st.t_step = st.t_last_msg = time.perf_counter()
-        st.first = dict(st.reports)
-        st.prev = dict(st.reports)
+        self.stats.start()
+        self.state.t_last_msg = self.stats.t_start
         self.issue()
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -188,7 +165,7 @@ class Orchestrator:
             t0 = time.perf_counter()
             msg = self.ch.groups.get(self.opts.poll_s)
             t1 = time.perf_counter()
-            st.wait_s += t1 - t0
+            self.stats.wait_s += t1 - t0
             self._waited(t0, t1)
             if msg is None:
                 if st.outstanding and t1 - st.t_last_msg > self.opts.stall_timeout_s:
@@ -204,7 +181,7 @@ class Orchestrator:
                 and (groups := self._complete_window()) is not None
             ):
                 self.close_window(groups)
-        st.t_end = time.perf_counter()
+        self.stats.t_end = time.perf_counter()
         self._waited(0.0, 0.0)  # flush the open wait interval
 
     # ---- issuing ------------------------------------------------------------------------------
@@ -269,7 +246,7 @@ class Orchestrator:
         if msg.kind == "error":
             raise RuntimeError(f"sampler {msg.sampler_id} failed:\n{msg.error}")
         if msg.report is not None:
-            st.reports[msg.sampler_id] = msg.report
+            self.stats.reports[msg.sampler_id] = msg.report
             for kind, t0, t1 in msg.report.intervals:
                 self._interval(f"sampler{msg.sampler_id}", kind, t0, t1)
         if msg.kind == "ready":
@@ -288,7 +265,7 @@ class Orchestrator:
         lag = self.learner.version - group.oldest_version
         if lag > self.spec.max_lag and self.opts.lag_policy != "keep":
             self.learner.ledger.stale += 1
-            st.wasted_tokens += group.num_tokens
+            self.stats.stale_tokens += group.num_tokens
             self._out_of_bound(req)
             return
         if self.fixed:
@@ -349,7 +326,7 @@ class Orchestrator:
             self.issue()
             return
         st.empty_in_row = 0
-        lag = _lag(kept, self.learner.version, self.spec.max_lag)
+        lag = group_lag(kept, self.learner.version, self.spec.max_lag)
         t0 = time.perf_counter()
         metrics = self.learner.train(kept)
         t1 = time.perf_counter()
@@ -359,85 +336,26 @@ class Orchestrator:
         self._interval("trainer", "train", t0, t1)
         self._interval("trainer", "weight_sync", t1, t2)
         self.issue()  # samplers get the next work before evaluation and checkpointing
-        record = self._record(groups, metrics, lag, t1 - t0, publish_s)
-        record["filters/extra_draws"] = extra
-        self.learner.after_step(record, groups)
-
-    def _record(
-        self,
-        groups: list[Group],
-        metrics: dict[str, Any],
-        lag: dict[str, Any],
-        t_train: float,
-        publish_s: float,
-    ) -> dict[str, Any]:
-        st = self.state
-        now = time.perf_counter()
-        step_s = now - st.t_step
-        d = _delta(st.reports, st.prev)
-        span = sum(st.reports[i].t - st.prev[i].t for i in st.reports if i in st.prev)
-        n = max(len(st.reports), 1)
-        lens = [s.num_tokens for g in groups for s in g.samples]
-        rewards = [s.reward for g in groups for s in g.samples]
-        trained = float(metrics.get("tokens/trained", 0.0))
-        busy = d["busy_s"] / span if span > 0 else 0.0
         record = {
             "step": self.learner.version,
             "version": self.learner.version,
-            "wall_s": now - st.t_start,
-            "step_time_s": step_s,
-            "reward_mean": sum(rewards) / max(len(rewards), 1),
-            **metrics,
-            **{f"staleness/{k}": v for k, v in lag.items()},
-            "staleness/mismatch_kl": metrics.get("train/approx_kl", 0.0),
-            "runtime/sampler_busy": busy,
-            "runtime/trainer_wait": st.wait_s / max(step_s, 1e-9),
-            "runtime/weight_sync_s": publish_s + d["weight_sync_s"] / n,
-            "runtime/weight_publish_s": publish_s,
+            **self.stats.record(groups, metrics, lag, t1 - t0, publish_s),
             "queue/depth": self.ch.groups.depth(),
             "queue/in_flight": len(st.outstanding),
-            "time/generate_s": d["busy_s"] / n,
-            "time/train_s": t_train,
-            "tokens/generated": d["tokens_generated"],
-            "tokens/trained": trained,
-            "tokens/wasted": st.wasted_tokens + d["cancelled_tokens"] + d["aborted_tokens"],
-            "tokens/cancelled": d["cancelled_tokens"],
-            "engine/tokens_per_s": d["tokens_generated"] / max(step_s, 1e-9),
-            "train/tokens_per_s": trained / max(t_train, 1e-9),
-            "engine/decode_steps": d["decode_steps"],
-            "engine/prefill_tokens": d["prefill_tokens"],
-            "completion_len_mean": sum(lens) / max(len(lens), 1),
-            "completion_len_max": max(lens, default=0),
-            "completion_lens": lens,
+            "filters/extra_draws": extra,
             **self.learner.ledger.flat(),
         }
-        st.lags.append((lag["lag_mean"], lag["lag_max"], sum(lens)))
-        st.ess.append(
-            (metrics.get("staleness/ess_token", 1.0), metrics.get("staleness/ess_seq", 1.0))
-        )
-        st.wait_total += st.wait_s
-        st.prev, st.t_step, st.wait_s, st.wasted_tokens = dict(st.reports), now, 0.0, 0
-        return record
+        self.learner.after_step(record, groups)
 
     def summary(self) -> dict[str, Any]:
         """Run-level staleness and utilisation (over the whole loop)."""
         st = self.state
-        d = _delta(st.reports, st.first)
-        span = sum(st.reports[i].t - st.first[i].t for i in st.reports if i in st.first)
-        wall = (st.t_end or time.perf_counter()) - st.t_start
-        toks = sum(t for *_, t in st.lags) or 1
         return {
             "schedule": self.spec.name,
-            "sampler_busy": d["busy_s"] / span if span > 0 else 0.0,
-            "trainer_wait": (st.wait_total + st.wait_s) / max(wall, 1e-9),
-            "lag_mean": sum(m * t for m, _, t in st.lags) / toks,
-            "lag_max": max((m for _, m, _ in st.lags), default=0),
-            "ess_token": sum(e for e, _ in st.ess) / max(len(st.ess), 1),
-            "ess_seq": sum(e for _, e in st.ess) / max(len(st.ess), 1),
+            **self.stats.summary(),
             "groups_issued": st.issued,
             "groups_unfinished": len(st.outstanding),
             "windows": st.windows,
-            "tokens_generated": d["tokens_generated"],
         }
 
     def leftover(self) -> int:
@@ -457,31 +375,8 @@ class Orchestrator:
 
     def _interval(self, actor: str, kind: str, t0: float, t1: float) -> None:
         if self.timeline is not None:
-            o = self.state.t_start
+            o = self.stats.t_start
             self.timeline.interval(actor, kind, max(t0 - o, 0.0), max(t1 - o, 0.0))
-
-
-def _lag(groups: list[Group], version: int, max_lag: int) -> dict[str, Any]:
-    rows = [s.versions_T for g in groups for s in g.samples if s.versions_T]
-    if not rows:
-        return {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
-    T = max(map(len, rows))
-    versions = torch.full((len(rows), T), version, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
-    for i, v in enumerate(rows):
-        versions[i, : len(v)] = torch.tensor(v)
-        mask[i, : len(v)] = True
-    out = lag_stats(versions, mask, version, num_bins=max_lag + 2)
-    return {"lag_mean": out["lag_mean"], "lag_max": out["lag_max"], "lag_hist": out["lag_hist"]}
-
-
-def _delta(now: dict[int, SamplerReport], before: dict[int, SamplerReport]) -> dict[str, float]:
-    out = dict.fromkeys(COUNTERS, 0.0)
-    for i, r in now.items():
-        b = before.get(i)
-        for k in COUNTERS:
-            out[k] += getattr(r, k) - (getattr(b, k) if b is not None else 0.0)
-    return out
 
 
 # ---- the local run ------------------------------------------------------------------------------
@@ -508,10 +403,10 @@ def train_async(cfg: Any) -> dict[str, Any]:
             run.view.log(f"schedule {orch.spec.name}: {rt.num_samplers} sampler process(es)")
             orch.wait_ready(cfg.runtime.startup_timeout_s)
             orch.start()
-            learner.t_start = run.timeline.origin = orch.state.t_start
+            learner.t_start = run.timeline.origin = orch.stats.t_start
             acc_start = learner.evaluate(0)
             orch.run()
-            wall = time.perf_counter() - orch.state.t_start
+            wall = time.perf_counter() - orch.stats.t_start
     except BaseException:
         run.view.close()  # leave the terminal clean; metrics written so far stay
         run.sink.close()
