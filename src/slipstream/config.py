@@ -257,6 +257,17 @@ class RuntimeConfig(_Section):
     """Fail if no group arrives for this long while groups are in flight."""
     shutdown_timeout_s: float = Field(10.0, gt=0.0)
     """Wait this long for samplers to exit before terminating them."""
+    max_restarts: int = Field(3, ge=0)
+    """A sampler that dies (killed, crashed) is restarted with the latest weights at most this
+    many times; its in-flight prompts are issued again and counted `lost` in the ledger."""
+    sampler_timeout_s: float = Field(300.0, gt=0.0)
+    """A sampler holding work that sends nothing (not even its counters, sent every 0.5 s
+    while busy) for this long is killed and restarted."""
+    chaos_kills: int = Field(0, ge=0)
+    """Fault injection, to test recovery on your own setup: SIGKILL a random sampler this many
+    times during the run, one every `chaos_every_s` seconds (set `max_restarts` to match)."""
+    chaos_every_s: float = Field(5.0, gt=0.0)
+    """Seconds between injected sampler kills."""
     defer_eval: bool = False
     """Snapshot the weights at evaluation steps and evaluate them after the run, so that
     evaluation takes no time from training (benchmarks: time to a target accuracy)."""

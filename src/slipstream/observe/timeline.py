@@ -21,10 +21,11 @@ from pathlib import Path
 
 from slipstream.observe.sinks import JsonlSink, SafeSink
 
-KINDS = ("generate", "train", "weight_sync", "eval", "wait")
-"""Interval kinds; all but `wait` count as busy."""
+KINDS = ("generate", "train", "weight_sync", "eval", "wait", "down")
+"""Interval kinds; all but `wait` and `down` (a dead sampler until its replacement is ready)
+count as busy."""
 
-BUSY_KINDS = frozenset(KINDS) - {"wait"}
+BUSY_KINDS = frozenset(KINDS) - {"wait", "down"}
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,25 @@ Every blocking call takes a timeout: nobody waits forever, so a stop request or 
 is noticed within one timeout. The local runtime implements these protocols with bounded
 multiprocessing queues and shared memory; a Ray runtime implements the same ones with actor
 queues and the object store, and the sampler and orchestrator code does not change.
+
+Each sampler has its own inbox. The trainer's end of the prompt channel is a `Router` over the
+inboxes: it sends each chunk to the least loaded sampler and remembers who holds which group,
+so that when a sampler dies the orchestrator knows exactly which requests to issue again.
+(A shared queue would not say which requests died with a sampler, and a process killed while
+holding a shared queue's lock or half-way through a write would wedge every other sampler.)
+
+A runtime (`Runtime`) starts the samplers, hosts the trainer's ends of the channels, and
+replaces a dead sampler: `check()` returns the ids it restarted since the last call, with a
+fresh inbox already in the router; the orchestrator then takes the dead one's requests back
+from the router (`Router.down`) and issues them again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -132,3 +144,80 @@ class Channels:
     weights: WeightChannel
     stop: StopFlag
     num_samplers: int = 1
+
+
+class Router:
+    """The trainer's end of the prompt channels: one inbox per sampler.
+
+    `put` sends a chunk whole to one sampler: the live one holding the fewest requests whose
+    inbox has room. `owner` maps each group id sent to its sampler until `done` (the group came
+    back); `down(i)` forgets sampler i's requests and returns their ids (the sampler died: they
+    must be issued again); a sampler is live again once `up(i)` (its replacement reported ready).
+    """
+
+    def __init__(self, inboxes: list[PromptChannel]) -> None:
+        self.inboxes = list(inboxes)
+        self.live = [True] * len(self.inboxes)
+        self.load = [0] * len(self.inboxes)
+        self.owner: dict[int, int] = {}
+
+    def put(self, requests: list[PromptRequest], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            # live samplers first, least loaded first; a restarting one's inbox still queues
+            order = sorted(range(len(self.inboxes)), key=lambda i: (not self.live[i], self.load[i]))
+            for i in order:
+                if self.inboxes[i].put(requests, timeout=0):
+                    for r in requests:
+                        self.owner[r.group_id] = i
+                    self.load[i] += len(requests)
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.005, max(deadline - time.monotonic(), 0.0)))
+
+    def done(self, group_id: int) -> None:
+        i = self.owner.pop(group_id, None)
+        if i is not None:
+            self.load[i] -= 1
+
+    def down(self, i: int) -> list[int]:
+        """Sampler `i` died: the ids of the groups it held (in its inbox or in flight)."""
+        self.live[i] = False
+        ids = sorted(g for g, o in self.owner.items() if o == i)
+        for g in ids:
+            del self.owner[g]
+        self.load[i] = 0
+        return ids
+
+    def up(self, i: int) -> None:
+        self.live[i] = True
+
+    def replace(self, i: int, inbox: PromptChannel) -> None:
+        """A restarted sampler's fresh inbox (the old one may hold a torn message)."""
+        self.inboxes[i] = inbox
+
+    def depth(self) -> int:
+        return sum(max(q.depth(), 0) for q in self.inboxes)
+
+
+class Runtime(Protocol):
+    """Hosts the samplers beside the trainer (local processes, Ray actors)."""
+
+    channels: Channels  # the trainer's ends: `prompts` is a `Router`
+    num_samplers: int
+
+    def start(self, factory: Callable[[int], Any]) -> None:
+        """Start one sampler per id; `factory(i)` builds the worker where it runs."""
+        ...
+
+    def check(self) -> list[int]:
+        """Ids of samplers found dead and restarted since the last call; raises when a sampler
+        cannot be restarted (restart budget spent)."""
+        ...
+
+    def kill(self, i: int) -> None:
+        """Kill sampler `i` as a crash would (chaos tests, a sampler that stopped answering)."""
+        ...
+
+    def shutdown(self) -> None: ...

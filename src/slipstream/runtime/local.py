@@ -2,13 +2,15 @@
 
 Processes are started with `spawn` (a clean interpreter: no forked torch thread pools or
 locks), each with its own torch thread count. Prompt requests and finished groups travel
-through bounded multiprocessing queues, weights through `SharedWeights`.
+through bounded multiprocessing queues, one pair per sampler (`channels` says why), weights
+through `SharedWeights`. A sampler that dies is replaced by `check()` (fresh queues, latest
+weights); the orchestrator issues its requests again.
 
 Shutdown has one path, `LocalRuntime.shutdown()`, used by a normal exit, an exception and
 Ctrl-C alike (the caller runs it in `finally`; `__exit__` does):
 
 1. set the stop event (every sampler loop checks it at least once per poll interval);
-2. drain both queues while the children exit, so none stays blocked in a `put`;
+2. drain the queues while the children exit, so none stays blocked in a `put`;
 3. join each child with a timeout; `terminate()`, then `kill()`, whatever is still alive;
 4. close the queues without waiting for their feeder threads.
 
@@ -24,15 +26,17 @@ import contextlib
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
 import torch.multiprocessing as mp
 
-from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage
+from slipstream.runtime.channels import Channels, PromptRequest, Router, SamplerMessage
 from slipstream.runtime.weights import SharedWeights
 
 
@@ -129,11 +133,78 @@ def _child_main(factory: WorkerFactory, sampler_id: int, channels: Channels, thr
         ch._q.cancel_join_thread()  # stopping: unread items may be dropped, never block exit
 
 
+class MergedGroups:
+    """The trainer's end of the group channels: one reader thread per sampler moves its
+    messages into one bounded in-process queue (`GroupChannel`).
+
+    Each sampler writes to its own queue, so a sampler killed half-way through a write can
+    only wedge its own reader, which is abandoned when the sampler is replaced."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._q: queue.Queue[SamplerMessage] = queue.Queue(maxsize)
+        self._readers: dict[int, tuple[threading.Thread, threading.Event]] = {}
+        self._closed = threading.Event()
+
+    def attach(self, i: int, source: QueueChannel) -> None:
+        """Read sampler `i`'s queue (replacing the reader of a previous incarnation)."""
+        last = threading.Event()
+        t = threading.Thread(
+            target=self._read, args=(source, last), name=f"slipstream-groups{i}", daemon=True
+        )
+        self._readers[i] = (t, last)
+        t.start()
+
+    def detach(self, i: int, timeout: float) -> None:
+        """Sampler `i` died: move what it managed to send, then drop its reader. A torn last
+        message blocks that reader forever; it is a daemon, abandoned after `timeout`."""
+        t, last = self._readers.pop(i)
+        last.set()
+        t.join(timeout)
+
+    def _read(self, source: QueueChannel, last: threading.Event) -> None:
+        while not self._closed.is_set():
+            m = source.get(0.1)
+            if m is None:
+                if last.is_set():
+                    return
+                continue
+            while not self._closed.is_set():
+                try:
+                    self._q.put(m, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+
+    def put(self, message: SamplerMessage, timeout: float) -> bool:  # the trainer never sends
+        raise TypeError("the trainer's end of the group channel is read-only")
+
+    def get(self, timeout: float) -> SamplerMessage | None:
+        try:
+            return self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait()
+        except queue.Empty:
+            return None
+
+    def depth(self) -> int:
+        return self._q.qsize()
+
+    def drain(self) -> int:
+        n = 0
+        while self.get(0) is not None:
+            n += 1
+        return n
+
+    def close(self) -> None:
+        self._closed.set()
+
+
 class LocalRuntime:
     """N sampler processes; `channels` is the trainer's end of the queues and weights.
 
     `params` shapes the weight channel (publish version 0 before `start`, so samplers begin
-    with the trainer's weights). `prompt_queue` and `group_queue` bound the two queues.
+    with the trainer's weights). `prompt_queue` bounds each sampler's inbox (in chunks),
+    `group_queue` the groups waiting for the trainer. A sampler that dies without reporting an
+    error (killed, crashed in C) is restarted with a fresh inbox, at most `max_restarts` times
+    each; it loads the latest weights from the weight channel as it starts.
     """
 
     def __init__(
@@ -144,45 +215,79 @@ class LocalRuntime:
         prompt_queue: int,
         group_queue: int,
         shutdown_timeout_s: float = 10.0,
+        max_restarts: int = 3,
     ) -> None:
         self.ctx = mp.get_context("spawn")
         self.num_samplers = num_samplers
         self.threads = threads_per_sampler
         self.shutdown_timeout_s = shutdown_timeout_s
+        self.max_restarts = max_restarts
+        self.prompt_queue, self.group_queue = prompt_queue, group_queue
+        self.inboxes = [QueueChannel(self.ctx.Queue(prompt_queue)) for _ in range(num_samplers)]
+        self.outboxes = [QueueChannel(self.ctx.Queue(group_queue)) for _ in range(num_samplers)]
+        self.merged = MergedGroups(group_queue)
         self.channels = Channels(
-            prompts=QueueChannel(self.ctx.Queue(prompt_queue)),
-            groups=QueueChannel(self.ctx.Queue(group_queue)),
+            prompts=Router(list(self.inboxes)),
+            groups=self.merged,
             weights=SharedWeights(params, self.ctx),
             stop=LocalStop(self.ctx.Event()),
             num_samplers=num_samplers,
         )
         self.procs: list[Any] = []
+        self.restarts = [0] * num_samplers
+        self.factory: WorkerFactory | None = None
         self._closed = False
 
+    def _spawn(self, i: int) -> Any:
+        ch = replace(self.channels, prompts=self.inboxes[i], groups=self.outboxes[i])
+        p = self.ctx.Process(
+            target=_child_main,
+            args=(self.factory, i, ch, self.threads),
+            name=f"slipstream-sampler{i}",
+            daemon=True,
+        )
+        p.start()
+        return p
+
     def start(self, factory: WorkerFactory) -> None:
+        self.factory = factory
         for i in range(self.num_samplers):
-            p = self.ctx.Process(
-                target=_child_main,
-                args=(factory, i, self.channels, self.threads),
-                name=f"slipstream-sampler{i}",
-                daemon=True,
-            )
-            p.start()
-            self.procs.append(p)
+            self.merged.attach(i, self.outboxes[i])
+            self.procs.append(self._spawn(i))
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid is not None]
 
-    def check(self) -> None:
-        """Raise if a sampler process died (its error message, if any, arrives separately)."""
+    def kill(self, i: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.procs[i].pid, signal.SIGKILL)
+
+    def check(self) -> list[int]:
+        """Restart samplers that died; the ids restarted. A sampler that reported an error
+        is not restarted here: its `error` message reaches the orchestrator, which stops."""
+        if self.channels.stop.is_set():
+            return []
+        restarted = []
         for i, p in enumerate(self.procs):
-            if p.exitcode is not None and not self.channels.stop.is_set():
-                why = ""
-                while (m := self.channels.groups.get(0.2)) is not None:
-                    if m.kind == "error":
-                        why = f":\n{m.error}"
-                        break
-                raise RuntimeError(f"sampler {i} (pid {p.pid}) exited with code {p.exitcode}{why}")
+            if p.exitcode is None:
+                continue
+            self.merged.detach(i, timeout=0.5)  # its last messages (an error?) go through
+            if self.restarts[i] >= self.max_restarts:
+                raise RuntimeError(
+                    f"sampler {i} (pid {p.pid}) exited with code {p.exitcode} and was already "
+                    f"restarted {self.restarts[i]} times (runtime.max_restarts)"
+                )
+            self.restarts[i] += 1
+            # fresh queues: the old ones may hold a torn message or a lock the dead one held
+            self.inboxes[i] = QueueChannel(self.ctx.Queue(self.prompt_queue))
+            self.outboxes[i] = QueueChannel(self.ctx.Queue(self.group_queue))
+            router = self.channels.prompts
+            assert isinstance(router, Router)
+            router.replace(i, self.inboxes[i])
+            self.merged.attach(i, self.outboxes[i])
+            self.procs[i] = self._spawn(i)
+            restarted.append(i)
+        return restarted
 
     def shutdown(self) -> None:
         """The one shutdown path (module docstring). Safe to call twice."""
@@ -191,12 +296,11 @@ class LocalRuntime:
         self._closed = True
         with _sigint_ignored():
             self.channels.stop.set()
-            prompts, groups = self.channels.prompts, self.channels.groups
-            assert isinstance(prompts, QueueChannel) and isinstance(groups, QueueChannel)
             deadline = time.monotonic() + self.shutdown_timeout_s
             while any(p.is_alive() for p in self.procs) and time.monotonic() < deadline:
-                groups.drain()
-                prompts.drain()
+                self.merged.drain()  # the readers keep emptying the samplers' queues
+                for q in self.inboxes:
+                    q.drain()
                 for p in self.procs:
                     p.join(timeout=0.05)
             for p in self.procs:
@@ -206,9 +310,10 @@ class LocalRuntime:
                 if p.is_alive():
                     p.kill()
                     p.join(timeout=2.0)
-            groups.drain()
-            prompts.close()
-            groups.close()
+            self.merged.close()
+            self.merged.drain()
+            for q in (*self.inboxes, *self.outboxes):
+                q.close()
 
     def __enter__(self) -> LocalRuntime:
         return self

@@ -23,11 +23,18 @@ dynamic sampling a window first waits for replacements of its filtered groups.
 On arrival a group's lag is `version - oldest token's version`. Beyond K the lag policy
 applies: `drop` (ledger: stale), `abort` (the sampler already cut most; the rest are dropped),
 or `keep` (trained; the loss's importance ratios against the behaviour log-probs correct it).
+
+A sampler that dies takes the requests it held with it: the runtime restarts it, the router
+says which requests it held, the ledger counts each as `lost`, and each is issued again as a
+new request (same prompt, seeds and batch), so no window waits forever and no group is
+trained twice (a group of a lost request that still arrives is dropped). A sampler that holds
+work and sends nothing for `sampler_timeout_s` is killed and treated the same way.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,7 +43,7 @@ from typing import Any, Protocol
 
 import torch
 
-from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage
+from slipstream.runtime.channels import Channels, PromptRequest, Router, SamplerMessage
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.presets import ScheduleSpec
 from slipstream.schedule.step_stats import StepStats, group_lag
@@ -78,6 +85,10 @@ class Options:
     poll_s: float = 0.05
     stall_timeout_s: float = 600.0
     max_empty_windows: int = 20
+    sampler_timeout_s: float = 300.0  # a sampler holding work and silent this long is killed
+    chaos_kills: int = 0  # fault injection: kill a random sampler this many times...
+    chaos_every_s: float = 5.0  # ...one every this many seconds (of the loop)
+    chaos_seed: int = 0
     dynamic_sampling: bool = False  # DAPO: refill a window's filtered groups with new draws
     max_extra_draws: int = 32
 
@@ -101,6 +112,9 @@ class OrchestratorState:
     extra: int = 0
     need: int = 0  # continuous: arrivals the open window still takes
     unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
+    reissue: deque[PromptRequest] = field(default_factory=deque)  # lost with a sampler, not resent
+    lost_ids: set[int] = field(default_factory=set)  # requests given up with a dead sampler
+    heard: dict[int, float] = field(default_factory=dict)  # sampler id -> last message time
     ready: set[int] = field(default_factory=set)
     t_last_msg: float = 0.0
 
@@ -116,9 +130,13 @@ class Orchestrator:
         channels: Channels,
         health: Callable[[], None] = lambda: None,
         timeline: Any = None,
+        runtime: Any = None,
     ) -> None:
         self.spec, self.opts, self.learner, self.ch = spec, opts, learner, channels
         self.health = health
+        self.runtime = runtime  # `channels.Runtime`: restarts dead samplers (None: no restarts)
+        p = channels.prompts
+        self.router = p if isinstance(p, Router) else Router([p])
         self.timeline = timeline
         self.state = OrchestratorState()
         self.stats = StepStats()
@@ -136,6 +154,7 @@ class Orchestrator:
                 self.receive(msg)
             else:
                 self.health()
+                self.recover()
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"samplers not ready after {timeout:.0f}s ({len(self.state.ready)} ready)"
@@ -156,11 +175,20 @@ class Orchestrator:
         Produces: prompt requests (as admission allows), one optimizer step and one weight
         publish per window with informative groups, one record per step (`after_step`).
         Waits for: groups, when no window is complete (`runtime/trainer_wait`).
-        Unblocked by: a sampler finishing a group; a dead sampler or a stall raises.
+        Unblocked by: a sampler finishing a group; a dead sampler is restarted and its work
+        issued again; a stall raises.
         """
         st = self.state
+        chaos = random.Random(self.opts.chaos_seed)
+        next_kill = self.stats.t_start + self.opts.chaos_every_s
         while self.learner.version < self.opts.steps:
-            self.health()  # a stop request or a dead sampler surfaces here, between messages
+            self.health()  # a stop request surfaces here, between messages
+            if self.stats.kills < self.opts.chaos_kills and time.perf_counter() > next_kill:
+                assert self.runtime is not None, "fault injection needs a runtime"
+                self.runtime.kill(chaos.randrange(self.ch.num_samplers))
+                self.stats.kills += 1
+                next_kill = time.perf_counter() + self.opts.chaos_every_s
+            self.recover()
             self.issue()
             t0 = time.perf_counter()
             msg = self.ch.groups.get(self.opts.poll_s)
@@ -168,6 +196,7 @@ class Orchestrator:
             self.stats.wait_s += t1 - t0
             self._waited(t0, t1)
             if msg is None:
+                self._check_silent(t1)
                 if st.outstanding and t1 - st.t_last_msg > self.opts.stall_timeout_s:
                     raise TimeoutError(
                         f"no group from the samplers for {self.opts.stall_timeout_s:.0f}s "
@@ -191,6 +220,10 @@ class Orchestrator:
         left = self.opts.steps - self.learner.version  # steps still to train
         if left <= 0:
             return
+        while st.reissue:  # requests lost with a dead sampler come first
+            if not self.router.put([st.reissue[0]], timeout=0):
+                return
+            st.reissue.popleft()
         if self.fixed:
             while st.batches_issued < st.windows + min(K + 1, left):
                 st.batches_issued += 1
@@ -201,18 +234,18 @@ class Orchestrator:
                 if st.issued - st.out_of_bound - st.consumed >= min(K + 1, left) * B:
                     return
                 st.unsent = self._request(*self._next(1)[0], batch=-1)
-            if not self.ch.prompts.put([st.unsent], timeout=0):
+            if not self.router.put([st.unsent], timeout=0):
                 return  # queue full: sent after the next message
             st.unsent = None
 
     def _issue_batch(self, b: int, items: list[tuple[Prompt, int]]) -> None:
         """Fixed batching: batch `b` (or dynamic-sampling draws for it) in one chunk per sampler."""
         reqs = [self._request(p, g, batch=b) for p, g in items]
-        n = self.ch.num_samplers
+        n = sum(self.router.live) or 1
         for chunk in filter(
             None, (reqs[i * len(reqs) // n : (i + 1) * len(reqs) // n] for i in range(n))
         ):
-            if not self.ch.prompts.put(chunk, timeout=self.opts.stall_timeout_s):
+            if not self.router.put(chunk, timeout=self.opts.stall_timeout_s):
                 raise TimeoutError("prompt queue full: samplers are not taking work")
         self.state.batch_left[b] = self.state.batch_left.get(b, 0) + len(reqs)
 
@@ -245,16 +278,28 @@ class Orchestrator:
         st = self.state
         if msg.kind == "error":
             raise RuntimeError(f"sampler {msg.sampler_id} failed:\n{msg.error}")
-        if msg.report is not None:
-            self.stats.reports[msg.sampler_id] = msg.report
-            for kind, t0, t1 in msg.report.intervals:
+        if msg.report is None or self.stats.add_report(msg.report):  # else: a dead incarnation's
+            for kind, t0, t1 in msg.report.intervals if msg.report else ():
                 self._interval(f"sampler{msg.sampler_id}", kind, t0, t1)
-        if msg.kind == "ready":
-            st.ready.add(msg.sampler_id)
+            now = st.heard[msg.sampler_id] = time.perf_counter()
+            if msg.kind == "ready":
+                st.ready.add(msg.sampler_id)
+                self.router.up(msg.sampler_id)
+                if msg.sampler_id in self.stats.dead_at:
+                    t_dead = self.stats.dead_at[msg.sampler_id]
+                    self._interval(f"sampler{msg.sampler_id}", "down", t_dead, now)
+                self.stats.sampler_back(msg.sampler_id, now)
         if msg.kind not in ("group", "aborted"):
             return
         assert msg.request is not None and msg.group is not None
-        req = st.outstanding.pop(msg.request.group_id)
+        gid = msg.request.group_id
+        if gid in st.lost_ids:  # sent just before its sampler was declared dead: counted lost
+            st.lost_ids.discard(gid)
+            self.stats.late_groups += 1
+            return
+        self.router.done(gid)
+        req = st.outstanding.pop(gid)
+        self.stats.delivered_group(msg.sampler_id, msg.group)
         self.learner.ledger.generated += 1
         if msg.kind == "aborted":
             self.learner.ledger.aborted += 1
@@ -273,6 +318,46 @@ class Orchestrator:
             st.batch_left[req.batch] -= 1
         else:
             st.window.append((req.group_id, group))
+
+    # ---- failures -------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Take back the requests of samplers the runtime restarted and issue them again."""
+        if self.runtime is None:
+            return
+        for i in self.runtime.check():
+            self.sampler_lost(i)
+
+    def sampler_lost(self, i: int) -> None:
+        """Sampler `i` died: its requests are lost (ledger) and issued again, each as a new
+        request for the same prompt, seeds and batch."""
+        st, now = self.state, time.perf_counter()
+        st.ready.discard(i)
+        st.heard.pop(i, None)
+        self.stats.sampler_died(i, now)
+        for gid in self.router.down(i):
+            req = st.outstanding.pop(gid)
+            st.lost_ids.add(gid)
+            self.learner.ledger.generated += 1
+            self.learner.ledger.lost += 1
+            again = PromptRequest(
+                st.issued, req.prompt, req.seeds, req.group_size, self.learner.version, req.batch
+            )
+            st.issued += 1
+            st.outstanding[again.group_id] = again
+            st.reissue.append(again)
+            if not self.fixed:
+                st.out_of_bound += 1  # the new request takes the lost one's place in the bound
+
+    def _check_silent(self, now: float) -> None:
+        """Kill a sampler that holds work and has sent nothing for `sampler_timeout_s` (its
+        restart then goes through `recover`)."""
+        if self.runtime is None:
+            return
+        for i, t in list(self.state.heard.items()):
+            if self.router.load[i] > 0 and now - t > self.opts.sampler_timeout_s:
+                self.state.heard.pop(i)
+                self.stats.hung += 1
+                self.runtime.kill(i)
 
     def _out_of_bound(self, req: PromptRequest) -> None:
         if self.fixed:
@@ -326,6 +411,7 @@ class Orchestrator:
             self.issue()
             return
         st.empty_in_row = 0
+        self.stats.trained_keys(kept)
         lag = group_lag(kept, self.learner.version, self.spec.max_lag)
         t0 = time.perf_counter()
         metrics = self.learner.train(kept)
@@ -391,11 +477,7 @@ def train_async(cfg: Any) -> dict[str, Any]:
     run, rt, learner, orch, sampler = _build(cfg)
     signals = Interrupts()
 
-    def health() -> None:
-        signals.raise_if_requested()
-        rt.check()
-
-    orch.health = health
+    orch.health = signals.raise_if_requested
     try:
         with signals.catch():
             rt.channels.weights.publish(dict(run.model.named_parameters()), run.trainer.version)
@@ -418,7 +500,9 @@ def train_async(cfg: Any) -> dict[str, Any]:
         (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
     learner.evaluate_deferred()
     curve = sorted(learner.curve, key=lambda c: c["step"])
-    run.info.update(orch.summary(), heldout_curve=curve, runtime="local", sampler_pids=rt.pids())
+    run.info.update(
+        orch.summary(), heldout_curve=curve, runtime="local", sampler_pids=rt.pids(), samplers=rt.num_samplers
+    )
     acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
     return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
 
@@ -443,6 +527,7 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
         prompt_queue=(spec.max_lag + 2) * B + rc.num_samplers,
         group_queue=rc.queue_size or 2 * B,
         shutdown_timeout_s=rc.shutdown_timeout_s,
+        max_restarts=rc.max_restarts,
     )
     learner = RunLearner(run, rc.defer_eval, run.timeline)
     f = cfg.filters
@@ -457,8 +542,12 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
         rc.stall_timeout_s,
         dynamic_sampling=f.dynamic_sampling,
         max_extra_draws=f.max_extra_draws,
+        sampler_timeout_s=rc.sampler_timeout_s,
+        chaos_kills=rc.chaos_kills,
+        chaos_every_s=rc.chaos_every_s,
+        chaos_seed=cfg.run.seed,
     )
-    orch = Orchestrator(spec, opts, learner, rt.channels, rt.check, run.timeline)
+    orch = Orchestrator(spec, opts, learner, rt.channels, timeline=run.timeline, runtime=rt)
     dtype = run.model.lm_head.weight.dtype
     slots = rc.sampler_slots or B * (G + r)
     sampler = SamplerSpec(cfg, run.model.config, dtype, run.tok, spec, slots, run.engine.max_len)

@@ -6,12 +6,17 @@ the change since the previous step record, so nothing is lost when a sampler rep
 samplers (so it never exceeds 1); `runtime/trainer_wait` is the share of the step the trainer
 spent blocked on the group queue. Clocks are `time.perf_counter()`, the system-wide monotonic
 clock on Linux, so the trainer's and the samplers' readings compare.
+
+A restarted sampler counts from zero again; its reports are offset by what the dead one had
+reported, so the counters stay cumulative per sampler id. Reports from a dead incarnation
+(told apart by their `t_ready`) are ignored. Tokens a dead sampler had generated for groups it
+never delivered are `lost_tokens` (as of its last report: a lower bound).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -72,6 +77,59 @@ class StepStats:
     first: dict[int, SamplerReport] = field(default_factory=dict)  # at the start
     lags: list[tuple[float, int, int]] = field(default_factory=list)  # (mean, max, tokens)
     ess: list[tuple[float, float]] = field(default_factory=list)  # (token, sequence)
+    # failures
+    offset: dict[int, dict[str, float]] = field(default_factory=dict)  # dead incarnations' counters
+    dead_at: dict[int, float] = field(default_factory=dict)  # sampler id -> last death seen
+    delivered: dict[int, int] = field(default_factory=dict)  # tokens of groups received
+    lost_by: dict[int, int] = field(default_factory=dict)  # tokens lost, per sampler
+    restarts: int = 0
+    hung: int = 0  # samplers killed for holding work in silence
+    late_groups: int = 0  # groups of lost requests that arrived anyway (dropped)
+    downtime_s: float = 0.0  # death seen -> replacement ready, summed
+    kills: int = 0  # fault injection (runtime.chaos_kills)
+    trained_twice: int = 0  # groups whose (prompt, seeds) was already trained: must stay 0
+    _trained: set[tuple[str, tuple[int, ...]]] = field(default_factory=set)
+
+    def trained_keys(self, groups: list[Group]) -> None:
+        """Remember what is trained, by prompt and sample seeds (one draw's identity)."""
+        for g in groups:
+            key = (g.prompt.id, tuple(sorted(-1 if s.seed is None else s.seed for s in g.samples)))
+            self.trained_twice += key in self._trained
+            self._trained.add(key)
+
+    def add_report(self, r: SamplerReport) -> bool:
+        """Take a sampler's report; False if it comes from a dead incarnation."""
+        i = r.sampler_id
+        if r.t_ready <= self.dead_at.get(i, float("-inf")):
+            return False
+        off = self.offset.get(i)
+        self.reports[i] = replace(r, **{k: getattr(r, k) + off[k] for k in COUNTERS}) if off else r
+        return True
+
+    def delivered_group(self, sampler_id: int, group: Group) -> None:
+        self.delivered[sampler_id] = self.delivered.get(sampler_id, 0) + group.num_tokens
+
+    def sampler_died(self, i: int, now: float) -> int:
+        """Close sampler i's incarnation; the tokens it had generated and not delivered."""
+        self.restarts += 1
+        self.dead_at[i] = now
+        r = self.reports.get(i)
+        if r is None:
+            return 0
+        self.offset[i] = {k: float(getattr(r, k)) for k in COUNTERS}
+        accounted = self.delivered.get(i, 0) + r.cancelled_tokens + r.aborted_tokens
+        lost = max(int(r.tokens_generated - accounted - self.lost_by.get(i, 0)), 0)
+        self.lost_by[i] = self.lost_by.get(i, 0) + lost
+        return lost
+
+    def sampler_back(self, i: int, now: float) -> None:
+        """Sampler i's replacement reported ready."""
+        if i in self.dead_at:
+            self.downtime_s += max(now - self.dead_at[i], 0.0)
+
+    @property
+    def lost_tokens(self) -> int:
+        return sum(self.lost_by.values())
 
     def start(self) -> None:
         self.t_start = self.t_step = time.perf_counter()
@@ -141,4 +199,38 @@ class StepStats:
             "ess_token": sum(e for e, _ in self.ess) / max(len(self.ess), 1),
             "ess_seq": sum(e for _, e in self.ess) / max(len(self.ess), 1),
             "tokens_generated": d["tokens_generated"],
+            "busy_s": d["busy_s"],
+            "sampler_restarts": self.restarts,
+            "samplers_hung": self.hung,
+            "tokens_lost": self.lost_tokens,
+            "late_groups": self.late_groups,
+            "restart_downtime_s": self.downtime_s,
+            "chaos_kills": self.kills,
+            "groups_trained_twice": self.trained_twice,
         }
+
+
+def goodput(records: list[dict[str, Any]], wall_s: float, samplers: int, lost_tokens: int = 0) -> dict[str, float]:
+    """Useful time over wall time, from a run's step records.
+
+    Useful is the trainer's optimizer steps plus the samplers' generation that reached the
+    trainer as training data: generating time scaled by the share of generated tokens not
+    wasted (filtered, stale, cancelled, aborted, lost to a failure). The denominator is the
+    wall time of every actor: the trainer and `samplers` sampler processes, or one process
+    doing both in the in-process loop (`samplers = 0`). Idle time (a sampler waiting for
+    weights, a trainer waiting for groups) is not useful, so sync runs score low on it too.
+    """
+    train_s = sum(r.get("time/train_s", 0.0) for r in records)
+    gen_s = sum(r.get("time/generate_s", 0.0) for r in records) * max(samplers, 1)
+    generated = sum(r.get("tokens/generated", 0) for r in records)
+    wasted = sum(r.get("tokens/wasted", 0) for r in records) + lost_tokens
+    useful_share = 1.0 - min(wasted / generated, 1.0) if generated else 0.0
+    useful_s = train_s + gen_s * useful_share
+    actor_s = wall_s * (samplers + 1 if samplers else 1)
+    return {
+        "goodput": useful_s / actor_s if actor_s > 0 else 0.0,
+        "useful_s": useful_s,
+        "actor_s": actor_s,
+        "tokens_wasted": wasted,
+        "tokens_lost": lost_tokens,
+    }

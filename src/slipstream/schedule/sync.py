@@ -19,6 +19,7 @@ import torch
 
 from slipstream.config import Config, ConfigError
 from slipstream.schedule.setup import COUNTERS, Run, setup
+from slipstream.schedule.step_stats import goodput
 from slipstream.train.checkpoint import (
     list_checkpoints,
     load_trainer_state,
@@ -191,10 +192,26 @@ def restore(run: Run, ckpt: Path) -> dict[str, Any]:
     return state
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The step records of a metrics.jsonl (a torn last line skipped)."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            out.append(rec)
+    return out
+
+
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
     run.view.close()
     run.sink.close()
     run.timeline.close()
+    samplers = run.info.get("samplers", 0)
+    records = read_records(run.dir / "metrics.jsonl")
+    good = goodput(records, wall, samplers, run.info.get("tokens_lost", 0))
     summary = {
         "heldout_acc_start": acc_start,
         "heldout_acc_end": acc_end,
@@ -204,11 +221,13 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
         "ledger": run.ledger.as_dict(),
         "prompts_skipped": dict(run.prompts_skipped),
         **run.info,
+        **good,
     }
     (run.dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
+    lost = f", {run.ledger.lost} groups ({good['tokens_lost']} tokens) lost to failures" if run.ledger.lost else ""
     run.view.log(
         f"done: {summary['steps']} steps in {wall:.0f}s; held-out accuracy {acc_start:.3f} -> {acc_end:.3f}; "
-        f"ledger {run.ledger.as_dict()}"
+        f"goodput {good['goodput']:.0%}{lost}; ledger {run.ledger.as_dict()}"
     )
     return summary
