@@ -62,6 +62,7 @@ class SamplerReport:
     prefill_tokens: int = 0
     cancelled_tokens: int = 0  # tokens of redundant members cancelled once G had finished
     aborted_tokens: int = 0  # tokens of groups aborted for staleness
+    taken: int = 0  # prompt requests taken from its inbox (it had started them)
     version: int = 0  # the weights version the sampler generates with
     # closed (kind, t0, t1) intervals since the previous report, for the timeline
     intervals: list[tuple[str, float, float]] = field(default_factory=list)
@@ -151,8 +152,10 @@ class Router:
 
     `put` sends a chunk whole to one sampler: the live one holding the fewest requests whose
     inbox has room. `owner` maps each group id sent to its sampler until `done` (the group came
-    back); `down(i)` forgets sampler i's requests and returns their ids (the sampler died: they
-    must be issued again); a sampler is live again once `up(i)` (its replacement reported ready).
+    back); `down(i)` forgets sampler i's requests and returns their ids in the order they were
+    sent (the sampler died: they must be issued again; an inbox is first in, first out, so a
+    sampler that reported taking n requests had started the first n); a sampler is live again
+    once `up(i)` (its replacement reported ready).
     """
 
     def __init__(self, inboxes: list[PromptChannel]) -> None:
@@ -160,6 +163,7 @@ class Router:
         self.live = [True] * len(self.inboxes)
         self.load = [0] * len(self.inboxes)
         self.owner: dict[int, int] = {}
+        self.sent: list[list[int]] = [[] for _ in self.inboxes]  # per inbox, in put order
 
     def put(self, requests: list[PromptRequest], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -170,6 +174,7 @@ class Router:
                 if self.inboxes[i].put(requests, timeout=0):
                     for r in requests:
                         self.owner[r.group_id] = i
+                        self.sent[i].append(r.group_id)
                     self.load[i] += len(requests)
                     return True
             if time.monotonic() >= deadline:
@@ -181,14 +186,17 @@ class Router:
         if i is not None:
             self.load[i] -= 1
 
-    def down(self, i: int) -> list[int]:
-        """Sampler `i` died: the ids of the groups it held (in its inbox or in flight)."""
+    def down(self, i: int, taken: int = 0) -> tuple[list[int], list[int]]:
+        """Sampler `i` died having taken `taken` requests from its inbox: the ids of the groups
+        it held, as (started, still queued), each in the order sent."""
         self.live[i] = False
-        ids = sorted(g for g, o in self.owner.items() if o == i)
-        for g in ids:
+        started = set(self.sent[i][:taken])
+        held = [g for g in self.sent[i] if self.owner.get(g) == i]
+        for g in held:
             del self.owner[g]
         self.load[i] = 0
-        return ids
+        self.sent[i] = []
+        return [g for g in held if g in started], [g for g in held if g not in started]
 
     def up(self, i: int) -> None:
         self.live[i] = True

@@ -112,7 +112,7 @@ class OrchestratorState:
     extra: int = 0
     need: int = 0  # continuous: arrivals the open window still takes
     unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
-    reissue: deque[PromptRequest] = field(default_factory=deque)  # lost with a sampler, not resent
+    reissue: deque[list[PromptRequest]] = field(default_factory=deque)  # chunks to send again
     lost_ids: set[int] = field(default_factory=set)  # requests given up with a dead sampler
     heard: dict[int, float] = field(default_factory=dict)  # sampler id -> last message time
     ready: set[int] = field(default_factory=set)
@@ -205,13 +205,16 @@ class Orchestrator:
                 continue
             st.t_last_msg = t1
             self.receive(msg)
-            while (
-                self.learner.version < self.opts.steps
-                and (groups := self._complete_window()) is not None
-            ):
-                self.close_window(groups)
+            self._close_ready_windows()
         self.stats.t_end = time.perf_counter()
         self._waited(0.0, 0.0)  # flush the open wait interval
+
+    def _close_ready_windows(self) -> None:
+        while (
+            self.learner.version < self.opts.steps
+            and (groups := self._complete_window()) is not None
+        ):
+            self.close_window(groups)
 
     # ---- issuing ------------------------------------------------------------------------------
     def issue(self) -> None:
@@ -220,8 +223,8 @@ class Orchestrator:
         left = self.opts.steps - self.learner.version  # steps still to train
         if left <= 0:
             return
-        while st.reissue:  # requests lost with a dead sampler come first
-            if not self.router.put([st.reissue[0]], timeout=0):
+        while st.reissue:  # requests of a dead sampler come first
+            if not self.router.put(st.reissue[0], timeout=0):
                 return
             st.reissue.popleft()
         if self.fixed:
@@ -293,7 +296,7 @@ class Orchestrator:
             return
         assert msg.request is not None and msg.group is not None
         gid = msg.request.group_id
-        if gid in st.lost_ids:  # sent just before its sampler was declared dead: counted lost
+        if gid in st.lost_ids or gid not in st.outstanding:  # its sampler was declared dead
             st.lost_ids.discard(gid)
             self.stats.late_groups += 1
             return
@@ -324,29 +327,45 @@ class Orchestrator:
         """Take back the requests of samplers the runtime restarted and issue them again."""
         if self.runtime is None:
             return
-        for i in self.runtime.check():
+        dead = self.runtime.check()
+        if not dead:
+            return
+        # first every message already here (the dead one's last groups and counters among them)
+        while (msg := self.ch.groups.get(0)) is not None:
+            self.receive(msg)
+        for i in dead:
             self.sampler_lost(i)
+        self._close_ready_windows()
 
     def sampler_lost(self, i: int) -> None:
-        """Sampler `i` died: its requests are lost (ledger) and issued again, each as a new
-        request for the same prompt, seeds and batch."""
+        """Sampler `i` died. Requests it had started are lost (ledger) and issued again, each
+        as a new request for the same prompt, seeds and batch; those still in its inbox are
+        sent again as they were."""
         st, now = self.state, time.perf_counter()
         st.ready.discard(i)
         st.heard.pop(i, None)
+        report = self.stats.reports.get(i)
         self.stats.sampler_died(i, now)
-        for gid in self.router.down(i):
+        started, queued = self.router.down(i, report.taken if report else 0)
+        again: list[PromptRequest] = [st.outstanding[gid] for gid in queued]
+        for gid in started:
             req = st.outstanding.pop(gid)
             st.lost_ids.add(gid)
             self.learner.ledger.generated += 1
             self.learner.ledger.lost += 1
-            again = PromptRequest(
+            new = PromptRequest(
                 st.issued, req.prompt, req.seeds, req.group_size, self.learner.version, req.batch
             )
             st.issued += 1
-            st.outstanding[again.group_id] = again
-            st.reissue.append(again)
+            st.outstanding[new.group_id] = new
+            again.append(new)
             if not self.fixed:
                 st.out_of_bound += 1  # the new request takes the lost one's place in the bound
+        if self.fixed:  # a fixed batch's requests travel as one chunk: a sampler runs it whole
+            for b in sorted({r.batch for r in again}):
+                st.reissue.append(sorted((r for r in again if r.batch == b), key=lambda r: r.group_id))
+        else:
+            st.reissue.extend([r] for r in sorted(again, key=lambda r: r.group_id))
 
     def _check_silent(self, now: float) -> None:
         """Kill a sampler that holds work and has sent nothing for `sampler_timeout_s` (its

@@ -34,6 +34,7 @@ from slipstream.model import CausalLM, ModelConfig, Tokenizer
 from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
 from slipstream.schedule.presets import ScheduleSpec
 from slipstream.tasks.base import Task
+from slipstream.tasks.guard import score_completions
 from slipstream.types import Group, Prompt, Sample
 
 STATS_EVERY_S = 0.5  # a busy sampler reports its counters at least this often
@@ -42,10 +43,10 @@ STATS_EVERY_S = 0.5  # a busy sampler reports its counters at least this often
 def score_group(
     tok: Tokenizer, task: Task, prompt: Prompt, completions: list[Completion], sampler_id: int = 0
 ) -> Group:
-    """Decode and verify each completion; the group's samples in member order."""
+    """Decode and verify each completion (one reward round trip); samples in member order."""
+    texts = [tok.decode(c.tokens) for c in completions]
     samples = []
-    for c in completions:
-        text = tok.decode(c.tokens)
+    for c, text, v in zip(completions, texts, score_completions(task, prompt, texts)):
         samples.append(
             Sample(
                 prompt.id,
@@ -55,7 +56,8 @@ def score_group(
                 c.versions,
                 c.finish_reason,
                 completion_text=text,
-                reward=float(task.reward(prompt, text)),
+                reward=v.reward,
+                reward_error=v.error,
                 sampler_id=sampler_id,
                 seed=c.request.seed,
                 t_start=c.t_start,
@@ -172,6 +174,7 @@ class SamplerWorker:
             self._admit(chunk)
 
     def _admit(self, chunk: list[PromptRequest]) -> None:
+        self.state.report.taken += len(chunk)
         for req in chunk:
             self.state.groups[req.group_id] = _Member(req)
             ids = self.tok.encode(req.prompt.text)
