@@ -45,6 +45,8 @@ def save_checkpoint(
     """Write `checkpoints/step_NNNNNN` atomically and delete all but the newest `keep`."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob(".tmp-*"):  # a write that a crash interrupted (one writer per run)
+        shutil.rmtree(stale, ignore_errors=True)
     final = root / f"{PREFIX}{step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     try:
