@@ -219,6 +219,31 @@ def test_weight_update_copies_into_existing_storage():
         engine.load_weights({}, 8)
 
 
+def test_engine_follows_in_place_updates_of_a_shared_model():
+    """The engine's packed weight copies follow the model it shares with a trainer: an
+    optimizer step is seen by the next step; a write the version counter misses (`.data`) is
+    seen once `engine.version` changes, as the schedules set it after each step."""
+    model, target = _model(0), _model(1)
+    engine = _engine(model, slots=3)
+    reqs = [Request(p, SamplingParams(0.0, max_new_tokens=8)) for p in _prompts(3, seed=5)]
+
+    def check() -> None:
+        for c in engine.generate(reqs):
+            assert c.tokens == _greedy_reference(model, c.request.prompt_tokens, 8)
+
+    check()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for p, t in zip(model.parameters(), target.parameters()):
+        p.grad = p.detach() - t.detach()  # one step of lr 1/2 lands halfway to `target`
+    opt.step()
+    check()
+    with torch.no_grad():
+        for p, t in zip(model.parameters(), target.parameters()):
+            p.data.copy_(t)  # bypasses the version counter
+    engine.version += 1
+    check()
+
+
 @pytest.mark.parametrize("kv_mode", ["keep", "recompute"])
 def test_versions_switch_mid_sequence(kv_mode):
     model, new = _model(0), _model(1)

@@ -54,9 +54,9 @@ from slipstream.engine.forward import (
     decode_part,
     forward,
     make_plan,
-    model_weights,
     prefill_part,
 )
+from slipstream.engine.packed import PackedWeights
 from slipstream.engine.sampling import Sampled, sample
 from slipstream.engine.stats import EngineStats
 from slipstream.model.llama import CausalLM
@@ -174,6 +174,7 @@ class Engine:
         self.cache = SlotKV(model.config, num_slots, max_len, p.dtype, p.device)
         self.slots: list[_Slot | None] = [None] * num_slots
         self.waiting: deque[Request] = deque()
+        self._weights = PackedWeights(model, max_len)  # see load_weights
         self.version = version
         self.kv_mode: KVMode = kv_mode
         self.refill = refill
@@ -184,7 +185,6 @@ class Engine:
         self._lock = threading.Lock()
         self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
         self._params = dict(model.named_parameters())
-        self._weights = model_weights(model)  # by reference: see load_weights
         # Per-slot decode state as tensors, so a decode step reads a range of them as views
         # instead of building its inputs from Python lists. Free slots hold position 0.
         dev = p.device
@@ -221,15 +221,29 @@ class Engine:
         return not self.waiting and self._num_active == 0
 
     # ---- weights --------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The policy version stamped on sampled tokens. Setting a new one (as the schedules
+        do after an optimizer step on a model they share with the engine) also makes the next
+        step re-read the model's parameters."""
+        return self._version
+
+    @version.setter
+    def version(self, v: int) -> None:
+        if v != getattr(self, "_version", v):
+            self._weights.mark_stale()
+        self._version = v
+
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Hand over new weights; they take effect at the start of the next `step()`.
 
         `state` maps parameter names to tensors of the same shapes (a state dict); the engine
         keeps a reference until it copies, so the caller must not modify those tensors until
         then. A newer hand-over before the next step replaces an older one. The engine reads
-        the model's parameters by reference: updating them in place (as this does, or as an
-        optimizer step on a shared model does) is seen at once; replacing a parameter object
-        is not, and needs a new engine.
+        model's parameters through packed copies (engine.packed) that each step refreshes when
+        the parameters were updated in place (as this does, or as an optimizer step on a shared
+        model does) or `version` changed; replacing a parameter object is not seen, and needs a
+        new engine.
         """
         missing = [n for n, p in self._params.items() if n not in state]
         if missing:
@@ -254,8 +268,9 @@ class Engine:
         with torch.no_grad():
             for name, p in self._params.items():
                 p.copy_(state[name])  # into existing storage: no reallocation, no re-pinning
-        t1 = time.perf_counter()
         self.version = version
+        self._weights.sync()  # the packed copies follow
+        t1 = time.perf_counter()
         live = [i for i, s in enumerate(self.slots) if s is not None]
         if self.kv_mode == "recompute" and live:
             # AReaL: re-prefill each in-flight prefix under the new weights. The last sampled
@@ -275,6 +290,7 @@ class Engine:
         """Apply pending weights; refill and admit; one forward that decodes every live slot and
         prefills the admitted prompts; sample. Returns the requests that finished."""
         self._apply_weights()
+        self._weights.sync()  # no-op unless the model changed in place since the last step
         live = [i for i, s in enumerate(self.slots) if s is not None]
         dec = self._decode_rows(live) if live else None
         admitted = self._admit()

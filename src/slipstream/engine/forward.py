@@ -3,8 +3,9 @@
 `CausalLM.forward(..., cache=KVCache)` serves any ragged batch, but pays for that generality on
 every decode step: it gathers each row's keys and values out of the cache (`ck[slots, :span]`),
 repeats them per query head, pads every row to the longest and computes logits at every
-position. This module runs the same layers on the model's own parameter tensors (read at each
-call, so an in-place weight update is seen at once) and differs where generation needs it:
+position. This module runs the same layers on packed copies of the model's weights
+(engine.packed: fused q/k/v and gate/up, transposed, refreshed when the model changes) and
+differs where generation needs it:
 
 - the cache is `[S + 1, kv_heads, L, head_dim]` per layer, so the keys of a contiguous range of
   slots up to `span` are a strided *view* that attention reads in place; a sparse set of slots
@@ -18,19 +19,21 @@ call, so an in-place weight update is seen at once) and differs where generation
   axis (`[R, kv_heads, heads_per_kv * T, head_dim]`): keys and values are never repeated;
 - the LM head runs only at the tokens whose next token is sampled.
 
-The arithmetic of each layer is the model's, so the engine's log-probs equal the trainer's
+The arithmetic of each layer is the model's up to the order of float additions (fused products,
+residuals added inside the product), so the engine's log-probs equal the trainer's
 recomputation (tests/test_engine.py holds that at 1e-5, for Llama, Qwen2 and Qwen3 shapes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from slipstream.model.llama import CausalLM, DecoderLayer, ModelConfig, RMSNorm
+from slipstream.engine.packed import PackedWeights
+from slipstream.model.llama import ModelConfig, RMSNorm
 
 
 class SlotKV:
@@ -44,9 +47,7 @@ class SlotKV:
         n = cfg.num_hidden_layers
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
-        # writes go through flat views `[(S + 1) * kv_heads * L, head_dim]`: one index_copy_
-        self.k_flat = [t.view(-1, cfg.head_dim) for t in self.k]
-        self.v_flat = [t.view(-1, cfg.head_dim) for t in self.v]
+        self.heads = torch.arange(cfg.num_key_value_heads, device=device)[None, :]  # [1, kv]
         self.num_slots, self.max_len, self.kv_heads = num_slots, max_len, cfg.num_key_value_heads
         self.scratch = num_slots
 
@@ -70,7 +71,8 @@ class Plan:
 
     ids: torch.Tensor  # [N] token ids, parts concatenated
     positions: torch.Tensor  # [N]
-    write_at: torch.Tensor  # [N * kv_heads] flat cache index of each token's key/value
+    # where each token's key/value goes: slot `[N, 1]`, head `[1, kv]`, position `[N, 1]`
+    write_at: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     parts: list[Part]
     out_index: torch.Tensor | None  # [M] tokens whose next-token logits are wanted; None: none
 
@@ -120,72 +122,8 @@ def make_plan(
     """Join parts (each from `decode_part` / `prefill_part`) over the flat token ids `[N]`."""
     slot = torch.cat([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
     pos = torch.cat([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
-    H, L = cache.kv_heads, cache.max_len
-    heads = torch.arange(H, device=ids.device)
-    write_at = ((slot[:, None] * H + heads[None, :]) * L + pos[:, None]).reshape(-1)
+    write_at = (slot[:, None], cache.heads, pos[:, None])
     return Plan(ids, pos, write_at, [p[0] for p in parts], out_index)
-
-
-class LayerWeights(NamedTuple):
-    """One decoder layer's parameter tensors (the model's own: no copies)."""
-
-    attn_norm: RMSNorm
-    q: tuple[torch.Tensor, torch.Tensor | None]
-    k: tuple[torch.Tensor, torch.Tensor | None]
-    v: tuple[torch.Tensor, torch.Tensor | None]
-    o: tuple[torch.Tensor, torch.Tensor | None]
-    q_norm: RMSNorm | None
-    k_norm: RMSNorm | None
-    mlp_norm: RMSNorm
-    gate: tuple[torch.Tensor, torch.Tensor | None]
-    up: tuple[torch.Tensor, torch.Tensor | None]
-    down: tuple[torch.Tensor, torch.Tensor | None]
-
-
-class Weights(NamedTuple):
-    """References to a `CausalLM`'s parameters, gathered once: a decode step of a small model
-    would otherwise spend a tenth of its time in `nn.Module.__getattr__`. Valid as long as the
-    parameters are updated in place (an optimizer step, `Engine.load_weights`), not replaced."""
-
-    cfg: ModelConfig
-    embed: torch.Tensor
-    inv_freq: torch.Tensor
-    layers: list[LayerWeights]
-    norm: RMSNorm
-    lm_head: torch.Tensor
-
-
-def model_weights(model: CausalLM) -> Weights:
-    def lin(m: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return m.weight, m.bias
-
-    layers = []
-    for layer in model.model.layers:
-        assert isinstance(layer, DecoderLayer)
-        a, mlp = layer.self_attn, layer.mlp
-        layers.append(
-            LayerWeights(
-                layer.input_layernorm,
-                lin(a.q_proj),
-                lin(a.k_proj),
-                lin(a.v_proj),
-                lin(a.o_proj),
-                getattr(a, "q_norm", None),
-                getattr(a, "k_norm", None),
-                layer.post_attention_layernorm,
-                lin(mlp.gate_proj),
-                lin(mlp.up_proj),
-                lin(mlp.down_proj),
-            )
-        )
-    return Weights(
-        model.config,
-        model.model.embed_tokens.weight,
-        cast(torch.Tensor, model.inv_freq),
-        layers,
-        model.model.norm,
-        model.lm_head.weight,
-    )
 
 
 def _norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -196,45 +134,50 @@ def _norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
     return norm(x)
 
 
+def _matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
+
+
 @torch.no_grad()
-def forward(w: Weights, cache: SlotKV, plan: Plan) -> torch.Tensor | None:
+def forward(w: PackedWeights, cache: SlotKV, plan: Plan) -> torch.Tensor | None:
     """Write the plan's keys/values into the cache; logits `[M, V]` at `plan.out_index`."""
     cfg = w.cfg
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     assert hd is not None
-    rep, N = nh // nkv, plan.ids.shape[0]
-    freqs = plan.positions[:, None].float() * w.inv_freq  # [N, hd/2]
-    emb = torch.cat((freqs, freqs), dim=-1)
+    rep, N, nqk = nh // nkv, plan.ids.shape[0], (nh + nkv) * hd
     x = F.embedding(plan.ids, w.embed)
-    # rotate_half(x) * sin == roll(x, hd/2) * (sin with its first half negated)
-    sign = torch.ones(hd, dtype=x.dtype, device=x.device)
-    sign[: hd // 2] = -1
-    cos, sin = emb.cos().to(x.dtype)[:, None], (emb.sin().to(x.dtype) * sign)[:, None]
+    cos = w.cos.index_select(0, plan.positions)[:, None]  # [N, 1, hd]
+    sin = w.sin.index_select(0, plan.positions)[:, None]
     masks = [p.mask if p.T == 1 or rep == 1 else p.mask.repeat(1, 1, rep, 1) for p in plan.parts]
     for i, lw in enumerate(w.layers):
-        h = _norm(lw.attn_norm, x)
-        q = F.linear(h, *lw.q).view(N, nh, hd)
-        k = F.linear(h, *lw.k).view(N, nkv, hd)
-        v = F.linear(h, *lw.v).view(N, nkv, hd)
+        qkv = _matmul(_norm(lw.attn_norm, x), lw.qkv, lw.qkv_bias)  # [N, (nh + 2 nkv) hd]
+        qk = qkv[:, :nqk].view(N, nh + nkv, hd)
         if lw.q_norm is not None and lw.k_norm is not None:
-            q, k = _norm(lw.q_norm, q), _norm(lw.k_norm, k)
-        q = torch.addcmul(q * cos, q.roll(hd // 2, -1), sin)
-        k = torch.addcmul(k * cos, k.roll(hd // 2, -1), sin)
+            qk = torch.cat((_norm(lw.q_norm, qk[:, :nh]), _norm(lw.k_norm, qk[:, nh:])), 1)
+        qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # rope on q and k at once
+        q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nqk:].view(N, nkv, hd)
         ck_all, cv_all = cache.k[i], cache.v[i]
-        cache.k_flat[i].index_copy_(0, plan.write_at, k.reshape(-1, hd).to(ck_all.dtype))
-        cache.v_flat[i].index_copy_(0, plan.write_at, v.reshape(-1, hd).to(cv_all.dtype))
+        # one indexed write per tensor, straight from the strided views (no reshape copies)
+        ck_all.index_put_(plan.write_at, k.to(ck_all.dtype))
+        cv_all.index_put_(plan.write_at, v.to(cv_all.dtype))
         outs, off = [], 0
         for part, mask in zip(plan.parts, masks):
             outs.append(_attend(part, mask, q[off : off + part.n_tokens], ck_all, cv_all, rep))
             off += part.n_tokens
         o = torch.cat(outs) if len(outs) > 1 else outs[0]
-        x = x + F.linear(o, *lw.o)
-        h = _norm(lw.mlp_norm, x)
-        x = x + F.linear(F.silu(F.linear(h, *lw.gate)) * F.linear(h, *lw.up), *lw.down)
+        x = torch.addmm(x, o, lw.o)  # the residual add folded into the product
+        if lw.o_bias is not None:
+            x = x + lw.o_bias
+        gu = _matmul(_norm(lw.mlp_norm, x), lw.gate_up, lw.gate_up_bias)
+        inter = gu.shape[1] // 2
+        act = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
+        x = torch.addmm(x, act, lw.down)
+        if lw.down_bias is not None:
+            x = x + lw.down_bias
     if plan.out_index is None:
         return None
     x = x.index_select(0, plan.out_index)  # only the sampled positions reach the LM head
-    return F.linear(_norm(w.norm, x), w.lm_head)
+    return torch.mm(_norm(w.norm, x), w.lm_head)
 
 
 def _attend(
