@@ -239,7 +239,7 @@ class Engine:
 
         `state` maps parameter names to tensors of the same shapes (a state dict); the engine
         keeps a reference until it copies, so the caller must not modify those tensors until
-        then. A newer hand-over before the next step replaces an older one. The engine reads
+        then. A newer hand-over before the next step replaces an older one. The engine reads the
         model's parameters through packed copies (engine.packed) that each step refreshes when
         the parameters were updated in place (as this does, or as an optimizer step on a shared
         model does) or `version` changed; replacing a parameter object is not seen, and needs a
