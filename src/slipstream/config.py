@@ -71,6 +71,20 @@ class TaskConfig(_Section):
     """`math_verify` (math answers compared by the math-verify library), `exact` (string
     equality after stripping), or a Python reward function `module:function` or
     `path/to/file.py:function` taking (prompt: Prompt, completion: str) -> float."""
+    reward_isolation: Literal["auto", "process", "inline"] = "auto"
+    """Where the reward runs. `process`: in a worker subprocess, so a reward that hangs, spins in C
+    or crashes the interpreter costs one sample (its worker is killed and replaced), not the run;
+    one round trip per group. `inline`: in the sampler itself, no IPC and no timeout. `auto`:
+    `process` for your own `module:function` / `file.py:function`, `inline` for the built-in task,
+    `exact` and `math_verify`."""
+    reward_timeout_s: float = Field(10.0, gt=0.0)
+    """Longest a reward may take on one completion, in isolation `process`; past it the worker
+    is killed and the sample counts as a `timeout` error."""
+    reward_errors: Literal["zero", "fail"] = "zero"
+    """A reward that raises, returns NaN, inf or a non-number, times out or crashes its worker:
+    `zero` scores the sample 0 and counts it (metrics `reward/errors_raised`, `_invalid`,
+    `_timeout`, `_crashed`); `fail` stops the run with an error naming the reward, the prompt
+    and what happened."""
     prompt_template: str = "{prompt}"
     """How a row's prompt becomes the model's input text (`{prompt}` is replaced)."""
     max_train_prompts: int | None = Field(None, ge=1)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # annotations only: reward worker processes import this module without torch
+    import torch
 
 
 class FinishReason(StrEnum):
@@ -54,6 +55,8 @@ class Sample:
     # Wall-clock seconds: when the prompt was admitted and when the sample finished.
     t_start: float = 0.0
     t_end: float = 0.0
+    # why the verifier failed on this sample, which then scored 0 (tasks.guard.ERRORS); "" if it did not
+    reward_error: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.completion_tokens)

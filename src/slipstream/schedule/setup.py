@@ -25,7 +25,16 @@ from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.replay import ReplayBuffer
-from slipstream.tasks import JsonlTask, PromptSource, RunningSums, Task, load_reward
+from slipstream.tasks import JsonlTask, PromptSource, RunningSums, Task
+from slipstream.tasks.guard import (
+    ERRORS,
+    GuardedTask,
+    Isolation,
+    RewardGuard,
+    score_completions,
+    unguarded,
+)
+from slipstream.tasks.jsonl import BUILTIN_REWARDS
 from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start
 from slipstream.types import FinishReason, Group, Prompt, Sample
@@ -38,6 +47,9 @@ COUNTERS = (
     "filters/overlong_masked",  # truncated samples taken out of their group (overlong = mask)
     "filters/extra_draws",  # prompts drawn beyond B by dynamic sampling
     "filters/prompts_skipped",  # prompts the pass-rate band did not draw (nothing generated)
+    # samples whose reward raised, was not a finite number, timed out or crashed its worker, and
+    # were scored 0 (tasks.guard); counted as groups are settled, so every runtime reports them
+    *(f"reward/errors_{kind}" for kind in ERRORS),
 )
 
 
@@ -141,13 +153,13 @@ class Run:
         return groups, kept
 
     def score(self, prompt: Prompt, completions: list[Any]) -> Group:
+        texts = [self.tok.decode(c.tokens) for c in completions]
         samples = []
-        for c in completions:
-            text = self.tok.decode(c.tokens)
+        for c, text, v in zip(completions, texts, score_completions(self.task, prompt, texts)):
             samples.append(Sample(
                 prompt.id, c.request.prompt_tokens, c.tokens, c.logp, c.versions, c.finish_reason,
-                completion_text=text, reward=float(self.task.reward(prompt, text)), seed=c.request.seed,
-                t_start=c.t_start, t_end=c.t_end,
+                completion_text=text, reward=v.reward, seed=c.request.seed,
+                t_start=c.t_start, t_end=c.t_end, reward_error=v.error,
             ))
         self.ledger.generated += 1
         return Group(prompt, samples)
@@ -171,6 +183,7 @@ class Run:
         """
         kept = []
         for g in groups:
+            self.counters.update(f"reward/errors_{s.reward_error}" for s in g.samples if s.reward_error)
             self.pass_rates.update(g.prompt.id, g.rewards_G)
             if self.replay is not None:
                 self.replay.add(g)
@@ -230,20 +243,28 @@ def make_run_dir(cfg: Config) -> Path:
     return path
 
 
-def build_task(cfg: Config) -> Task:
-    if cfg.task.kind == "builtin":
-        return RunningSums()
-    assert cfg.task.path is not None
-    return JsonlTask(
-        cfg.task.path, load_reward(cfg.task.reward), cfg.task.heldout_path,
-        cfg.task.heldout_fraction, cfg.task.prompt_template, seed=cfg.run.seed,
-    )
+def build_task(cfg: Config) -> GuardedTask:
+    """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
+    t = cfg.task
+    trusted = t.kind == "builtin" or t.reward in BUILTIN_REWARDS  # inline under `auto`
+    isolation: Isolation = "inline" if trusted else "process"
+    if t.reward_isolation != "auto":
+        isolation = t.reward_isolation
+    if t.kind == "builtin":
+        task = RunningSums()
+        return GuardedTask(task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors))
+    assert t.path is not None
+    guard = RewardGuard(t.reward, isolation, t.reward_timeout_s, t.reward_errors)
+    return GuardedTask(JsonlTask(
+        t.path, guard, t.heldout_path, t.heldout_fraction, t.prompt_template, seed=cfg.run.seed,
+    ), guard)
 
 
 def build_model(cfg: Config, task: Task, view: ProgressView) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
     if cfg.model.path:
         return load_pretrained(cfg.model.path), load_tokenizer(cfg.model.path), {}
-    assert isinstance(task, RunningSums), "the built-in model only knows the built-in task"
+    builtin = unguarded(task)
+    assert isinstance(builtin, RunningSums), "the built-in model only knows the built-in task"
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     max_new = cfg.sampling.max_new_tokens
 
@@ -256,7 +277,7 @@ def build_model(cfg: Config, task: Task, view: ProgressView) -> tuple[CausalLM, 
             view.log(f"warm start: step {step} loss {loss:.3f} held-out acc {acc:.3f}")
 
     view.log("warm start of the built-in model (cached after the first run)...")
-    model, tok, info = warm_start(task, cfg.warmstart, cfg.run.seed, evaluate, report)
+    model, tok, info = warm_start(builtin, cfg.warmstart, cfg.run.seed, evaluate, report)
     view.log(f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}")
     return model, tok, {"warmstart": info}
 
