@@ -9,29 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from slipstream.cli import main
-from slipstream.config import load_config
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.schedule.sync import train_sync
 from slipstream.train.checkpoint import load_trainer_state
-
-TIMING = ("wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy")  # as in test_spine
-
-
-def _tiny_cfg(tmp_path, name, *extra):
-    return load_config(None, [
-        f'run.dir="{tmp_path / name}"', "run.steps=4", "run.quiet=true", "run.threads=1", "run.seed=7",
-        "trainer.batch_prompts=4", "sampling.group_size=4", "eval.every=2", "eval.num_prompts=16",
-        "warmstart.max_steps=30", "warmstart.target_acc=0.99", f'warmstart.cache_dir="{tmp_path / "cache"}"',
-        "filters.zero_variance=false", "checkpoint.every=2", *extra,
-    ])
-
-
-def _steady(records):
-    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
-
-
-def _read(path):
-    return [json.loads(x) for x in path.read_text().splitlines()]
+from tiny import read_jsonl, steady, tiny_cfg
 
 
 class Killed(Exception):
@@ -45,7 +26,7 @@ def _weights(run_dir, step):
 @pytest.mark.slow
 def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch):
     steps = ("replay.enabled=true",)  # replay: its buffer and rng must be restored too
-    whole = train_sync(_tiny_cfg(tmp_path, "whole", *steps))
+    whole = train_sync(tiny_cfg(tmp_path, "whole", *steps, steps=4))
 
     write = RolloutWriter.write
 
@@ -56,15 +37,15 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch):
 
     monkeypatch.setattr(RolloutWriter, "write", die_after_step_3)
     with pytest.raises(Killed):
-        train_sync(_tiny_cfg(tmp_path, "broken", *steps))
+        train_sync(tiny_cfg(tmp_path, "broken", *steps, steps=4))
     monkeypatch.undo()
     broken = tmp_path / "broken"
-    assert [r["step"] for r in _read(broken / "metrics.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in read_jsonl(broken / "metrics.jsonl")] == [1, 2, 3]
 
     assert main(["train", "--resume", str(broken)]) == 0
-    a, b = _read(tmp_path / "whole" / "metrics.jsonl"), _read(broken / "metrics.jsonl")
+    a, b = read_jsonl(tmp_path / "whole" / "metrics.jsonl"), read_jsonl(broken / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2, 3, 4]
-    assert _steady(a) == _steady(b)
+    assert steady(a) == steady(b)
     wa, wb = _weights(tmp_path / "whole", 4), _weights(broken, 4)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     summary = json.loads((broken / "summary.json").read_text())

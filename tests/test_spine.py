@@ -15,8 +15,7 @@ from slipstream.schedule.sync import train_sync
 from slipstream.tasks import RunningSums
 from slipstream.train.batch import collate, token_logprobs
 from slipstream.types import FinishReason, Sample
-
-TIMING = ("wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy")
+from tiny import read_jsonl, steady, tiny_cfg
 
 
 def _random_model():
@@ -49,43 +48,29 @@ def test_engine_logprobs_equal_trainer_recompute(temperature):
     torch.testing.assert_close(logp[mask], batch.behavior_logp[mask], atol=1e-5, rtol=0)
 
 
-def _tiny_cfg(tmp_path, name, *extra):
-    return load_config(None, [
-        f'run.dir="{tmp_path / name}"', "run.steps=3", "run.quiet=true", "run.threads=1",
-        "trainer.batch_prompts=4", "sampling.group_size=4", "eval.every=2", "eval.num_prompts=16",
-        "warmstart.max_steps=30", "warmstart.target_acc=0.99", f'warmstart.cache_dir="{tmp_path / "cache"}"',
-        "filters.zero_variance=false", "checkpoint.every=2", *extra,
-    ])
 
-
-def _steady(records):
-    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
-
-
-def _read(path):
-    return [json.loads(x) for x in path.read_text().splitlines()]
 
 
 @pytest.mark.slow
 def test_same_seed_same_metrics(tmp_path):
-    a = train_sync(_tiny_cfg(tmp_path, "a"))
-    b = train_sync(_tiny_cfg(tmp_path, "b"))
-    ma, mb = _read(tmp_path / "a" / "metrics.jsonl"), _read(tmp_path / "b" / "metrics.jsonl")
+    a = train_sync(tiny_cfg(tmp_path, "a"))
+    b = train_sync(tiny_cfg(tmp_path, "b"))
+    ma, mb = read_jsonl(tmp_path / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl")
     assert len(ma) == 3
-    assert _steady(ma) == _steady(mb)
+    assert steady(ma) == steady(mb)
     assert a["heldout_acc_end"] == b["heldout_acc_end"]
-    c = train_sync(_tiny_cfg(tmp_path, "c", "run.seed=5"))
-    assert _steady(_read(tmp_path / "c" / "metrics.jsonl")) != _steady(ma)
+    c = train_sync(tiny_cfg(tmp_path, "c", "run.seed=5"))
+    assert steady(read_jsonl(tmp_path / "c" / "metrics.jsonl")) != steady(ma)
     assert c["steps"] == 3
 
 
 @pytest.mark.slow
 def test_run_folder_is_complete(tmp_path):
-    summary = train_sync(_tiny_cfg(tmp_path, "r"))
+    summary = train_sync(tiny_cfg(tmp_path, "r"))
     run = tmp_path / "r"
     cfg = tomllib.loads((run / "config.toml").read_text())
     assert cfg["trainer"]["batch_prompts"] == 4
-    records = _read(run / "metrics.jsonl")
+    records = read_jsonl(run / "metrics.jsonl")
     for key in ("step", "reward_mean", "step_time_s", "train/loss", "train/clip_frac", "train/entropy",
                 "train/grad_norm", "engine/tokens_per_s"):
         assert all(key in r for r in records), key

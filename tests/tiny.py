@@ -1,0 +1,30 @@
+"""Shared test helpers: the tiny built-in run both the spine and the resume tests train."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from slipstream.config import Config, load_config
+
+TIMING = ("wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy", "goodput")
+
+
+def tiny_cfg(tmp_path: Path, name: str, *extra: str, steps: int = 3) -> Config:
+    """The built-in task at 4 prompts x 4 samples, a 30-step warm start cached under tmp_path."""
+    return load_config(None, [
+        f'run.dir="{tmp_path / name}"', f"run.steps={steps}", "run.quiet=true", "run.threads=1",
+        "trainer.batch_prompts=4", "sampling.group_size=4", "eval.every=2", "eval.num_prompts=16",
+        "warmstart.max_steps=30", "warmstart.target_acc=0.99", f'warmstart.cache_dir="{tmp_path / "cache"}"',
+        "filters.zero_variance=false", "checkpoint.every=2", *extra,
+    ])  # fmt: skip
+
+
+def steady(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records without their timings (which differ between two runs of the same trajectory)."""
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
