@@ -43,6 +43,9 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch):
     assert [r["step"] for r in read_jsonl(broken / "metrics.jsonl")] == [1, 2, 3]
 
     assert main(["train", "--resume", str(broken)]) == 0
+    # the killed run's step-3 rollouts were dropped with its record: each step shows once
+    marks = [line for line in (broken / "rollouts.txt").read_text().splitlines() if line.startswith("#####")]
+    assert marks == [f"##### step {i} #####" for i in (1, 2, 3, 4)]
     a, b = read_jsonl(tmp_path / "whole" / "metrics.jsonl"), read_jsonl(broken / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     assert steady(a) == steady(b)

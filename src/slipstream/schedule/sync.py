@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from slipstream.config import Config, ConfigError
+from slipstream.observe.rollouts import STEP_MARK
 from slipstream.schedule.setup import COUNTERS, Run, setup
 from slipstream.schedule.step_stats import goodput
 from slipstream.train.checkpoint import (
@@ -34,7 +35,7 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
     newest complete checkpoint (the same trajectory as an unbroken run, bit for bit)."""
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
     if ckpt is not None:
-        truncate_metrics(Path(cfg.run.dir or ".") / "metrics.jsonl", int(ckpt.name.removeprefix("step_")))
+        rewind(ckpt)
     run = setup(cfg)
     saved = restore(run, ckpt) if ckpt is not None else {}
     t_start = time.perf_counter() - saved.get("wall_s", 0.0)
@@ -146,6 +147,30 @@ def latest_checkpoint(run_dir: str | Path | None) -> Path:
     if not ckpts:
         raise ConfigError(f"{run_dir}: no checkpoint to resume from (expected checkpoints/step_NNNNNN)")
     return ckpts[-1]
+
+
+def rewind(ckpt: Path) -> None:
+    """Before resuming from `ckpt`: drop what the killed run wrote after it (metrics records,
+    rollouts and timeline intervals of later steps), so the resumed run does not repeat them."""
+    run_dir, step = ckpt.parent.parent, int(ckpt.name.removeprefix("step_"))
+    truncate_metrics(run_dir / "metrics.jsonl", step)
+    rollouts = run_dir / "rollouts.txt"
+    if rollouts.exists():
+        text = rollouts.read_text(encoding="utf-8")
+        cut = text.find(f"{STEP_MARK}{step + 1} ")
+        if cut >= 0:
+            rollouts.write_text(text[:cut], encoding="utf-8")
+    wall = json.loads((ckpt / "state.json").read_text()).get("wall_s")
+    timeline = run_dir / "timeline.jsonl"
+    if wall is not None and timeline.exists():
+        keep = []
+        for line in timeline.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["t0"] <= wall:
+                    keep.append(line + "\n")
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line
+        timeline.write_text("".join(keep), encoding="utf-8")
 
 
 def truncate_metrics(path: Path, step: int) -> None:
