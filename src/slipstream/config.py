@@ -249,11 +249,35 @@ class ScheduleConfig(_Section):
 
 
 class RuntimeConfig(_Section):
-    kind: Literal["inprocess", "local"] = "inprocess"
+    kind: Literal["inprocess", "local", "ray"] = "inprocess"
     """`inprocess`: the synchronous loop in one process (schedule `sync`; the other schedules
-    always run on `local`). `local`: one trainer process and `num_samplers` sampler processes."""
+    always run on `local`). `local`: one trainer process and `num_samplers` sampler processes.
+    `ray`: the same trainer and samplers as Ray actors, on this machine or a cluster."""
+    address: str | None = None
+    """Ray only: the cluster to join (`auto`: the one `ray start` runs on this node,
+    `HOST:6379`, `ray://HOST:10001`). None starts a private Ray on this machine (all its cores,
+    no dashboard, loopback only) and stops it after the run."""
+    weight_transport: Literal["object_store", "broadcast"] = "object_store"
+    """Ray only: how published weights reach the samplers. `object_store`: one `ray.put` per
+    publish, each sampler fetches the latest when it loads. `broadcast`: a torch.distributed
+    broadcast from the trainer (rank 0) to every sampler (gloo on CPU, NCCL with CUDA); the
+    first weights, a restarted sampler and every publish after a sampler died go through the
+    object store (a broadcast group cannot take a new member)."""
+    call_timeout_s: float = Field(60.0, gt=0.0)
+    """Ray only: the longest wait for any remote call beyond its own timeout (a queue put or
+    get, a weight fetch, a sampler's answer to a ping); longer is an error naming the actor."""
+    trainer_actor: bool = True
+    """Ray only: host the trainer (orchestrator, model, optimizer, run folder writes) in a Ray
+    actor, placed by `trainer_resources`, so the driver can be a laptop. False: the trainer
+    runs in the driver process."""
+    trainer_resources: dict[str, float] = Field(default_factory=dict)
+    """Ray only: resources the trainer actor asks for (`{GPU = 1}`; `CPU`, `GPU`, custom).
+    Empty: none, so it fits anywhere (on one machine)."""
+    sampler_resources: dict[str, float] = Field(default_factory=dict)
+    """Ray only: resources each sampler actor asks for; on a cluster, `{GPU = 1}` spreads the
+    samplers one per GPU. Empty: none."""
     num_samplers: int = Field(1, ge=1)
-    """Sampler processes (local runtime)."""
+    """Sampler processes (local runtime) or actors (Ray)."""
     threads_per_sampler: int = Field(0, ge=0)
     """torch threads in each sampler process; 0 splits the cores between the trainer and the
     samplers (at least 1 each)."""
@@ -285,6 +309,14 @@ class RuntimeConfig(_Section):
     defer_eval: bool = False
     """Snapshot the weights at evaluation steps and evaluate them after the run, so that
     evaluation takes no time from training (benchmarks: time to a target accuracy)."""
+
+    @model_validator(mode="after")
+    def _resources(self) -> RuntimeConfig:
+        for key in ("trainer_resources", "sampler_resources"):
+            for name, amount in getattr(self, key).items():
+                if amount < 0:
+                    raise ValueError(f"{key}.{name}: must be >= 0, got {amount}")
+        return self
 
 
 class EvalConfig(_Section):

@@ -4,8 +4,15 @@
 groups, weights, a stop flag) as protocols; samplers and the orchestrator see nothing else, so
 a Ray runtime can host the same classes. `weights` is the shared-memory weight channel (a
 seqlock around one flat buffer per dtype); `local` starts N sampler processes beside the
-trainer process and owns the one shutdown path.
+trainer process and owns the one shutdown path; `ray` hosts the same samplers (and the
+trainer) as Ray actors, on one machine or a cluster, with the channels of `ray_channels`
+(actor queues, object store or broadcast weights). `make_runtime` picks one by
+`runtime.kind`.
 """
+
+from typing import Any
+
+import torch
 
 from slipstream.runtime.channels import (
     Channels,
@@ -18,6 +25,29 @@ from slipstream.runtime.channels import (
     WeightChannel,
 )
 
+
+def make_runtime(rc: Any, params: dict[str, torch.Tensor], prompts: int, groups: int) -> Any:
+    """The runtime `rc.kind` names (not started): `prompts` bounds each sampler's inbox,
+    `groups` the finished groups (unless `runtime.queue_size` is set)."""
+    from slipstream.runtime.local import LocalRuntime, default_threads
+
+    args = (params, rc.num_samplers, rc.threads_per_sampler or default_threads(rc.num_samplers))
+    kw = dict(
+        prompt_queue=prompts + rc.num_samplers,
+        group_queue=rc.queue_size or groups,
+        shutdown_timeout_s=rc.shutdown_timeout_s,
+        max_restarts=rc.max_restarts,
+    )
+    if rc.kind != "ray":
+        return LocalRuntime(*args, **kw)
+    from slipstream.runtime.ray import RayRuntime
+
+    return RayRuntime(
+        *args, **kw, weight_transport=rc.weight_transport, call_timeout_s=rc.call_timeout_s,
+        sampler_resources=rc.sampler_resources, startup_timeout_s=rc.startup_timeout_s,
+    )
+
+
 __all__ = [
     "Channels",
     "GroupChannel",
@@ -27,4 +57,5 @@ __all__ = [
     "SamplerReport",
     "StopFlag",
     "WeightChannel",
+    "make_runtime",
 ]

@@ -484,24 +484,39 @@ class Orchestrator:
             self.timeline.interval(actor, kind, max(t0 - o, 0.0), max(t1 - o, 0.0))
 
 
-# ---- the local run ------------------------------------------------------------------------------
-def train_async(cfg: Any) -> dict[str, Any]:
-    """Train with `cfg.schedule` on the local runtime; the run folder is `train_sync`'s:
-    config.toml, metrics.jsonl, ledger.json, summary.json, timeline.jsonl, rollouts,
-    checkpoints/. Ctrl-C, SIGTERM and errors take the runtime's one shutdown path, and the
-    ledger is written either way."""
+# ---- the run ------------------------------------------------------------------------------------
+def train_async(cfg: Any, signals: Any = None) -> dict[str, Any]:
+    """Train with `cfg.schedule` on the local or the Ray runtime (`runtime.kind`); the run
+    folder is `train_sync`'s: config.toml, metrics.jsonl, ledger.json, summary.json,
+    timeline.jsonl, rollouts, checkpoints/. Ctrl-C, SIGTERM and errors take the runtime's one
+    shutdown path, and the ledger is written either way. On Ray this starts or joins the
+    cluster and (`runtime.trainer_actor`) runs the rest of this function in a trainer actor,
+    whose stop flag is `signals`."""
     from slipstream.runtime.local import Interrupts
     from slipstream.schedule.sync import finish
 
+    rc = cfg.runtime
+    if rc.kind == "ray" and signals is None:
+        from slipstream.runtime.ray import host_trainer, session
+        from slipstream.schedule.setup import make_run_dir
+
+        with session(rc.address):
+            if not rc.trainer_actor:
+                return train_async(cfg, Interrupts())
+            cfg.run.dir = str(make_run_dir(cfg).resolve())  # the actor's working folder may differ
+            return host_trainer(
+                train_async, (cfg,), {}, Interrupts(), rc.trainer_resources,
+                rc.shutdown_timeout_s + 30,
+            )
     run, rt, learner, orch, sampler = _build(cfg)
-    signals = Interrupts()
+    signals = signals or Interrupts()
 
     orch.health = signals.raise_if_requested
     try:
         with signals.catch():
             rt.channels.weights.publish(dict(run.model.named_parameters()), run.trainer.version)
             rt.start(sampler)
-            run.view.log(f"schedule {orch.spec.name}: {rt.num_samplers} sampler process(es)")
+            run.view.log(f"schedule {orch.spec.name}: {rt.num_samplers} sampler(s) on {rc.kind}")
             orch.wait_ready(cfg.runtime.startup_timeout_s)
             orch.start()
             learner.t_start = run.timeline.origin = orch.stats.t_start
@@ -520,15 +535,18 @@ def train_async(cfg: Any) -> dict[str, Any]:
     learner.evaluate_deferred()
     curve = sorted(learner.curve, key=lambda c: c["step"])
     run.info.update(
-        orch.summary(), heldout_curve=curve, runtime="local", sampler_pids=rt.pids(), samplers=rt.num_samplers
+        orch.summary(), heldout_curve=curve, runtime=rc.kind, sampler_pids=rt.pids(), samplers=rt.num_samplers
     )
+    if rc.kind == "ray":
+        run.info.update(weight_transport=rc.weight_transport, weight_fallbacks=rt.weights.fallbacks)
     acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
     return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
 
 
 def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
     """The run, the runtime (not started), the learner, the orchestrator, the sampler spec."""
-    from slipstream.runtime.local import LocalRuntime, default_threads
+    from slipstream.runtime import make_runtime
+    from slipstream.runtime.local import default_threads
     from slipstream.schedule.learner import RunLearner
     from slipstream.schedule.presets import preset
     from slipstream.schedule.sampler import SamplerSpec
@@ -539,15 +557,7 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
     B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, sc.redundant
     run = setup(cfg)
     torch.set_num_threads(rc.trainer_threads or default_threads(rc.num_samplers))
-    rt = LocalRuntime(
-        dict(run.model.named_parameters()),
-        rc.num_samplers,
-        rc.threads_per_sampler or default_threads(rc.num_samplers),
-        prompt_queue=(spec.max_lag + 2) * B + rc.num_samplers,
-        group_queue=rc.queue_size or 2 * B,
-        shutdown_timeout_s=rc.shutdown_timeout_s,
-        max_restarts=rc.max_restarts,
-    )
+    rt = make_runtime(rc, dict(run.model.named_parameters()), (spec.max_lag + 2) * B, 2 * B)
     learner = RunLearner(run, rc.defer_eval, run.timeline)
     f = cfg.filters
     opts = Options(

@@ -1,0 +1,260 @@
+"""The Ray runtime's channels: actor queues and the weight channel's two ends.
+
+`QueueActor` holds a bounded FIFO of pickled messages; `RayQueue` is a `PromptChannel` or
+`GroupChannel` over one. `FlatLayout` packs parameters into one byte buffer per dtype;
+`TrainerWeights` publishes them (object store or torch.distributed broadcast) and
+`SamplerWeights`, inside a sampler actor, serves the sampler's reads. `ray.py` says how they
+fit together; every wait here has a timeout and raises `RemoteTimeout` naming what it waited
+for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pickle
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+from ray.exceptions import GetTimeoutError, RayActorError
+
+
+class RemoteTimeout(TimeoutError):
+    """A remote call got no answer in time: the actor it names is stuck (or its node is gone)."""
+
+
+def get(ref: Any, timeout: float, what: str) -> Any:
+    """`ray.get` that raises `RemoteTimeout` naming `what` instead of waiting forever."""
+    try:
+        return ray.get(ref, timeout=timeout)
+    except GetTimeoutError:
+        raise RemoteTimeout(
+            f"ray runtime: {what} did not answer within {timeout:.1f}s (runtime.call_timeout_s)"
+        ) from None
+
+
+# ---- queues -------------------------------------------------------------------------------------
+@ray.remote(num_cpus=0, max_restarts=0)
+class QueueActor:
+    """A bounded FIFO of byte strings; an async actor, so waiting calls do not block others."""
+
+    def __init__(self, maxsize: int) -> None:
+        self._q: asyncio.Queue[bytes] = asyncio.Queue(maxsize)
+        self._taken = 0  # items handed out by `get`
+
+    async def put(self, item: bytes, timeout: float) -> bool:
+        try:
+            if timeout <= 0:
+                self._q.put_nowait(item)
+            else:
+                await asyncio.wait_for(self._q.put(item), timeout)
+            return True
+        except (TimeoutError, asyncio.QueueFull):
+            return False
+
+    async def get(self, timeout: float, n: int) -> list[bytes]:
+        """Up to `n` items; waits up to `timeout` for the first one."""
+        items = []
+        try:
+            if timeout <= 0:
+                items.append(self._q.get_nowait())
+            else:
+                items.append(await asyncio.wait_for(self._q.get(), timeout))
+        except (TimeoutError, asyncio.QueueEmpty):
+            return []
+        while len(items) < n and not self._q.empty():
+            items.append(self._q.get_nowait())
+        self._taken += len(items)
+        return items
+
+    async def taken(self) -> int:
+        return self._taken
+
+    async def qsize(self) -> int:
+        return self._q.qsize()
+
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+class RayQueue:
+    """`PromptChannel` / `GroupChannel` over a `QueueActor`; picklable (a sampler gets its end
+    as an argument). `batch` > 1 moves up to that many items per get (the trainer's end of the
+    group queue: fewer round trips; at most `batch` items wait here beyond the queue's bound)."""
+
+    def __init__(self, name: str, actor: Any, call_timeout_s: float, batch: int = 1) -> None:
+        self.name, self.actor, self.call_timeout_s, self.batch = name, actor, call_timeout_s, batch
+        self._buf: deque[Any] = deque()
+
+    @classmethod
+    def create(cls, name: str, maxsize: int, call_timeout_s: float) -> RayQueue:
+        return cls(name, QueueActor.remote(maxsize), call_timeout_s)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_buf": deque()}
+
+    def put(self, item: Any, timeout: float) -> bool:
+        data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        ref = self.actor.put.remote(data, timeout)
+        return bool(get(ref, timeout + self.call_timeout_s, f"queue {self.name!r} (put)"))
+
+    def get(self, timeout: float) -> Any:
+        if not self._buf:
+            ref = self.actor.get.remote(timeout, self.batch)
+            items = get(ref, timeout + self.call_timeout_s, f"queue {self.name!r} (get)")
+            self._buf.extend(pickle.loads(b) for b in items)
+        return self._buf.popleft() if self._buf else None
+
+    def depth(self) -> int:
+        n = get(self.actor.qsize.remote(), self.call_timeout_s, f"queue {self.name!r} (qsize)")
+        return int(n) + len(self._buf)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            ray.kill(self.actor, no_restart=True)
+
+
+# ---- weights ------------------------------------------------------------------------------------
+class FlatLayout:
+    """Where each parameter lives in one flat byte buffer per dtype (as in `weights.py`)."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor]) -> None:
+        self.entries: list[tuple[str, torch.dtype, int, int, tuple[int, ...]]] = []
+        self.sizes: dict[torch.dtype, int] = {}
+        for name, p in params.items():
+            off = self.sizes.get(p.dtype, 0)
+            self.entries.append((name, p.dtype, off, p.numel(), tuple(p.shape)))
+            self.sizes[p.dtype] = off + p.numel()
+
+    def flatten(self, params: Mapping[str, torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
+        """A fresh uint8 buffer per dtype holding `params` (on the CPU)."""
+        flats = {dt: torch.empty(n, dtype=dt) for dt, n in self.sizes.items()}
+        with torch.no_grad():
+            for name, dtype, off, n, _ in self.entries:
+                flats[dtype][off : off + n].copy_(params[name].detach().reshape(-1))
+        return {dt: f.view(torch.uint8) for dt, f in flats.items()}
+
+    def empty(self, device: str = "cpu") -> dict[torch.dtype, torch.Tensor]:
+        itemsize = {dt: torch.empty(0, dtype=dt).element_size() for dt in self.sizes}
+        return {
+            dt: torch.empty(n * itemsize[dt], dtype=torch.uint8, device=device)
+            for dt, n in self.sizes.items()
+        }
+
+    def views(self, flats: Mapping[torch.dtype, torch.Tensor]) -> dict[str, torch.Tensor]:
+        typed = {dt: f.view(dt) for dt, f in flats.items()}
+        return {
+            name: typed[dt][off : off + n].view(shape) for name, dt, off, n, shape in self.entries
+        }
+
+
+class SamplerWeights:
+    """The sampler's end of the weight channel (`WeightChannel.read`/`version`), inside its
+    actor: the trainer's `offer` and `recv_broadcast` calls, run on the actor's other threads,
+    set the latest (version, source) under a lock; `read` takes it from there."""
+
+    def __init__(self, layout: FlatLayout, call_timeout_s: float) -> None:
+        self.layout, self.call_timeout_s = layout, call_timeout_s
+        self._lock = threading.Lock()
+        self._version = -1
+        self._source: Any = None  # [ObjectRef] or {dtype: uint8 tensor}
+        self._held: Any = None  # the object the last read's tensors point into
+
+    def offer(self, version: int, source: Any) -> None:
+        with self._lock:
+            if version > self._version:
+                self._version, self._source = version, source
+
+    def version(self) -> int:
+        return self._version
+
+    def read(self, newer_than: int, timeout: float) -> tuple[dict[str, torch.Tensor], int] | None:
+        with self._lock:
+            version, source = self._version, self._source
+        if version <= newer_than:
+            return None
+        if isinstance(source, list):  # object store: zero-copy views of the fetched buffers
+            arrays = get(source[0], timeout + self.call_timeout_s, f"weights v{version} fetch")
+            with warnings.catch_warnings():  # read-only memory: the engine only copies from it
+                warnings.simplefilter("ignore", UserWarning)
+                source = {dt: torch.from_numpy(a) for dt, a in arrays.items()}
+        self._held = source  # the tensors stay valid until the next read
+        return self.layout.views(source), version
+
+    def publish(self, params: Mapping[str, torch.Tensor], version: int) -> float:
+        raise TypeError("a sampler's end of the weight channel is read-only")
+
+
+class TrainerWeights:
+    """The trainer's end of the weight channel (`publish`, `version`); `RayRuntime` attaches
+    the sampler actors (and the broadcast group) once they exist."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor], transport: str, timeout: float) -> None:
+        self.layout = FlatLayout(params)
+        self.transport, self.call_timeout_s = transport, timeout
+        self.actors: list[Any] = []
+        self.broadcasting = False  # the group is formed and every member alive
+        self.fallbacks = 0  # broadcasts given up for the object store
+        self._version = -1
+        self._flats: dict[torch.dtype, torch.Tensor] = {}
+        self.ref: Any = None  # the latest version in the object store (None: not put yet)
+
+    def version(self) -> int:
+        return self._version
+
+    def read(self, newer_than: int, timeout: float) -> None:
+        raise TypeError("the trainer's end of the weight channel is write-only")
+
+    def publish(self, params: Mapping[str, torch.Tensor], version: int) -> float:
+        t0 = time.perf_counter()
+        self._flats = self.layout.flatten(params)
+        self._version, self.ref = version, None
+        if self.broadcasting:
+            try:
+                self._broadcast(version)
+            except (RuntimeError, RayActorError, RemoteTimeout) as e:
+                self.fall_back(f"broadcast of v{version} failed: {e}")
+        if not self.broadcasting:
+            self.offer_all()
+        return time.perf_counter() - t0
+
+    def latest(self) -> list[Any]:
+        """[ref] of the latest version in the object store (put now if only broadcast)."""
+        if self.ref is None:
+            arrays = {dt: f.cpu().numpy() for dt, f in self._flats.items()}
+            self.ref = ray.put(arrays)
+        return [self.ref]
+
+    def offer_all(self) -> None:
+        """Tell every sampler the latest version's ref (fire and forget: a dead one's call just
+        fails; the restarted one gets the ref with its `run`)."""
+        box = self.latest()
+        for a in self.actors:
+            a.offer.remote(self._version, box)
+
+    def _broadcast(self, version: int) -> None:
+        refs = [a.recv_broadcast.remote(version) for a in self.actors]
+        cuda = dist.get_backend() == "nccl"  # NCCL moves CUDA tensors only
+        for dtype in self.layout.sizes:
+            dist.broadcast(self._flats[dtype].cuda() if cuda else self._flats[dtype], src=0)
+        get(refs, self.call_timeout_s, f"broadcast of v{version} to the samplers")
+
+    def fall_back(self, why: str) -> None:
+        if self.broadcasting:
+            self.broadcasting = False
+            self.fallbacks += 1
+            warnings.warn(
+                f"ray runtime: weights through the object store from now on ({why})", stacklevel=2
+            )
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+            if self._version >= 0:
+                self.offer_all()
