@@ -214,23 +214,26 @@ def host_trainer(
     resources: Mapping[str, float],
     stop_timeout_s: float,
 ) -> Any:
-    """Run `fn(*args, signals=..., **kwargs)` in a trainer actor and return its result. Ctrl-C here asks
-    the trainer to stop at its next safe point (its runtime's one shutdown path), waits
-    `stop_timeout_s` for that, then kills it."""
-    import signal
+    """Run `fn(*args, signals=..., **kwargs)` in a trainer actor and return its result.
+    Ctrl-C or SIGTERM here asks the trainer to stop at its next safe point (its runtime's one
+    shutdown path, ledger written), waits `stop_timeout_s` for that, kills it, and raises
+    `KeyboardInterrupt`; a second signal skips the wait."""
+    from slipstream.runtime.local import Interrupts
 
     host = TrainerHost.options(**actor_options(resources)).remote(signals)
     ref = host.call.remote(fn, args, kwargs)
+    here = Interrupts()
     try:
-        while True:  # the run's own stall timeouts bound it; polling keeps Ctrl-C responsive
-            ready, _ = ray.wait([ref], timeout=0.5)
-            if ready:
-                return ray.get(ref)
-    except KeyboardInterrupt:
-        host.stop.remote(int(signal.SIGINT))
-        with contextlib.suppress(Exception):
-            ray.get(ref, timeout=stop_timeout_s)
-        raise
+        with here.catch():
+            while True:  # the run's own stall timeouts bound it; polling sees a signal
+                ready, _ = ray.wait([ref], timeout=0.5)
+                if ready:
+                    return ray.get(ref)
+                if here.requested is not None:
+                    host.stop.remote(here.requested)
+                    with contextlib.suppress(Exception):
+                        ray.get(ref, timeout=stop_timeout_s)
+                    here.raise_if_requested()
     finally:
         ray.kill(host, no_restart=True)
 
