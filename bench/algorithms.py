@@ -5,24 +5,63 @@ step, and uses the defaults of `slipstream train` for everything it does not var
 comparisons:
 
 - main loss/advantage combinations (filters at their defaults);
-- no filters vs zero_variance + pass_rate_band: the generation tokens each needs to first reach
-  the accuracy the unfiltered run ends at (`filter_generation_savings = 1 - filtered/unfiltered`);
-- adaptive group size on/off, on top of the filtered run.
+- no filters vs zero_variance + pass-rate band, in two settings: `zv+pass_rate_band`, the hard
+  band at its defaults (a prompt whose pass rate over at least 16 samples is at or below 5 %
+  or at or above 90 % is not drawn again), and `zv+soft_band`, the band as GRESO's selective rollouts (Zheng et
+  al. 2025): `pass_rate_skip_prob=0.5`, a prompt outside the band is skipped with probability
+  1 - 0.5^z after z uninformative groups in a row, and `pass_rate_min_attempts=8` (one group:
+  a prompt excluded by an unlucky group still comes back half the time, so one group is
+  enough evidence to start skipping). 0.5 is the even bet after one group; it is not tuned.
+  For each, the generation tokens needed to first reach the accuracy the unfiltered run ends
+  at: `filter_generation_savings = 1 - filtered/unfiltered` (headline: the hard band, the
+  default a user gets; the soft band is in `filter_savings_by_run`);
+- adaptive group size on/off, on top of the hard band.
 
-The pass-rate band skips hopeless prompts, which are the long ones, so a filtered run spends
-fewer tokens per step and, in the same number of steps, less generation than the unfiltered
-run: it may stop before it could reach the target. Each filtered run that used less than the
-unfiltered run's tokens is therefore also run with the steps that match that token budget
-(`@same_tokens`, its cosine schedule stretched to the longer run). The headline saving is the
-same-steps figure, or the same-tokens one where the same-steps run stopped short of the target;
-both are printed, with the same-steps figure on curves smoothed over 3 evaluations, since one
-evaluation of one seed moves by a few points.
+The band skips hopeless prompts, which are the long ones, so a filtered run spends fewer tokens
+per step and, in the same number of steps, less generation than the unfiltered run: it may stop
+before it could reach the target. Each filtered run that used less than the unfiltered run's
+tokens is therefore also run with the steps that match that token budget (`@same_tokens`, its
+cosine schedule stretched to the longer run). The headline is measured on curves smoothed over
+3 evaluations (trailing mean) with the crossing interpolated between evaluations, against the
+unfiltered run's smoothed final accuracy: one evaluation of one seed moves by a few points, and
+the unfiltered run's last evaluation is as likely a lucky one as not. It is the same-steps
+figure, or the same-tokens one where the same-steps run stopped short; the raw figures (each
+run's first evaluation at the unfiltered run's last) are printed beside it. `--seeds 0,1` runs
+every seed, reports each, and takes the headline on the curves averaged over the seeds.
 
 Training draws from the first `--pool` prompts of the task so that prompts recur, as epochs of
 a fixed dataset do: the pass-rate band and adaptive group sizes act on prompts they have seen.
+The filters can act only from a prompt's second draw on, so what they save depends on how many
+epochs the run makes over its pool (steps x B / pool).
+
+Measured (80 steps, B 64, G 8; savings against no_filters on smoothed curves, the raw figures
+in brackets; n/a: never reached the target; tokens and accuracy at step 80):
+
+  pool (epochs)  seed  hard band              soft band              tokens at step 80
+  1280 (4)       0     n/a [n/a]              n/a [12.8 % same steps] -20 % hard, -13 % soft
+  1280 (4)       1     24.8 % [23.9 %]        n/a [28.4 % same steps] -20 % hard, -15 % soft
+  1280 (4)       mean  n/a: ends 0.350 vs 0.379  n/a: ends 0.373 vs 0.379
+  640 (8)        0     18.4 % [22.6 %]        17.4 % [14.9 %]        -33 % hard, -23 % soft
+  640 (8)        1     41.6 % [30.7 %]        15.9 % [4.8 %]         -31 % hard, -23 % soft
+  640 (8)        mean  48.0 %                 33.7 %
+
+So the filters reliably cut generation per step, more the more epochs they get to act on, and
+cost some accuracy per step (at 4 epochs the soft band less: 0.6 points against 2.9 on the mean
+of two seeds). Whether that is a saving at equal accuracy is mostly inside the noise of two
+seeds: one seed's curve moves by 2 to 3 points between evaluations, and the unfiltered curve is
+flat near its end, so a point of accuracy moves a saving by 10 to 20 %; on the mean curves the
+8-epoch savings come out above either seed's, for the same reason. 30 % at equal accuracy is
+reached on the 8-epoch seed mean (both bands) and by the hard band on one seed of two; it is
+not reached at 4 epochs. Leaving a skipped prompt's slot empty (`pass_rate_refill=false`,
+soft band, pool 1280, seed 0) halved generation per step from step 20 on but ended at 0.285
+with 270k tokens, where the unfiltered run was at 0.297: no saving, one seed.
+
+Commands: python bench/algorithms.py --steps 80 --seeds 0,1
+    --only no_filters,zv+pass_rate_band,zv+soft_band [--pool 640]
 
 Run: python bench/algorithms.py [--steps 60] [--quick] [--out bench_out/algorithms.png]
-     [--only no_filters,zv+pass_rate_band] [--set filters.pass_rate_min_attempts=24]
+     [--only no_filters,zv+pass_rate_band,zv+soft_band] [--seeds 0,1] [--reuse]
+     [--set filters.pass_rate_min_attempts=24]
 Prints a table, saves the plot and ends with one JSON line.
 """
 
@@ -36,7 +75,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.config import load_config
+from slipstream.config import Config, load_config
 from slipstream.schedule.sync import train_sync
 
 COMBOS = [  # (advantage, loss)
@@ -50,6 +89,14 @@ COMBOS = [  # (advantage, loss)
 QUICK_COMBOS = [("grpo", "ppo"), ("maxrl", "reinforce")]
 NO_FILTERS = ["filters.zero_variance=false", "filters.pass_rate_band=false"]
 FILTERS = ["filters.zero_variance=true", "filters.pass_rate_band=true"]
+# the band as GRESO's selective rollouts: skipped with probability 1 - (1 - s)^streak, so never
+# excluded for good, which makes one group (G = 8) enough evidence to start skipping
+SOFT = [*FILTERS, "filters.pass_rate_skip_prob=0.5", "filters.pass_rate_min_attempts=8"]
+
+
+# filtered runs compared with no_filters; the first one present is the headline: the band at
+# its defaults, what `filters.pass_rate_band=true` gives
+FILTER_RUNS = ("zv+pass_rate_band", "zv+soft_band")
 
 
 def plan(quick: bool) -> list[tuple[str, str, list[str]]]:
@@ -60,6 +107,7 @@ def plan(quick: bool) -> list[tuple[str, str, list[str]]]:
     ]
     runs.append(("no_filters", "filters", NO_FILTERS))
     runs.append(("zv+pass_rate_band", "filters", FILTERS))
+    runs.append(("zv+soft_band", "filters", SOFT))
     runs.append(("zv+band+adaptive_G", "adaptive", [*FILTERS, "sampling.adaptive_group_size=true"]))
     return runs
 
@@ -75,16 +123,38 @@ def curve(run_dir: Path, acc_start: float) -> list[tuple[int, float]]:
     return points
 
 
-def tokens_to_reach(points: list[tuple[int, float]], target: float) -> int | None:
+def tokens_to_reach(
+    points: list[tuple[int, float]], target: float, interpolate: bool = False
+) -> int | None:
     """Generated tokens at the first evaluation after the start at or above `target`; None if
-    never. The start is left out: the target is something training has to reach."""
-    return next((t for t, acc in points[1:] if acc >= target - 1e-9), None)
+    never. The start is left out: the target is something training has to reach. With
+    `interpolate`, the tokens where the straight line from the evaluation before crosses the
+    target: evaluations are 5 steps (about 6 % of the budget) apart, a coarse grid for a saving."""
+    for i, (t, acc) in enumerate(points[1:], start=1):
+        if acc >= target - 1e-9:
+            t0, a0 = points[i - 1]
+            if not interpolate or a0 >= target - 1e-9:  # the start may already be there
+                return t
+            return round(t0 + (t - t0) * (target - a0) / (acc - a0))
+    return None
 
 
-def run_one(name: str, overrides: list[str], common: list[str], out: Path) -> dict[str, Any]:
+def finished(cfg: Config) -> dict[str, Any] | None:
+    """The summary of a finished run in `cfg.run.dir` whose config equals `cfg`, else None."""
+    folder = Path(cfg.run.dir or "")
+    if not (folder / "summary.json").is_file() or not (folder / "config.toml").is_file():
+        return None
+    if load_config(folder / "config.toml").model_dump() != cfg.model_dump():
+        return None
+    return json.loads((folder / "summary.json").read_text())
+
+
+def run_one(
+    name: str, overrides: list[str], common: list[str], out: Path, reuse: bool = False
+) -> dict[str, Any]:
     cfg = load_config(None, [*common, f'run.dir="{out / name}"', *overrides])
     t0 = time.perf_counter()
-    summary = train_sync(cfg)
+    summary = (finished(cfg) if reuse else None) or train_sync(cfg)
     points = curve(out / name, summary["heldout_acc_start"])
     ledger = summary["ledger"]
     res = {
@@ -92,7 +162,7 @@ def run_one(name: str, overrides: list[str], common: list[str], out: Path) -> di
         "steps": summary["steps"],
         "final_acc": summary["heldout_acc_end"],
         "generated_tokens": points[-1][0],
-        "wall_s": round(time.perf_counter() - t0, 1),
+        "wall_s": round(summary.get("wall_s", time.perf_counter() - t0), 1),
         "filtered_groups": sum(ledger["filtered"].values()),
         "trained_groups": ledger["trained"],
         "prompts_skipped": sum(summary["prompts_skipped"].values()),
@@ -156,8 +226,12 @@ def table(results: dict[str, dict[str, Any]], target: float) -> str:
 def savings(
     base: dict[str, Any], other: dict[str, Any], target: float, key: str = "curve"
 ) -> float | None:
-    """1 - tokens(other) / tokens(base) to first reach `target`; None if either never does."""
-    t_base, t_other = tokens_to_reach(base[key], target), tokens_to_reach(other[key], target)
+    """1 - tokens(other) / tokens(base) to first reach `target` on curves `key` (`curve`: each
+    evaluation, the first one at the target; `smoothed`: trailing means, interpolated between
+    evaluations); None if either never does."""
+    interp = key == "smoothed"
+    t_base = tokens_to_reach(base[key], target, interp)
+    t_other = tokens_to_reach(other[key], target, interp)
     if t_base is None or t_other is None or t_base == 0:
         return None
     return 1.0 - t_other / t_base
@@ -173,12 +247,12 @@ def smooth(points: list[tuple[int, float]], k: int = 3) -> list[tuple[int, float
 
 
 def match_budget(
-    results: dict[str, dict[str, Any]], steps: int, common: list[str], out: Path
+    results: dict[str, dict[str, Any]], steps: int, common: list[str], out: Path, reuse: bool
 ) -> None:
     """Rerun each filtered run that generated less than `no_filters` with the steps that match
     its token budget: `name@same_tokens`."""
     base = results.get("no_filters")
-    for name in ("zv+pass_rate_band", "zv+band+adaptive_G"):
+    for name in (*FILTER_RUNS, "zv+band+adaptive_G"):
         r = results.get(name)
         if base is None or r is None or r["generated_tokens"] >= 0.97 * base["generated_tokens"]:
             continue
@@ -186,7 +260,7 @@ def match_budget(
         more = [*r["overrides"], f"run.steps={matched}", f"checkpoint.every={matched}"]
         results[f"{name}@same_tokens"] = {
             "comparison": r["comparison"],
-            **run_one(f"{name}@same_tokens", more, common, out),
+            **run_one(f"{name}@same_tokens", more, common, out, reuse),
         }
 
 
@@ -203,6 +277,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every N steps")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seeds",
+        default="",
+        help="comma-separated seeds, e.g. 0,1: every run for each seed (folders RUNS_DIR/seedN), "
+        "a report for each, and the headline on the curves averaged over the seeds",
+    )
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read back a finished run whose folder holds the same config instead of training it",
+    )
     ap.add_argument(
         "--only",
         default="",
@@ -223,18 +308,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def common_overrides(args: argparse.Namespace) -> list[str]:
+def common_overrides(args: argparse.Namespace, seed: int) -> list[str]:
     """What every run shares; everything else is `slipstream train`'s default, read now."""
     d = load_config()
     pool = args.pool or max(64, args.steps * d.trainer.batch_prompts // 4)
     print(
         f"defaults: lr {d.trainer.lr}, B {d.trainer.batch_prompts}, G {d.sampling.group_size}, "
         f"temperature {d.sampling.temperature}, max_new_tokens {d.sampling.max_new_tokens}, "
-        f"agg {d.trainer.agg}; {args.steps} steps, pool {pool}, seed {args.seed}",
+        f"agg {d.trainer.agg}; {args.steps} steps, pool {pool}, seed {seed}",
         file=sys.stderr,
     )
     return [
-        f"run.steps={args.steps}", f"run.seed={args.seed}", "run.threads=1", "run.quiet=true",
+        f"run.steps={args.steps}", f"run.seed={seed}", "run.threads=1", "run.quiet=true",
         "run.rollouts_per_step=0", f"eval.every={args.eval_every}", f"checkpoint.every={args.steps}",
         f"task.max_train_prompts={pool}", *args.set,
     ]  # fmt: skip
@@ -244,41 +329,102 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    out = args.runs_dir or args.out.parent / "algorithms_runs"
-    common = common_overrides(args)
+def run_seed(args: argparse.Namespace, seed: int, out: Path) -> dict[str, dict[str, Any]]:
+    """Every planned run (or those in `--only`) with `seed`, then the `@same_tokens` reruns."""
+    common = common_overrides(args, seed)
     only = set(filter(None, args.only.split(",")))
     results: dict[str, dict[str, Any]] = {}
     for name, comparison, overrides in plan(args.quick):
         if not only or name in only:
-            results[name] = {"comparison": comparison, **run_one(name, overrides, common, out)}
-    match_budget(results, args.steps, common, out)
-    line = report(results, args.out)
+            results[name] = {
+                "comparison": comparison,
+                **run_one(name, overrides, common, out, args.reuse),
+            }
+    match_budget(results, args.steps, common, out, args.reuse)
+    return results
+
+
+def mean_over_seeds(per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Runs present for every seed, their curves averaged evaluation by evaluation (tokens and
+    accuracy), cut to the shortest: `@same_tokens` reruns differ in length between seeds."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, first in per_seed[0].items():
+        runs = [r[name] for r in per_seed if name in r]
+        if len(runs) < len(per_seed):
+            continue
+        n = min(len(r["curve"]) for r in runs)
+        pts = [
+            (round(sum(r["curve"][i][0] for r in runs) / len(runs)),
+             sum(r["curve"][i][1] for r in runs) / len(runs))
+            for i in range(n)
+        ]  # fmt: skip
+        counts = ("wall_s", "filtered_groups", "trained_groups", "prompts_skipped")
+        out[name] = {
+            "comparison": first["comparison"],
+            "overrides": first["overrides"],
+            "steps": min(r["steps"] for r in runs),
+            "final_acc": pts[-1][1],
+            "generated_tokens": pts[-1][0],
+            **{k: round(sum(r[k] for r in runs) / len(runs)) for k in counts},
+            "curve": pts,
+            "smoothed": smooth(pts),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.runs_dir or args.out.parent / "algorithms_runs"
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    per_seed = [run_seed(args, s, out if len(seeds) == 1 else out / f"seed{s}") for s in seeds]
+    lines = []
+    for s, results in zip(seeds, per_seed):
+        if len(seeds) > 1:
+            print(f"\n== seed {s}")
+        path = args.out if len(seeds) == 1 else args.out.with_stem(f"{args.out.stem}_seed{s}")
+        lines.append(report(results, path))
+    line = lines[0]
+    if len(seeds) > 1:
+        print(f"\n== mean over seeds {seeds} (the headline)")
+        line = report(mean_over_seeds(per_seed), args.out)
+        line["seeds"] = seeds
+        line["per_seed"] = {
+            str(s): {
+                "filter_generation_savings": ln["filter_generation_savings"],
+                "filter_savings_by_run": ln["filter_savings_by_run"],
+                "target_acc": ln["target_acc"],
+            }
+            for s, ln in zip(seeds, lines)
+        }
     print(json.dumps(line))
     return 0
 
 
 def savings_pair(
-    results: dict[str, dict[str, Any]], base: str, name: str, target: float
+    results: dict[str, dict[str, Any]], base: str, name: str
 ) -> dict[str, float | None]:
-    """Savings of `name` against `base` with the same steps and with the same tokens; the
-    headline is the same-steps figure, or the same-tokens one where the same-steps run stopped
-    short of the target (it had generated less than `base`, so it could not show any saving)."""
+    """Savings of `name` against `base`, with the same steps and with the same tokens, on raw
+    and on smoothed curves. Raw: the target is `base`'s last evaluation, and each run's first
+    evaluation at or above it counts. Smoothed (the headline): every curve is a trailing mean
+    over 3 evaluations, the target is `base`'s last smoothed value and crossings are
+    interpolated between evaluations: one evaluation of one seed moves by a few points, and a
+    saving read off a single lucky or unlucky evaluation says little. The headline takes the
+    same-steps run, or the same-tokens one where the same-steps run stopped short of the target
+    (it had generated less than `base`, so it could not show any saving)."""
     b, r, m = results.get(base), results.get(name), results.get(f"{name}@same_tokens")
-    if base == "zv+pass_rate_band":  # adaptive G against filters alone, each at its own budget
+    if base.startswith("zv+"):  # adaptive G against filters alone, each at its own budget
         b_m = results.get(f"{base}@same_tokens", b)
     else:
         b_m = b
-    same_steps = savings(b, r, target) if b and r else None
-    same_tokens = savings(b_m, m, target) if b_m and m else None
-    smoothed = savings(b, r, b["smoothed"][-1][1], "smoothed") if b and r else None
-    return {
-        "headline": same_steps if same_steps is not None else same_tokens,
-        "same_steps": same_steps,
-        "same_tokens": same_tokens,
-        "same_steps_smoothed": smoothed,
-    }
+    out: dict[str, float | None] = {}
+    for key, label in (("curve", ""), ("smoothed", "_smoothed")):
+        out[f"same_steps{label}"] = out[f"same_tokens{label}"] = None
+        if b and r:
+            out[f"same_steps{label}"] = savings(b, r, b[key][-1][1], key)
+        if b_m and m:
+            out[f"same_tokens{label}"] = savings(b_m, m, b_m[key][-1][1], key)
+    steps, tokens = out["same_steps_smoothed"], out["same_tokens_smoothed"]
+    return {"headline": steps if steps is not None else tokens, **out}
 
 
 def report(results: dict[str, dict[str, Any]], plot_path: Path) -> dict[str, Any]:
@@ -287,15 +433,21 @@ def report(results: dict[str, dict[str, Any]], plot_path: Path) -> dict[str, Any
     target = base["final_acc"] if base else max(r["final_acc"] for r in results.values())
     if base and target <= base["curve"][0][1]:
         print(f"warning: no_filters ends at {target:.3f}, not above its start: savings undefined")
-    fs = savings_pair(results, "no_filters", "zv+pass_rate_band", target)
-    ads = savings_pair(results, "zv+pass_rate_band", "zv+band+adaptive_G", target)
+    by_run = {n: savings_pair(results, "no_filters", n) for n in FILTER_RUNS if n in results}
+    ads = savings_pair(results, "zv+pass_rate_band", "zv+band+adaptive_G")
     print(table(results, target))
-    print(f"target accuracy (no_filters final): {target:.3f}")
-    for label, sv in (("filters (zv+band vs none)", fs), ("adaptive G (vs zv+band)", ads)):
+    smoothed_target = base["smoothed"][-1][1] if base else None
+    print(
+        f"target accuracy (no_filters final): {target:.3f}; smoothed over its last 3 "
+        f"evaluations: {smoothed_target if smoothed_target is None else round(smoothed_target, 3)}"
+    )
+    rows = [(f"filters ({n} vs none)", sv) for n, sv in by_run.items()]
+    for label, sv in [*rows, ("adaptive G (vs zv+pass_rate_band)", ads)]:
         print(
             f"{label}: generation savings to target {_pct(sv['headline'])} "
-            f"[same steps {_pct(sv['same_steps'])}; same tokens {_pct(sv['same_tokens'])}; "
-            f"same steps, curves smoothed over 3 evaluations {_pct(sv['same_steps_smoothed'])}]"
+            f"[smoothed: same steps {_pct(sv['same_steps_smoothed'])}, same tokens "
+            f"{_pct(sv['same_tokens_smoothed'])}; raw: same steps {_pct(sv['same_steps'])}, "
+            f"same tokens {_pct(sv['same_tokens'])}]"
         )
     plot(results, target, plot_path)
     print(f"plot: {plot_path}")
@@ -304,12 +456,16 @@ def report(results: dict[str, dict[str, Any]], plot_path: Path) -> dict[str, Any
         name: {k: r[k] for k in keys} | {"tokens_to_target": tokens_to_reach(r["curve"], target)}
         for name, r in results.items()
     }
+    headline = next((n for n in FILTER_RUNS if n in by_run), None)
     return {
-        "filter_generation_savings": fs["headline"],
-        "filter_savings_detail": fs,
+        "filter_generation_savings": by_run[headline]["headline"] if headline else None,
+        "filter_headline_run": headline,
+        "filter_savings_detail": by_run.get(headline or "", {}),
+        "filter_savings_by_run": by_run,
         "adaptive_group_size_savings": ads["headline"],
         "adaptive_savings_detail": ads,
         "target_acc": target,
+        "target_acc_smoothed": smoothed_target,
         "combos": {n: v for n, v in runs.items() if results[n]["comparison"] == "combo"},
         "filters": {n: v for n, v in runs.items() if results[n]["comparison"] != "combo"},
     }

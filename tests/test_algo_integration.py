@@ -266,11 +266,41 @@ def test_pass_rate_band_settings_come_from_the_config():
     assert run.prompts_skipped == {"pass_rate_band": 2}
 
 
+def test_pass_rate_band_without_refill_keeps_the_dataset_order():
+    # refill off: each step takes the next 3 prompts of the cycle and generates only those the
+    # band lets through, as if e and h had been generated and dropped by zero_variance.
+    prompts = [_prompt("e", *EASY), _prompt("m", *MIXED), _prompt("h", *HARD)]
+    run = _run(
+        prompts, "filters.pass_rate_band=true", "trainer.batch_prompts=3",
+        "filters.pass_rate_refill=false",
+    )  # fmt: skip
+    run.collect(3)
+    _, kept = run.collect(3)
+    assert run.engine.prompts_generated() == ["e", "m", "h", "m"]
+    assert run.source.index == 6 and len(kept) == 1
+    assert run.prompts_skipped == {"pass_rate_band": 2}
+
+
+def test_pass_rate_band_without_refill_generates_at_least_one_group():
+    # e and h both excluded: the step draws on until one prompt passes (here the bound of
+    # 50 x 2 tries is reached first and the last drawn prompt is taken).
+    run = _run(
+        [_prompt("e", *EASY), _prompt("h", *HARD)], "filters.pass_rate_band=true",
+        "trainer.batch_prompts=2", "filters.pass_rate_refill=false",
+    )  # fmt: skip
+    run.collect(2)
+    groups, _ = run.collect(2)
+    assert len(groups) == 1 and run.prompts_skipped == {"pass_rate_band": 100}
+
+
 def test_pass_rate_band_defaults():
     f = load_config().filters
     assert not f.pass_rate_band  # off unless asked for
     t = make_pass_rate_tracker(load_config())
-    assert (t.min_attempts, t.retry_after, t.ema_decay) == (16, 0, None)
+    assert (t.min_attempts, t.retry_after, t.ema_decay, t.skip_prob) == (16, 0, None, 1.0)
+    assert f.pass_rate_refill
+    t = make_pass_rate_tracker(load_config(None, ["filters.pass_rate_skip_prob=0.5", "run.seed=7"]))
+    assert (t.skip_prob, t.seed) == (0.5, 7)
 
 
 # ---- adaptive group size -----------------------------------------------------------------------

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from slipstream.config import load_config
 from slipstream.model import load_pretrained, save_pretrained
 from slipstream.model.builtin import init_builtin
-from slipstream.schedule.orchestrator import train_async
+from slipstream.schedule.launch import train_async
 from slipstream.schedule.presets import preset
 from slipstream.schedule.sync import train_sync
 from slipstream.tasks import RunningSums
@@ -37,6 +37,14 @@ REWARD = """\
 import multiprocessing
 
 def odd(prompt, completion):
+    return float(len(completion) % 2)
+
+def hangs_once(prompt, completion):
+    import pathlib, time
+    flag = pathlib.Path(__file__).with_name("hung.flag")
+    if multiprocessing.parent_process() is not None and not flag.exists():
+        flag.write_text("hung")  # the first sampler to score anything hangs, once
+        time.sleep(1000)
     return float(len(completion) % 2)
 
 def fails_in_samplers(prompt, completion):
@@ -65,29 +73,30 @@ def assets(tmp_path_factory) -> Path:
 
 
 def _cfg(assets: Path, run_dir: Path, *extra: str, reward: str = "odd"):
-    return load_config(
-        None,
-        [
-            f'run.dir="{run_dir}"',
-            "run.steps=4",
-            "run.quiet=true",
-            "run.threads=1",
-            f'model.path="{assets / "model"}"',
-            'task.kind="jsonl"',
-            f'task.path="{assets / "rows.jsonl"}"',
-            f'task.reward="{assets / "reward.py"}:{reward}"',
-            "sampling.max_new_tokens=16",
-            "trainer.batch_prompts=4",
-            "sampling.group_size=4",
-            "eval.every=2",
-            "eval.num_prompts=8",
-            "checkpoint.every=2",
-            'runtime.kind="local"',
-            "runtime.trainer_threads=1",
-            "runtime.threads_per_sampler=1",
-            *extra,
-        ],
-    )
+    return load_config(None, _cfg_overrides(assets, run_dir, *extra, reward=reward))
+
+
+def _cfg_overrides(assets: Path, run_dir: Path, *extra: str, reward: str = "odd") -> list[str]:
+    return [
+        f'run.dir="{run_dir}"',
+        "run.steps=4",
+        "run.quiet=true",
+        "run.threads=1",
+        f'model.path="{assets / "model"}"',
+        'task.kind="jsonl"',
+        f'task.path="{assets / "rows.jsonl"}"',
+        f'task.reward="{assets / "reward.py"}:{reward}"',
+        "sampling.max_new_tokens=16",
+        "trainer.batch_prompts=4",
+        "sampling.group_size=4",
+        "eval.every=2",
+        "eval.num_prompts=8",
+        "checkpoint.every=2",
+        'runtime.kind="local"',
+        "runtime.trainer_threads=1",
+        "runtime.threads_per_sampler=1",
+        *extra,
+    ]
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -221,7 +230,7 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_orchestrator_local import _cfg
-        from slipstream.schedule.orchestrator import train_async
+        from slipstream.schedule.launch import train_async
         from pathlib import Path
         if __name__ == "__main__":
             train_async(_cfg(Path({str(assets)!r}), Path({str(run_dir)!r}), 'schedule.name="pipeline"', "run.steps=100000"))
@@ -249,19 +258,75 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
 
 
 def test_killed_samplers_are_restarted_and_their_work_issued_again(assets, tmp_path):
-    """Fault injection: three SIGKILLs of random samplers; the run completes, every lost
-    request is issued again, the ledger adds up and nothing is trained twice."""
+    """Fault injection (bench/chaos.py's check, on the tiny model): 20 SIGKILLs of random
+    samplers in one run; the run completes, every lost request is issued again, the ledger adds
+    up and nothing is trained twice."""
     run_dir = tmp_path / "chaos"
     cfg = _cfg(
-        assets, run_dir, 'schedule.name="pipeline"', "schedule.max_lag=1", "run.steps=8",
-        "runtime.num_samplers=2", "runtime.chaos_kills=3", "runtime.chaos_every_s=1.5",
-        "runtime.max_restarts=3", "sampling.max_new_tokens=64",
+        assets, run_dir, 'schedule.name="pipeline"', "schedule.max_lag=1", "run.steps=150",
+        "runtime.num_samplers=2", "runtime.chaos_kills=20", "runtime.chaos_every_s=0.4",
+        "filters.zero_variance=false",  # the tiny reward is soon learned: keep every window
+        "runtime.max_restarts=20", "sampling.max_new_tokens=64", "eval.every=150",
+        "checkpoint.every=150",
     )
     summary = train_async(cfg)
     ledger = json.loads((run_dir / "ledger.json").read_text())
-    assert summary["steps"] == 8 and ledger["balanced"], ledger
-    assert summary["chaos_kills"] == 3
-    assert summary["sampler_restarts"] >= 2  # the last kill may land as the run ends
+    assert summary["steps"] == 150 and ledger["balanced"], ledger
+    assert summary["chaos_kills"] == 20
+    assert summary["sampler_restarts"] >= 19  # the last kill may land as the run ends
     assert ledger["lost"] >= 1  # a pipeline sampler always holds work
+    # every request issued (re-issues included) came back, was lost, or is still out
+    assert summary["groups_issued"] == ledger["generated"] + summary["groups_unfinished"]
     assert summary["groups_trained_twice"] == 0
     assert 0.0 < summary["goodput"] <= 1.0
+
+
+class Killed(Exception):
+    pass
+
+
+def test_async_run_killed_after_a_checkpoint_resumes_with_its_queued_work(assets, tmp_path, monkeypatch, capsys):
+    """double_buffer keeps a batch in flight: the step-2 checkpoint holds it; the run dies
+    after step 3; `slipstream train --resume` trains steps 3 and 4 from the checkpoint's queued
+    work, and the trainer's failure message names the checkpoint to resume from."""
+    from slipstream.cli import main
+    from slipstream.observe.rollouts import RolloutWriter
+
+    run_dir = tmp_path / "db"
+    write = RolloutWriter.write
+
+    def die_after_step_3(self, step, groups):
+        write(self, step, groups)
+        if step == 3:
+            raise Killed("injected trainer failure")
+
+    monkeypatch.setattr(RolloutWriter, "write", die_after_step_3)
+    overrides = [o for o in _cfg_overrides(assets, run_dir) if "quiet" not in o]
+    assert main(["train", 'schedule.name="double_buffer"', "run.quiet=true", *overrides]) == 1
+    err = capsys.readouterr().err
+    assert "injected trainer failure" in err and f"slipstream train --resume {run_dir}" in err
+    assert "step_000002" in err
+    monkeypatch.undo()
+    state = json.loads((run_dir / "checkpoints" / "step_000002" / "state.json").read_text())
+    pipeline = state["orchestrator"]
+    assert pipeline["requests"] or pipeline["batches"]  # the next batch was in flight
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert [r["step"] for r in _records(run_dir)] == [1, 2, 3, 4]
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert ledger["balanced"] and ledger["trained"] >= 4
+
+
+def test_a_silent_sampler_is_killed_and_replaced(assets, tmp_path):
+    """A sampler stuck in its reward (inline, so no reward timeout) sends nothing: after
+    `runtime.sampler_timeout_s` it is killed, restarted, and its work issued again."""
+    run_dir = tmp_path / "hang"
+    cfg = _cfg(
+        assets, run_dir, 'schedule.name="pipeline"', "schedule.max_lag=1", "runtime.num_samplers=2",
+        "runtime.sampler_timeout_s=3", 'task.reward_isolation="inline"', reward="hangs_once",
+    )
+    summary = train_async(cfg)
+    ledger = json.loads((run_dir / "ledger.json").read_text())
+    assert (assets / "hung.flag").exists()
+    assert summary["steps"] == 4 and ledger["balanced"], ledger
+    assert summary["samplers_hung"] == 1 and summary["sampler_restarts"] == 1
+    assert summary["groups_trained_twice"] == 0

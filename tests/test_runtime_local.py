@@ -111,3 +111,50 @@ def test_shutdown_kills_a_sampler_that_ignores_stop():
     assert time.monotonic() - t0 < 10
     _assert_gone(rt)
     assert rt.procs[0].exitcode == -signal.SIGKILL
+
+
+class ListInbox:
+    def __init__(self, room: int = 100) -> None:
+        self.items: list = []
+        self.room = room
+
+    def put(self, requests, timeout):
+        if len(self.items) >= self.room:
+            return False
+        self.items.append(requests)
+        return True
+
+    def get(self, timeout):
+        return self.items.pop(0) if self.items else None
+
+    def depth(self):
+        return len(self.items)
+
+
+def _req(gid: int):
+    from slipstream.runtime.channels import PromptRequest
+    from slipstream.types import Prompt
+
+    return PromptRequest(gid, Prompt(f"p{gid}", "x", None), (gid,), 1, 0)
+
+
+def test_router_sends_to_the_least_loaded_live_sampler_and_knows_what_a_dead_one_held():
+    from slipstream.runtime.channels import Router
+
+    a, b = ListInbox(), ListInbox(room=1)
+    r = Router([a, b])
+    assert r.put([_req(0), _req(1)], timeout=0)  # both empty: the first
+    assert r.put([_req(2)], timeout=0)  # b holds fewer
+    assert r.put([_req(3)], timeout=0)  # b is full: a
+    assert r.owner == {0: 0, 1: 0, 2: 1, 3: 0} and r.load == [3, 1]
+    r.done(0)
+    # sampler 0 dies having started the first two requests sent to it (0 came back already)
+    started, queued = r.down(0, started=2)
+    assert (started, queued) == ([1], [3])
+    assert r.load[0] == 0 and not r.live[0] and 1 not in r.owner and 3 not in r.owner
+    r.replace(0, fresh := ListInbox())
+    b.items.clear()
+    assert r.put([_req(4)], timeout=0) and r.owner[4] == 1  # live before restarting
+    r.up(0)
+    assert r.put([_req(5)], timeout=0) and r.owner[5] == 0 and fresh.items
+    assert not Router([ListInbox(room=0)]).put([_req(6)], timeout=0.01)  # full: False, no hang

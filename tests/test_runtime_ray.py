@@ -22,7 +22,7 @@ import torch
 from slipstream.config import load_config
 from slipstream.model import load_pretrained
 from slipstream.runtime.ray import RayRuntime, RemoteTimeout
-from slipstream.schedule.orchestrator import train_async
+from slipstream.schedule.launch import train_async
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_orchestrator_local as local_tests

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from pathlib import Path
+from typing import Any
 
 from slipstream.config import ConfigError, load_config
 from slipstream.tasks import TaskError
@@ -41,17 +43,39 @@ def _train(argv: list[str]) -> int:
     elif overrides and "=" not in overrides[0]:
         path = overrides.pop(0)
     cfg = load_config(path, overrides)
-    if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
-        from slipstream.schedule.sync import train_sync
+    try:
+        if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
+            from slipstream.schedule.sync import train_sync
 
-        train_sync(cfg, resume=bool(args.resume))
-    elif args.resume:
-        raise ConfigError("--resume: only the in-process sync loop can resume (runtime.kind = 'inprocess')")
-    else:  # every other schedule runs samplers and the trainer in separate processes
-        from slipstream.schedule.orchestrator import train_async
+            train_sync(cfg, resume=bool(args.resume))
+        else:  # every other schedule runs samplers and the trainer in separate processes
+            from slipstream.schedule.launch import train_async
 
-        train_async(cfg)
+            train_async(cfg, resume=bool(args.resume))
+    except (ConfigError, TaskError):
+        raise
+    except BaseException as e:
+        _where_to_resume(cfg, e)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return 1
     return 0
+
+
+def _where_to_resume(cfg: Any, e: BaseException) -> None:
+    """The trainer stopped (an error, Ctrl-C): the traceback, then where to resume from."""
+    from slipstream.train.checkpoint import list_checkpoints
+
+    if not isinstance(e, KeyboardInterrupt):
+        traceback.print_exc()
+    run_dir = cfg.run.dir
+    ckpts = list_checkpoints(run_dir) if run_dir else []
+    what = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed: {type(e).__name__}: {e}"
+    if ckpts:
+        hint = f"newest checkpoint {ckpts[-1]}; continue with: slipstream train --resume {run_dir}"
+    else:
+        hint = "no checkpoint was written yet (checkpoint.every); start again"
+    print(f"slipstream: training {what}\nslipstream: {hint}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -187,6 +187,23 @@ class FilterConfig(_Section):
     learned can come back (as GRESO re-samples skipped prompts with some probability). With
     prompts drawn once per epoch, N means one group every N + 1 epochs. 0: never (excluded
     for the rest of the run)."""
+    pass_rate_skip_prob: float = Field(1.0, ge=0.0, le=1.0)
+    """s: how surely the band skips a prompt outside it. 1 (default): always, the hard band. Below
+    1, the selective-rollout rule of GRESO (Zheng et al. 2025): a prompt outside the band whose
+    last z groups each had a pass rate outside it (with G = 8: all failed or all passed, the
+    zero-variance groups GRESO counts) is skipped with probability
+    `1 - (1 - s)^z` and drawn otherwise, so the longer its uninformative streak, the rarer its
+    groups, yet it is never excluded for good: once the policy can solve some of a hopeless
+    prompt (or fail a mastered one) its next group ends the streak and it is drawn again. With
+    s = 0.5: drawn 1/2 of the time after one such group, 1/8 after three."""
+    pass_rate_refill: bool = True
+    """What takes a skipped prompt's place in the step. True: the next prompt of the dataset,
+    so every step still generates B groups (more of them informative) and epochs end sooner.
+    False: nothing, as if its group had been generated and dropped by `zero_variance`: each
+    step takes the same B prompts of the dataset as without the band and generates only the
+    ones the band lets through (at least one), so the band saves exactly the generation of the
+    groups it predicts to be uninformative. Only the `sync` schedule honours False; the other
+    schedules issue prompts until a step holds B groups, which refills."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling (§3.2): after filtering, draw more prompts until the step holds B
     informative groups or `max_extra_draws` extra prompts were drawn. Each refill draws only

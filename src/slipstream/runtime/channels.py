@@ -62,7 +62,7 @@ class SamplerReport:
     prefill_tokens: int = 0
     cancelled_tokens: int = 0  # tokens of redundant members cancelled once G had finished
     aborted_tokens: int = 0  # tokens of groups aborted for staleness
-    taken: int = 0  # prompt requests taken from its inbox (it had started them)
+    started: int = 0  # prompt requests with a member in the engine, in inbox order
     version: int = 0  # the weights version the sampler generates with
     # closed (kind, t0, t1) intervals since the previous report, for the timeline
     intervals: list[tuple[str, float, float]] = field(default_factory=list)
@@ -153,9 +153,9 @@ class Router:
     `put` sends a chunk whole to one sampler: the live one holding the fewest requests whose
     inbox has room. `owner` maps each group id sent to its sampler until `done` (the group came
     back); `down(i)` forgets sampler i's requests and returns their ids in the order they were
-    sent (the sampler died: they must be issued again; an inbox is first in, first out, so a
-    sampler that reported taking n requests had started the first n); a sampler is live again
-    once `up(i)` (its replacement reported ready).
+    sent (the sampler died: they must be issued again; a sampler starts requests in the order
+    its inbox gives them, so one that reported starting n had started the first n); a sampler
+    is live again once `up(i)` (its replacement reported ready).
     """
 
     def __init__(self, inboxes: list[PromptChannel]) -> None:
@@ -186,17 +186,17 @@ class Router:
         if i is not None:
             self.load[i] -= 1
 
-    def down(self, i: int, taken: int = 0) -> tuple[list[int], list[int]]:
-        """Sampler `i` died having taken `taken` requests from its inbox: the ids of the groups
-        it held, as (started, still queued), each in the order sent."""
+    def down(self, i: int, started: int = 0) -> tuple[list[int], list[int]]:
+        """Sampler `i` died having started generating the first `started` requests sent to it:
+        the ids of the groups it held, as (started, not started), each in the order sent."""
         self.live[i] = False
-        started = set(self.sent[i][:taken])
+        begun = set(self.sent[i][:started])
         held = [g for g in self.sent[i] if self.owner.get(g) == i]
         for g in held:
             del self.owner[g]
         self.load[i] = 0
         self.sent[i] = []
-        return [g for g in held if g in started], [g for g in held if g not in started]
+        return [g for g in held if g in begun], [g for g in held if g not in begun]
 
     def up(self, i: int) -> None:
         self.live[i] = True

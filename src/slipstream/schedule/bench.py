@@ -46,7 +46,7 @@ def time_to_target(curve: list[dict[str, float]], target: float) -> float | None
 
 
 def run_preset(name: str, out: Path, overrides: list[str], eval_every: int) -> dict[str, Any]:
-    from slipstream.schedule.orchestrator import train_async
+    from slipstream.schedule.launch import train_async
 
     cfg = load_config(
         None,

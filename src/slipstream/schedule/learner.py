@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,6 +39,14 @@ class RunLearner:
         self.curve: list[dict[str, float]] = []  # {step, wall_s, heldout_acc}
         self._snapshots: list[tuple[int, float, dict[str, torch.Tensor]]] = []
         self._mark = Counter(run.counters)  # the run's counters at the last step record
+        self.extra_state: Callable[[], dict[str, Any]] = dict  # more for each checkpoint
+
+    def restored(self, acc_start: float | None) -> None:
+        """The run was restored from a checkpoint: count from its counters; its held-out
+        accuracy at the start, if it had one, begins the curve."""
+        self._mark = Counter(self.run.counters)
+        if acc_start is not None:
+            self.curve.append({"step": 0, "wall_s": 0.0, "heldout_acc": acc_start})
 
     @property
     def version(self) -> int:
@@ -93,7 +102,7 @@ class RunLearner:
         run.rollouts.write(step, groups)
         run.view.update(step, record)
         if step % cfg.checkpoint.every == 0 or step == cfg.run.steps:
-            checkpoint(run)
+            checkpoint(run, **self.extra_state())
 
     def evaluate_deferred(self) -> None:
         """Score the snapshots (after the run); leaves the model with its final weights."""

@@ -33,22 +33,19 @@ work and sends nothing for `sampler_timeout_s` is killed and treated the same wa
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
-
-import torch
 
 from slipstream.runtime.channels import Channels, PromptRequest, Router, SamplerMessage
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.presets import ScheduleSpec
 from slipstream.schedule.step_stats import StepStats, group_lag
 from slipstream.schedule.tail import LengthModel
-from slipstream.types import Group, Prompt
+from slipstream.types import FinishReason, Group, Prompt, Sample
 
 
 class Learner(Protocol):
@@ -338,15 +335,17 @@ class Orchestrator:
         self._close_ready_windows()
 
     def sampler_lost(self, i: int) -> None:
-        """Sampler `i` died. Requests it had started are lost (ledger) and issued again, each
-        as a new request for the same prompt, seeds and batch; those still in its inbox are
-        sent again as they were."""
+        """Sampler `i` died. Requests it had started generating are lost (ledger) and issued
+        again, each as a new request for the same prompt, seeds and batch; those it had not
+        started are sent again as they were."""
         st, now = self.state, time.perf_counter()
         st.ready.discard(i)
         st.heard.pop(i, None)
         report = self.stats.reports.get(i)
         self.stats.sampler_died(i, now)
-        started, queued = self.router.down(i, report.taken if report else 0)
+        # as of its last report: a group started since then counts as not started (no tokens
+        # of it were reported, so none are counted lost)
+        started, queued = self.router.down(i, report.started if report else 0)
         again: list[PromptRequest] = [st.outstanding[gid] for gid in queued]
         for gid in started:
             req = st.outstanding.pop(gid)
@@ -452,6 +451,45 @@ class Orchestrator:
         }
         self.learner.after_step(record, groups)
 
+    # ---- checkpoint ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The work in the pipeline, as JSON: requests issued and not back (in flight, queued
+        at a sampler, or waiting to be sent), prompts drawn and not issued, groups back and not
+        yet trained, and the counters of windows and admission. Taken between two steps (the
+        open window holds nothing then). With the run's own checkpoint, a resumed run issues
+        the same requests again and trains the same groups: nothing skipped, nothing twice."""
+        st = self.state
+        assert not st.step_groups and not st.kept, "checkpoint between steps only"
+        return {
+            "issued": st.issued,
+            "batches_issued": st.batches_issued,
+            "windows": st.windows,
+            "out_of_bound": st.out_of_bound,
+            "consumed": st.consumed,
+            "requests": [_request_json(st.outstanding[g]) for g in sorted(st.outstanding)],
+            "queue": [[asdict(p), g] for p, g in st.queue],
+            "window": [[gid, asdict(g)] for gid, g in st.window],
+            "batches": {str(b): [[gid, asdict(g)] for gid, g in v] for b, v in st.batches.items()},
+            "batch_left": {str(b): n for b, n in st.batch_left.items()},
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        """Restore `state_dict()` before `start`: the requests go out again first."""
+        st = self.state
+        st.issued, st.batches_issued, st.windows = d["issued"], d["batches_issued"], d["windows"]
+        st.out_of_bound, st.consumed = d["out_of_bound"], d["consumed"]
+        reqs = [_request_from_json(r) for r in d["requests"]]
+        st.outstanding = {r.group_id: r for r in reqs}
+        st.queue = deque((Prompt(**p), g) for p, g in d["queue"])
+        st.window = [(gid, _group_from_json(g)) for gid, g in d["window"]]
+        st.batches = {int(b): [(gid, _group_from_json(g)) for gid, g in v] for b, v in d["batches"].items()}
+        st.batch_left = {int(b): n for b, n in d["batch_left"].items()}
+        if self.fixed:
+            for b in sorted({r.batch for r in reqs}):
+                st.reissue.append([r for r in reqs if r.batch == b])
+        else:
+            st.reissue.extend([r] for r in reqs)
+
     def summary(self) -> dict[str, Any]:
         """Run-level staleness and utilisation (over the whole loop)."""
         st = self.state
@@ -484,100 +522,14 @@ class Orchestrator:
             self.timeline.interval(actor, kind, max(t0 - o, 0.0), max(t1 - o, 0.0))
 
 
-# ---- the run ------------------------------------------------------------------------------------
-def train_async(cfg: Any, signals: Any = None) -> dict[str, Any]:
-    """Train with `cfg.schedule` on the local or the Ray runtime (`runtime.kind`); the run
-    folder is `train_sync`'s: config.toml, metrics.jsonl, ledger.json, summary.json,
-    timeline.jsonl, rollouts, checkpoints/. Ctrl-C, SIGTERM and errors take the runtime's one
-    shutdown path, and the ledger is written either way. On Ray this starts or joins the
-    cluster and (`runtime.trainer_actor`) runs the rest of this function in a trainer actor,
-    whose stop flag is `signals`."""
-    from slipstream.runtime.local import Interrupts
-    from slipstream.schedule.sync import finish
-
-    rc = cfg.runtime
-    if rc.kind == "ray" and signals is None:
-        from slipstream.runtime.ray import host_trainer, session
-        from slipstream.schedule.setup import make_run_dir
-
-        with session(rc.address):
-            if not rc.trainer_actor:
-                return train_async(cfg, Interrupts())
-            cfg.run.dir = str(make_run_dir(cfg).resolve())  # the actor's working folder may differ
-            return host_trainer(
-                train_async, (cfg,), {}, Interrupts(), rc.trainer_resources,
-                rc.shutdown_timeout_s + 30,
-            )
-    run, rt, learner, orch, sampler = _build(cfg)
-    signals = signals or Interrupts()
-
-    orch.health = signals.raise_if_requested
-    try:
-        with signals.catch():
-            rt.channels.weights.publish(dict(run.model.named_parameters()), run.trainer.version)
-            rt.start(sampler)
-            run.view.log(f"schedule {orch.spec.name}: {rt.num_samplers} sampler(s) on {rc.kind}")
-            orch.wait_ready(cfg.runtime.startup_timeout_s)
-            orch.start()
-            learner.t_start = run.timeline.origin = orch.stats.t_start
-            acc_start = learner.evaluate(0)
-            orch.run()
-            wall = time.perf_counter() - orch.stats.t_start
-    except BaseException:
-        run.view.close()  # leave the terminal clean; metrics written so far stay
-        run.sink.close()
-        run.timeline.close()
-        raise
-    finally:
-        rt.shutdown()
-        run.ledger.in_flight = orch.leftover()
-        (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
-    learner.evaluate_deferred()
-    curve = sorted(learner.curve, key=lambda c: c["step"])
-    run.info.update(
-        orch.summary(), heldout_curve=curve, runtime=rc.kind, sampler_pids=rt.pids(), samplers=rt.num_samplers
-    )
-    if rc.kind == "ray":
-        run.info.update(weight_transport=rc.weight_transport, weight_fallbacks=rt.weights.fallbacks)
-    acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
-    return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
+def _request_json(r: PromptRequest) -> dict[str, Any]:
+    return {**asdict(r), "seeds": list(r.seeds)}
 
 
-def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
-    """The run, the runtime (not started), the learner, the orchestrator, the sampler spec."""
-    from slipstream.runtime import make_runtime
-    from slipstream.runtime.local import default_threads
-    from slipstream.schedule.learner import RunLearner
-    from slipstream.schedule.presets import preset
-    from slipstream.schedule.sampler import SamplerSpec
-    from slipstream.schedule.setup import setup
+def _request_from_json(d: dict[str, Any]) -> PromptRequest:
+    return PromptRequest(**{**d, "prompt": Prompt(**d["prompt"]), "seeds": tuple(d["seeds"])})
 
-    spec = preset(cfg.schedule.name, cfg.schedule.max_lag)
-    rc, sc = cfg.runtime, cfg.schedule
-    B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, sc.redundant
-    run = setup(cfg)
-    torch.set_num_threads(rc.trainer_threads or default_threads(rc.num_samplers))
-    rt = make_runtime(rc, dict(run.model.named_parameters()), (spec.max_lag + 2) * B, 2 * B)
-    learner = RunLearner(run, rc.defer_eval, run.timeline)
-    f = cfg.filters
-    opts = Options(
-        B,
-        G,
-        cfg.run.steps,
-        r,
-        sc.lag_policy,
-        sc.tail_pool,
-        rc.poll_s,
-        rc.stall_timeout_s,
-        dynamic_sampling=f.dynamic_sampling,
-        max_extra_draws=f.max_extra_draws,
-        sampler_timeout_s=rc.sampler_timeout_s,
-        chaos_kills=rc.chaos_kills,
-        chaos_every_s=rc.chaos_every_s,
-        chaos_seed=cfg.run.seed,
-    )
-    orch = Orchestrator(spec, opts, learner, rt.channels, timeline=run.timeline, runtime=rt)
-    dtype = run.model.lm_head.weight.dtype
-    slots = rc.sampler_slots or B * (G + r)
-    sampler = SamplerSpec(cfg, run.model.config, dtype, run.tok, spec, slots, run.engine.max_len)
-    return run, rt, learner, orch, sampler
+
+def _group_from_json(d: dict[str, Any]) -> Group:
+    samples = [Sample(**{**s, "finish_reason": FinishReason(s["finish_reason"])}) for s in d["samples"]]
+    return Group(Prompt(**d["prompt"]), samples, d.get("advantages_G"))

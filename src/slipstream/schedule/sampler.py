@@ -174,7 +174,6 @@ class SamplerWorker:
             self._admit(chunk)
 
     def _admit(self, chunk: list[PromptRequest]) -> None:
-        self.state.report.taken += len(chunk)
         for req in chunk:
             self.state.groups[req.group_id] = _Member(req)
             ids = self.tok.encode(req.prompt.text)
@@ -188,7 +187,10 @@ class SamplerWorker:
         if self.state.draining:
             return []
         b = self.state.backlog
-        return [b.popleft() for _ in range(min(n, len(b)))]
+        out = [b.popleft() for _ in range(min(n, len(b)))]
+        # a group starts with its first member (the backlog keeps the inbox's order)
+        self.state.report.started += sum(r.key[1] == 0 for r in out)
+        return out
 
     def _wait_for_work(self, ch: Channels) -> None:
         st = self.state

@@ -97,10 +97,13 @@ class Run:
 
     def draw(self, n: int) -> list[Prompt]:
         """n prompts; with the pass-rate band on, mastered and hopeless prompts are skipped here,
-        before any generation is spent on them."""
+        before any generation is spent on them, and replaced by further draws, or with
+        `pass_rate_refill` off not replaced: the batch is the n drawn minus the skipped (at
+        least one prompt)."""
         out: list[Prompt] = []
         tries = 0
-        while len(out) < n:
+        refill = self.cfg.filters.pass_rate_refill
+        while len(out) < n and (refill or tries < n or not out):
             p = self.source.draw()
             tries += 1
             ok, reason = self.pass_rates.should_draw(p.id) if self.cfg.filters.pass_rate_band else (True, "")
@@ -292,6 +295,7 @@ def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
     return PassRateTracker(
         f.pass_rate_low, f.pass_rate_high, ema_decay=f.pass_rate_ema_decay,
         min_attempts=f.pass_rate_min_attempts, retry_after=f.pass_rate_retry_after,
+        skip_prob=f.pass_rate_skip_prob, seed=cfg.run.seed,
     )
 
 

@@ -1,0 +1,138 @@
+"""Launch an orchestrated run: the run, a runtime (local processes or Ray actors), the
+orchestrator between them; resume from a checkpoint; one shutdown path.
+
+`train_async(cfg)` is what `slipstream train` calls for every schedule but the in-process
+`sync` loop. On Ray it first starts or joins the cluster and, by default, runs the trainer
+side in a trainer actor (`runtime.trainer_actor`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+
+from slipstream.schedule.orchestrator import Options, Orchestrator
+
+
+def train_async(cfg: Any, signals: Any = None, resume: bool = False) -> dict[str, Any]:
+    """Train with `cfg.schedule` on the local or the Ray runtime (`runtime.kind`); the run
+    folder is `train_sync`'s: config.toml, metrics.jsonl, ledger.json, summary.json,
+    timeline.jsonl, rollouts, checkpoints/. Ctrl-C, SIGTERM and errors take the runtime's one
+    shutdown path, and the ledger is written either way. On Ray this starts or joins the
+    cluster and (`runtime.trainer_actor`) runs the rest of this function in a trainer actor,
+    whose stop flag is `signals`. With `resume`, continue from the newest checkpoint in
+    `cfg.run.dir`: weights, optimizer, run state and the orchestrator's queued work."""
+    from slipstream.runtime.local import Interrupts
+
+    rc = cfg.runtime
+    if rc.kind == "ray" and signals is None:
+        from slipstream.runtime.ray import host_trainer, session
+        from slipstream.schedule.setup import make_run_dir
+
+        with session(rc.address):
+            if not rc.trainer_actor:
+                return train_async(cfg, Interrupts(), resume)
+            cfg.run.dir = str(make_run_dir(cfg).resolve())  # the actor's working folder may differ
+            return host_trainer(
+                train_async, (cfg,), {"resume": resume}, Interrupts(), rc.trainer_resources,
+                rc.shutdown_timeout_s + 30,
+            )
+    return _train(cfg, signals or Interrupts(), resume)
+
+
+def _train(cfg: Any, signals: Any, resume: bool) -> dict[str, Any]:
+    """The run in this process: build, restore, start the samplers, loop, shut down, finish."""
+    from slipstream.schedule.sync import finish, latest_checkpoint, restore, rewind
+
+    rc = cfg.runtime
+    ckpt = latest_checkpoint(cfg.run.dir) if resume else None
+    if ckpt is not None:
+        rewind(ckpt)
+    run, rt, learner, orch, sampler = _build(cfg)
+    saved: dict[str, Any] = {}
+    if ckpt is not None:
+        saved = restore(run, ckpt)
+        learner.restored(saved.get("heldout_acc_start"))
+        if "orchestrator" in saved:
+            orch.load_state_dict(saved["orchestrator"])
+    acc_start = saved.get("heldout_acc_start")
+    learner.extra_state = lambda: {
+        "orchestrator": orch.state_dict(),
+        "heldout_acc_start": acc_start,
+        "wall_s": time.perf_counter() - orch.stats.t_start,
+    }
+    orch.health = signals.raise_if_requested
+    try:
+        with signals.catch():
+            rt.channels.weights.publish(dict(run.model.named_parameters()), run.trainer.version)
+            rt.start(sampler)
+            run.view.log(f"schedule {orch.spec.name}: {rt.num_samplers} sampler(s) on {rc.kind}")
+            orch.wait_ready(cfg.runtime.startup_timeout_s)
+            orch.start()
+            orch.stats.t_start -= saved.get("wall_s", 0.0)  # a resumed run's clock goes on
+            learner.t_start = run.timeline.origin = orch.stats.t_start
+            if ckpt is None:
+                acc_start = learner.evaluate(0)
+            orch.run()
+            wall = time.perf_counter() - orch.stats.t_start
+    except BaseException:
+        run.view.close()  # leave the terminal clean; metrics written so far stay
+        run.sink.close()
+        run.timeline.close()
+        raise
+    finally:
+        rt.shutdown()
+        run.ledger.in_flight = orch.leftover()
+        (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
+    learner.evaluate_deferred()
+    curve = sorted(learner.curve, key=lambda c: c["step"])
+    run.info.update(
+        orch.summary(), heldout_curve=curve, runtime=rc.kind, sampler_pids=rt.pids(), samplers=rt.num_samplers
+    )
+    if rc.kind == "ray":
+        run.info.update(weight_transport=rc.weight_transport, weight_fallbacks=rt.weights.fallbacks)
+    acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
+    return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
+
+
+def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
+    """The run, the runtime (not started), the learner, the orchestrator, the sampler spec."""
+    from slipstream.runtime import make_runtime
+    from slipstream.runtime.local import default_threads
+    from slipstream.schedule.learner import RunLearner
+    from slipstream.schedule.presets import preset
+    from slipstream.schedule.sampler import SamplerSpec
+    from slipstream.schedule.setup import setup
+
+    spec = preset(cfg.schedule.name, cfg.schedule.max_lag)
+    rc, sc = cfg.runtime, cfg.schedule
+    B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, sc.redundant
+    run = setup(cfg)
+    torch.set_num_threads(rc.trainer_threads or default_threads(rc.num_samplers))
+    rt = make_runtime(rc, dict(run.model.named_parameters()), (spec.max_lag + 2) * B, 2 * B)
+    learner = RunLearner(run, rc.defer_eval, run.timeline)
+    f = cfg.filters
+    opts = Options(
+        B,
+        G,
+        cfg.run.steps,
+        r,
+        sc.lag_policy,
+        sc.tail_pool,
+        rc.poll_s,
+        rc.stall_timeout_s,
+        dynamic_sampling=f.dynamic_sampling,
+        max_extra_draws=f.max_extra_draws,
+        sampler_timeout_s=rc.sampler_timeout_s,
+        chaos_kills=rc.chaos_kills,
+        chaos_every_s=rc.chaos_every_s,
+        chaos_seed=cfg.run.seed,
+    )
+    orch = Orchestrator(spec, opts, learner, rt.channels, timeline=run.timeline, runtime=rt)
+    dtype = run.model.lm_head.weight.dtype
+    slots = rc.sampler_slots or B * (G + r)
+    sampler = SamplerSpec(cfg, run.model.config, dtype, run.tok, spec, slots, run.engine.max_len)
+    return run, rt, learner, orch, sampler

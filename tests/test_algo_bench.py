@@ -1,0 +1,59 @@
+"""bench/algorithms.py's measurement: crossings, smoothing, savings and the mean over seeds."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_algorithms", Path(__file__).parents[1] / "bench" / "algorithms.py"
+)
+assert _spec is not None and _spec.loader is not None
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+CURVE = [(0, 0.1), (100, 0.2), (200, 0.4), (300, 0.3)]
+
+
+def test_tokens_to_reach_first_evaluation_or_interpolated():
+    assert bench.tokens_to_reach(CURVE, 0.3) == 200  # first evaluation at or above
+    # the line from (100, 0.2) to (200, 0.4) crosses 0.3 halfway: 150
+    assert bench.tokens_to_reach(CURVE, 0.3, interpolate=True) == 150
+    assert bench.tokens_to_reach(CURVE, 0.5, interpolate=True) is None
+    # the start is not a crossing, and a start already above does not interpolate backwards
+    assert bench.tokens_to_reach([(0, 0.5), (100, 0.6)], 0.4, interpolate=True) == 100
+
+
+def test_smooth_is_a_trailing_mean_of_three():
+    smoothed = bench.smooth(CURVE)
+    assert [t for t, _ in smoothed] == [0, 100, 200, 300]
+    assert [a for _, a in smoothed] == pytest.approx([0.1, 0.15, 0.7 / 3, 0.3])
+
+
+def _run(curve: list[tuple[int, float]], steps: int = 10) -> dict:
+    return {
+        "comparison": "filters", "overrides": [], "steps": steps, "final_acc": curve[-1][1],
+        "generated_tokens": curve[-1][0], "wall_s": 1.0, "filtered_groups": 0,
+        "trained_groups": 0, "prompts_skipped": 0, "curve": curve,
+        "smoothed": bench.smooth(curve),
+    }  # fmt: skip
+
+
+def test_savings_on_raw_and_smoothed_curves():
+    base = _run([(0, 0.1), (100, 0.2), (200, 0.3), (300, 0.4)])
+    other = _run([(0, 0.1), (50, 0.2), (100, 0.3), (150, 0.4)])  # the same, at half the tokens
+    assert bench.savings(base, other, 0.4) == pytest.approx(0.5)
+    assert bench.savings(base, other, 0.3, "smoothed") == pytest.approx(0.5)
+    assert bench.savings(base, _run([(0, 0.1), (100, 0.2)]), 0.4) is None
+
+
+def test_mean_over_seeds_averages_evaluations_and_cuts_to_the_shortest():
+    a = {"r": _run([(0, 0.1), (100, 0.3), (200, 0.5)]), "only_a": _run([(0, 0.1)])}
+    b = {"r": _run([(0, 0.1), (200, 0.1)], steps=5)}
+    mean = bench.mean_over_seeds([a, b])
+    assert list(mean) == ["r"]
+    assert [t for t, _ in mean["r"]["curve"]] == [0, 150]
+    assert [a for _, a in mean["r"]["curve"]] == pytest.approx([0.1, 0.2])
+    assert mean["r"]["steps"] == 5 and mean["r"]["final_acc"] == pytest.approx(0.2)
