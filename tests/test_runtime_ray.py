@@ -102,11 +102,11 @@ def test_weights_by_gloo_broadcast_with_the_trainer_in_the_driver(assets, tmp_pa
 
 def test_a_killed_sampler_actor_is_restarted_and_its_work_counted_lost(assets, tmp_path):
     """Ray restarts the killed actor, `check()` calls `run` again in it with a fresh inbox and
-    the latest weights; the groups it had taken (its inbox counted them) are lost and issued
+    the latest weights; the groups it had started (as of its last report) are lost and issued
     again, the rest of its inbox is sent again as it was. One group at a time per sampler
     (`sampler_slots` = G) keeps each sampler busy with work waiting in its inbox, so the kill
     finds a started group (with a full engine of groups that start and end together, a kill
-    right after the last one was delivered would find only requests it has not taken)."""
+    right after the last one was delivered would find only requests it has not started)."""
     cfg = _cfg(
         assets,
         tmp_path / "chaos",

@@ -239,22 +239,6 @@ def host_trainer(
 
 
 # ---- the runtime ------------------------------------------------------------------------------
-class InboxRouter(Router):
-    """A `Router` that also counts, as started, every request a dead sampler's inbox had
-    handed out (`check()` asks the inbox before replacing it). A sampler reports what it
-    started with its messages, so a request it started after its last message would look
-    queued and be sent again as it was, its generation lost but not counted. Counted here, it
-    is `lost` and issued again as a new request; the only cost is that a request still in the
-    sampler's backlog (a fixed batch's chunk larger than its slots) counts as lost too."""
-
-    def __init__(self, inboxes: list[Any]) -> None:
-        super().__init__(inboxes)
-        self.taken: dict[int, int] = {}  # dead sampler -> requests its inbox handed out
-
-    def down(self, i: int, started: int = 0) -> tuple[list[int], list[int]]:
-        return super().down(i, max(started, self.taken.pop(i, 0)))
-
-
 class RayRuntime:
     """Implements `channels.Runtime` with Ray actors (module docstring). Arguments as
     `LocalRuntime`'s, plus the weight transport, `call_timeout_s` and the sampler actors'
@@ -284,7 +268,7 @@ class RayRuntime:
         self.weights = TrainerWeights(params, weight_transport, call_timeout_s)
         self.stop = _Stop(threading.Event())
         self.channels = Channels(
-            prompts=InboxRouter(list(self.inboxes)),
+            prompts=Router(list(self.inboxes)),
             groups=RayQueue("groups", self.groups.actor, call_timeout_s, batch=32),
             weights=self.weights,
             stop=self.stop,
@@ -388,10 +372,8 @@ class RayRuntime:
             self.restarts[i] += 1
             self.weights.fall_back(f"sampler {i} died")
             router = self.channels.prompts
-            assert isinstance(router, InboxRouter)
-            old = self.inboxes[i]
-            router.taken[i] = get(old.actor.taken.remote(), self.call_timeout_s, old.name)
-            old.close()
+            assert isinstance(router, Router)
+            self.inboxes[i].close()
             self.inboxes[i] = self._inbox(i)
             router.replace(i, self.inboxes[i])
             self._pings.pop(i, None)

@@ -48,7 +48,6 @@ class QueueActor:
 
     def __init__(self, maxsize: int) -> None:
         self._q: asyncio.Queue[bytes] = asyncio.Queue(maxsize)
-        self._taken = 0  # items handed out by `get`
 
     async def put(self, item: bytes, timeout: float) -> bool:
         try:
@@ -72,11 +71,7 @@ class QueueActor:
             return []
         while len(items) < n and not self._q.empty():
             items.append(self._q.get_nowait())
-        self._taken += len(items)
         return items
-
-    async def taken(self) -> int:
-        return self._taken
 
     async def qsize(self) -> int:
         return self._q.qsize()

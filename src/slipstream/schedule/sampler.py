@@ -105,6 +105,7 @@ class SamplerState:
     draining: bool = False  # between_batches + continuous: finishing before a weight load
     checked_version: int = -1  # latest version the abort rule has been applied against
     t_last_report: float = 0.0
+    started_reported: int = 0  # `report.started` as last sent
     span: list[Any] | None = None  # open timeline interval [kind, t0, t1]
     report: SamplerReport = field(default_factory=lambda: SamplerReport(0, 0.0, 0.0))
 
@@ -129,7 +130,7 @@ class SamplerWorker:
         Consumes: prompt requests (`ch.prompts`); weight versions (`ch.weights`).
         Produces: one message per request on `ch.groups`, a scored `group` or an `aborted`
         one, each carrying the sampler's counters; `stats` when it goes idle or every
-        `STATS_EVERY_S` while busy.
+        `STATS_EVERY_S` while busy and after each engine step that started a group.
         Waits for: prompt requests, when it has nothing to generate (the orchestrator's
         admission control or the trainer's step holds them back); a full group queue.
         Unblocked by: the orchestrator issuing prompts; `ch.stop` (checked every `poll_s`).
@@ -151,7 +152,10 @@ class SamplerWorker:
                 self._finished(ch, c)
             self._abort_stale(ch)
             self._account("generate", t0)
-            if time.perf_counter() - st.t_last_report > STATS_EVERY_S:
+            # counters at least every STATS_EVERY_S, and at once when a group has started, so
+            # that if this sampler dies the trainer knows which of its requests had begun
+            started = st.report.started > st.started_reported
+            if started or time.perf_counter() - st.t_last_report > STATS_EVERY_S:
                 self._send(ch, SamplerMessage("stats", self.id))
 
     def _take(self, ch: Channels) -> None:
@@ -310,5 +314,5 @@ class SamplerWorker:
         while not ch.groups.put(msg, timeout=self.poll_s):
             if ch.stop.is_set():
                 return
-        st.t_last_report = r.t
+        st.t_last_report, st.started_reported = r.t, r.started
         r.intervals = []
