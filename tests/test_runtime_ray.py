@@ -179,7 +179,7 @@ def test_a_stuck_actor_is_an_error_not_a_hang():
 
 def test_the_default_task_on_ray_matches_the_local_runtime(tmp_path):
     """The default task and model (`slipstream train`: the built-in task, B = 64, G = 8), a
-    few `sync` steps, on both runtimes. "Within noise" is exact here: `sync` is deterministic
+    few `sync` steps, on both runtimes, each with 2 samplers and the trainer. "Within noise" is exact here: `sync` is deterministic
     with a fixed seed and one thread per process (the local runtime follows the in-process
     loop bit for bit, a test holds that), and Ray only changes where the same code runs. So
     the records, the held-out accuracy and the final weights must be equal. The warm start is
@@ -191,7 +191,7 @@ def test_the_default_task_on_ray_matches_the_local_runtime(tmp_path):
         return load_config(None, [
             f'run.dir="{tmp_path / (name or kind)}"', "run.steps=3", "run.quiet=true", "run.threads=1",
             "eval.every=3", "eval.num_prompts=128", f'runtime.kind="{kind}"',
-            "runtime.trainer_threads=1", "runtime.threads_per_sampler=1",
+            "runtime.num_samplers=2", "runtime.trainer_threads=1", "runtime.threads_per_sampler=1",
             "warmstart.max_steps=30", "warmstart.target_acc=0.99",
             f'warmstart.cache_dir="{tmp_path / "cache"}"',
         ])  # fmt: skip
