@@ -122,7 +122,9 @@ def test_a_killed_sampler_actor_is_restarted_and_its_work_counted_lost(assets, t
     ledger = json.loads((tmp_path / "chaos" / "ledger.json").read_text())
     assert summary["steps"] == 12 and _balanced(ledger), ledger
     assert summary["chaos_kills"] == 1 and summary["sampler_restarts"] == 1
-    assert ledger["lost"] >= 1  # its started group died with it
+    # its work came back: started groups lost and issued again, the rest re-sent (which of the
+    # two depends on where the kill lands: a sampler between two groups has started nothing)
+    assert ledger["lost"] + summary["groups_requeued"] >= 1
     assert summary["groups_trained_twice"] == 0
 
 

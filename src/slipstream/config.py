@@ -319,8 +319,9 @@ class RuntimeConfig(_Section):
     """A sampler holding work that sends nothing (not even its counters, sent every 0.5 s
     while busy) for this long is killed and restarted."""
     chaos_kills: int = Field(0, ge=0)
-    """Fault injection, to test recovery on your own setup: SIGKILL a random sampler this many
-    times during the run, one every `chaos_every_s` seconds (set `max_restarts` to match)."""
+    """Fault injection, to test recovery on your own setup: SIGKILL a random sampler (one that
+    holds work, if any does) this many times during the run, one every `chaos_every_s` seconds
+    (set `max_restarts` to match)."""
     chaos_every_s: float = Field(5.0, gt=0.0)
     """Seconds between injected sampler kills."""
     defer_eval: bool = False

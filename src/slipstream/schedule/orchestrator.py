@@ -182,7 +182,9 @@ class Orchestrator:
             self.health()  # a stop request surfaces here, between messages
             if self.stats.kills < self.opts.chaos_kills and time.perf_counter() > next_kill:
                 assert self.runtime is not None, "fault injection needs a runtime"
-                self.runtime.kill(chaos.randrange(self.ch.num_samplers))
+                # a sampler that holds work, if any: killing an idle one tests little
+                held = [i for i, n in enumerate(self.router.load) if n > 0]
+                self.runtime.kill(chaos.choice(held or list(range(self.ch.num_samplers))))
                 self.stats.kills += 1
                 next_kill = time.perf_counter() + self.opts.chaos_every_s
             self.recover()
@@ -347,6 +349,7 @@ class Orchestrator:
         # of it were reported, so none are counted lost)
         started, queued = self.router.down(i, report.started if report else 0)
         again: list[PromptRequest] = [st.outstanding[gid] for gid in queued]
+        self.stats.requeued += len(queued)
         for gid in started:
             req = st.outstanding.pop(gid)
             st.lost_ids.add(gid)

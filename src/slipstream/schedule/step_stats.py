@@ -85,6 +85,7 @@ class StepStats:
     restarts: int = 0
     hung: int = 0  # samplers killed for holding work in silence
     late_groups: int = 0  # groups of lost requests that arrived anyway (dropped)
+    requeued: int = 0  # requests a dead sampler had not started, sent again as they were
     downtime_s: float = 0.0  # death seen -> replacement ready, summed
     kills: int = 0  # fault injection (runtime.chaos_kills)
     trained_twice: int = 0  # groups whose (prompt, seeds) was already trained: must stay 0
@@ -204,6 +205,7 @@ class StepStats:
             "samplers_hung": self.hung,
             "tokens_lost": self.lost_tokens,
             "late_groups": self.late_groups,
+            "groups_requeued": self.requeued,
             "restart_downtime_s": self.downtime_s,
             "chaos_kills": self.kills,
             "groups_trained_twice": self.trained_twice,
