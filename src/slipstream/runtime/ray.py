@@ -160,7 +160,9 @@ class SamplerHost:
             self.factory(self.id).run(ch)
         except Exception:
             groups.put(SamplerMessage("error", self.id, error=traceback.format_exc()), 5.0)
+            groups.flush(5.0)
             return "error"
+        groups.flush(5.0)
         return "stopped"
 
     def offer(self, version: int, box: list[Any]) -> None:
@@ -264,7 +266,8 @@ class RayRuntime:
         self.shutdown_timeout_s, self.max_restarts = shutdown_timeout_s, max_restarts
         self.resources = dict(sampler_resources or {})
         self.inboxes = [self._inbox(i) for i in range(num_samplers)]
-        self.groups = RayQueue.create("groups", group_queue, call_timeout_s)  # samplers' end
+        self.groups = RayQueue.create("groups", group_queue, call_timeout_s)
+        self.groups.window = 8  # the samplers' end: pipelined puts
         self.weights = TrainerWeights(params, weight_transport, call_timeout_s)
         self.stop = _Stop(threading.Event())
         self.channels = Channels(
@@ -285,7 +288,12 @@ class RayRuntime:
         self._closed = False
 
     def _inbox(self, i: int) -> RayQueue:
-        return RayQueue.create(f"inbox {i}", self.prompt_queue, self.call_timeout_s)
+        """Sampler i's inbox. The trainer pipelines its puts (admission control already bounds
+        what is in flight, so the inbox does not fill); the sampler takes up to 4 chunks per
+        round trip and polls an empty inbox at most every `EMPTY_POLL_S`."""
+        q = RayQueue.create(f"inbox {i}", self.prompt_queue, self.call_timeout_s)
+        q.window, q.batch = 64, 4
+        return q
 
     def start(self, factory: Callable[[int], Any]) -> None:
         opts = actor_options(self.resources)

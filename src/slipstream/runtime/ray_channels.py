@@ -42,6 +42,7 @@ def get(ref: Any, timeout: float, what: str) -> Any:
 
 
 # ---- queues -------------------------------------------------------------------------------------
+EMPTY_POLL_S = 0.005  # a non-waiting get on a queue found empty is not repeated sooner
 @ray.remote(num_cpus=0, max_restarts=0)
 class QueueActor:
     """A bounded FIFO of byte strings; an async actor, so waiting calls do not block others."""
@@ -83,29 +84,64 @@ class QueueActor:
 class RayQueue:
     """`PromptChannel` / `GroupChannel` over a `QueueActor`; picklable (a sampler gets its end
     as an argument). `batch` > 1 moves up to that many items per get (the trainer's end of the
-    group queue: fewer round trips; at most `batch` items wait here beyond the queue's bound)."""
+    group queue: fewer round trips; at most `batch` items wait here beyond the queue's bound).
+    `window` > 0 pipelines puts (the samplers' end of the group queue): a put returns once sent,
+    up to `window` of them in flight, each waiting at the queue actor up to `call_timeout_s` for
+    room (calls from one caller run in order, so messages keep their order); a full window is
+    the back-pressure, and a put the actor refused raises `RemoteTimeout`."""
 
-    def __init__(self, name: str, actor: Any, call_timeout_s: float, batch: int = 1) -> None:
+    def __init__(
+        self, name: str, actor: Any, call_timeout_s: float, batch: int = 1, window: int = 0
+    ) -> None:
         self.name, self.actor, self.call_timeout_s, self.batch = name, actor, call_timeout_s, batch
+        self.window = window
         self._buf: deque[Any] = deque()
+        self._sent: deque[Any] = deque()  # pipelined puts not yet confirmed
+        self._empty_at = float("-inf")  # when a get last found the queue empty
 
     @classmethod
     def create(cls, name: str, maxsize: int, call_timeout_s: float) -> RayQueue:
         return cls(name, QueueActor.remote(maxsize), call_timeout_s)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_buf": deque()}
+        return {**self.__dict__, "_buf": deque(), "_sent": deque()}
+
+    def _confirm(self, ref: Any, timeout: float) -> None:
+        if not get(ref, timeout, f"queue {self.name!r} (put)"):
+            raise RemoteTimeout(
+                f"ray runtime: queue {self.name!r} had no room for {self.call_timeout_s:.1f}s "
+                "(runtime.call_timeout_s): its reader is stuck"
+            )
 
     def put(self, item: Any, timeout: float) -> bool:
         data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+        if self.window:
+            while self._sent and ray.wait([self._sent[0]], timeout=0)[0]:
+                self._confirm(self._sent.popleft(), self.call_timeout_s)
+            if len(self._sent) >= self.window:
+                if not ray.wait([self._sent[0]], timeout=max(timeout, 0.0))[0]:
+                    return False  # the window is full: back-pressure
+                self._confirm(self._sent.popleft(), self.call_timeout_s)
+            self._sent.append(self.actor.put.remote(data, self.call_timeout_s))
+            return True
         ref = self.actor.put.remote(data, timeout)
         return bool(get(ref, timeout + self.call_timeout_s, f"queue {self.name!r} (put)"))
 
+    def flush(self, timeout: float) -> None:
+        """Wait (up to `timeout`) until every pipelined put has reached the queue actor."""
+        if self._sent:
+            ray.wait(list(self._sent), num_returns=len(self._sent), timeout=timeout)
+            self._sent.clear()
+
     def get(self, timeout: float) -> Any:
         if not self._buf:
+            if timeout <= 0 and time.monotonic() - self._empty_at < EMPTY_POLL_S:
+                return None  # found empty a moment ago: spare the round trip
             ref = self.actor.get.remote(timeout, self.batch)
             items = get(ref, timeout + self.call_timeout_s, f"queue {self.name!r} (get)")
             self._buf.extend(pickle.loads(b) for b in items)
+            if not items:
+                self._empty_at = time.monotonic()
         return self._buf.popleft() if self._buf else None
 
     def depth(self) -> int:
