@@ -267,7 +267,7 @@ class RayRuntime:
         self.resources = dict(sampler_resources or {})
         self.inboxes = [self._inbox(i) for i in range(num_samplers)]
         self.groups = RayQueue.create("groups", group_queue, call_timeout_s)
-        self.groups.window = 8  # the samplers' end: pipelined puts
+        self.groups.window, self.groups.coalesce = 8, True  # the samplers' end: batched puts
         self.weights = TrainerWeights(params, weight_transport, call_timeout_s)
         self.stop = _Stop(threading.Event())
         self.channels = Channels(

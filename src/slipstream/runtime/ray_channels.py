@@ -60,6 +60,13 @@ class QueueActor:
         except (TimeoutError, asyncio.QueueFull):
             return False
 
+    async def put_many(self, items: list[bytes], timeout: float) -> bool:
+        """Each of `items` in order, each waiting up to `timeout` for room."""
+        for item in items:
+            if not await self.put(item, timeout):
+                return False
+        return True
+
     async def get(self, timeout: float, n: int) -> list[bytes]:
         """Up to `n` items; waits up to `timeout` for the first one."""
         items = []
@@ -88,7 +95,9 @@ class RayQueue:
     `window` > 0 pipelines puts (the samplers' end of the group queue): a put returns once sent,
     up to `window` of them in flight, each waiting at the queue actor up to `call_timeout_s` for
     room (calls from one caller run in order, so messages keep their order); a full window is
-    the back-pressure, and a put the actor refused raises `RemoteTimeout`."""
+    the back-pressure, and a put the actor refused raises `RemoteTimeout`. `coalesce` (with a
+    window) also gathers puts until `push()` (a sampler calls it once per loop) or 16 of them,
+    and sends them in one call."""
 
     def __init__(
         self, name: str, actor: Any, call_timeout_s: float, batch: int = 1, window: int = 0
@@ -98,13 +107,15 @@ class RayQueue:
         self._buf: deque[Any] = deque()
         self._sent: deque[Any] = deque()  # pipelined puts not yet confirmed
         self._empty_at = float("-inf")  # when a get last found the queue empty
+        self.coalesce = False
+        self._out: list[bytes] = []  # coalesced puts not yet sent
 
     @classmethod
     def create(cls, name: str, maxsize: int, call_timeout_s: float) -> RayQueue:
         return cls(name, QueueActor.remote(maxsize), call_timeout_s)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_buf": deque(), "_sent": deque()}
+        return {**self.__dict__, "_buf": deque(), "_sent": deque(), "_out": []}
 
     def _confirm(self, ref: Any, timeout: float) -> None:
         if not get(ref, timeout, f"queue {self.name!r} (put)"):
@@ -113,22 +124,40 @@ class RayQueue:
                 "(runtime.call_timeout_s): its reader is stuck"
             )
 
+    def _room(self, timeout: float) -> bool:
+        """Confirm finished pipelined puts; False if the window stays full for `timeout`."""
+        while self._sent and ray.wait([self._sent[0]], timeout=0)[0]:
+            self._confirm(self._sent.popleft(), self.call_timeout_s)
+        if len(self._sent) >= self.window:
+            if not ray.wait([self._sent[0]], timeout=max(timeout, 0.0))[0]:
+                return False  # the window is full: back-pressure
+            self._confirm(self._sent.popleft(), self.call_timeout_s)
+        return True
+
+    def push(self) -> None:
+        """Send the coalesced puts now, in one call."""
+        if self._out:
+            self._sent.append(self.actor.put_many.remote(self._out, self.call_timeout_s))
+            self._out = []
+
     def put(self, item: Any, timeout: float) -> bool:
         data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
         if self.window:
-            while self._sent and ray.wait([self._sent[0]], timeout=0)[0]:
-                self._confirm(self._sent.popleft(), self.call_timeout_s)
-            if len(self._sent) >= self.window:
-                if not ray.wait([self._sent[0]], timeout=max(timeout, 0.0))[0]:
-                    return False  # the window is full: back-pressure
-                self._confirm(self._sent.popleft(), self.call_timeout_s)
-            self._sent.append(self.actor.put.remote(data, self.call_timeout_s))
+            if not self._room(timeout):
+                return False
+            if self.coalesce:
+                self._out.append(data)
+                if len(self._out) >= 16:
+                    self.push()
+            else:
+                self._sent.append(self.actor.put.remote(data, self.call_timeout_s))
             return True
         ref = self.actor.put.remote(data, timeout)
         return bool(get(ref, timeout + self.call_timeout_s, f"queue {self.name!r} (put)"))
 
     def flush(self, timeout: float) -> None:
         """Wait (up to `timeout`) until every pipelined put has reached the queue actor."""
+        self.push()
         if self._sent:
             ray.wait(list(self._sent), num_returns=len(self._sent), timeout=timeout)
             self._sent.clear()
