@@ -6,7 +6,7 @@ Runs the same config twice on the local runtime, same seed: once undisturbed, on
 samplers are restarted with the latest weights and their requests issued again; the ledger
 counts each request that died with a sampler as `lost`.
 
-Run: python bench/chaos.py [--kills 20] [--every 4] [--no-baseline] [key=value ...]
+Run: python bench/chaos.py [--kills 20] [--every 2.5] [--no-baseline] [key=value ...]
 
 Prints a table and ends with one JSON line:
 `{"kills", "completed", "ledger_ok", "groups_trained_twice", "goodput", ...}`. `completed`:
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="key=value config overrides (both runs)")
     p.add_argument("--kills", type=int, default=20)
-    p.add_argument("--every", type=float, default=4.0, help="seconds between kills")
+    p.add_argument("--every", type=float, default=2.5, help="seconds between kills")
     p.add_argument("--no-baseline", action="store_true", help="skip the undisturbed run")
     p.add_argument("--out", default=None, help="output folder (default runs/chaos-<UTC time>)")
     args = p.parse_args(argv)
