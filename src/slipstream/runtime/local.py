@@ -54,6 +54,14 @@ def default_threads(num_samplers: int, cores: int | None = None) -> int:
     return max(1, cores // (num_samplers + 1))
 
 
+def drain(channel: Any) -> int:
+    """Take and drop everything waiting in `channel`; how many items that was."""
+    n = 0
+    while channel.get(0) is not None:
+        n += 1
+    return n
+
+
 class QueueChannel:
     """`PromptChannel` / `GroupChannel` over a bounded multiprocessing queue."""
 
@@ -80,10 +88,7 @@ class QueueChannel:
             return -1
 
     def drain(self) -> int:
-        n = 0
-        while self.get(0) is not None:
-            n += 1
-        return n
+        return drain(self)
 
     def close(self) -> None:
         self._q.close()
@@ -188,10 +193,7 @@ class MergedGroups:
         return self._q.qsize()
 
     def drain(self) -> int:
-        n = 0
-        while self.get(0) is not None:
-            n += 1
-        return n
+        return drain(self)
 
     def close(self) -> None:
         self._closed.set()
