@@ -167,8 +167,11 @@ def test_a_stuck_actor_is_an_error_not_a_hang():
         inbox = rt.inboxes[0]
         with _stopped(ray.get(inbox.actor.pid.remote(), timeout=10)):
             t0 = time.monotonic()
+            # the sampler's end prefetches: each get looks at its outstanding call, which
+            # raises once it is `call_timeout_s` past its long poll
             with pytest.raises(RemoteTimeout, match=r"queue 'inbox 0' \(get\) did not answer"):
-                inbox.get(0.0)
+                while time.monotonic() - t0 < 10:
+                    inbox.get(0.05)
             assert time.monotonic() - t0 < 5
         with _stopped(rt.pids()[0]), pytest.raises(RemoteTimeout, match=r"sampler 0 .* stuck"):
             t0 = time.monotonic()

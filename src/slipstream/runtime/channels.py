@@ -201,6 +201,14 @@ class Router:
     def up(self, i: int) -> None:
         self.live[i] = True
 
+    def push(self) -> None:
+        """Send now what inboxes that gather puts (Ray) hold; the orchestrator calls it after
+        each round of issuing."""
+        for q in self.inboxes:
+            push = getattr(q, "push", None)
+            if push is not None:
+                push()
+
     def replace(self, i: int, inbox: PromptChannel) -> None:
         """A restarted sampler's fresh inbox (the old one may hold a torn message)."""
         self.inboxes[i] = inbox

@@ -74,6 +74,7 @@ from slipstream.runtime.ray_channels import (
     get,
 )
 
+LINGER_S = 0.02  # a busy sampler sends its messages at most this late (fewer, larger calls)
 CHECK_EVERY_S = 0.2  # how often `check()` polls the actors (a death is noticed within it)
 PING_EVERY_S = 1.0  # how often each sampler is pinged
 
@@ -267,12 +268,13 @@ class RayRuntime:
         self.resources = dict(sampler_resources or {})
         self.inboxes = [self._inbox(i) for i in range(num_samplers)]
         self.groups = RayQueue.create("groups", group_queue, call_timeout_s)
-        self.groups.window, self.groups.coalesce = 8, True  # the samplers' end: batched puts
+        # the samplers' end: a sampler's messages gathered for up to LINGER_S, one call
+        self.groups.window, self.groups.coalesce, self.groups.linger_s = 8, True, LINGER_S
         self.weights = TrainerWeights(params, weight_transport, call_timeout_s)
         self.stop = _Stop(threading.Event())
         self.channels = Channels(
             prompts=Router(list(self.inboxes)),
-            groups=RayQueue("groups", self.groups.actor, call_timeout_s, batch=32),
+            groups=self._trainer_end(),
             weights=self.weights,
             stop=self.stop,
             num_samplers=num_samplers,
@@ -287,12 +289,20 @@ class RayRuntime:
         self._next_check = 0.0
         self._closed = False
 
+    def _trainer_end(self) -> RayQueue:
+        """The trainer's end of the group queue: up to 32 groups per round trip, prefetched
+        (they travel while the trainer trains)."""
+        q = RayQueue("groups", self.groups.actor, self.call_timeout_s, batch=32)
+        q.prefetch = True
+        return q
+
     def _inbox(self, i: int) -> RayQueue:
         """Sampler i's inbox. The trainer pipelines its puts (admission control already bounds
-        what is in flight, so the inbox does not fill); the sampler takes up to 4 chunks per
-        round trip and polls an empty inbox at most every `EMPTY_POLL_S`."""
+        what is in flight, so the inbox does not fill) and gathers those of one `issue` into
+        one call (`Router.push`); the sampler prefetches up to 16 chunks per round trip, so its
+        per-step look at the inbox costs no round trip."""
         q = RayQueue.create(f"inbox {i}", self.prompt_queue, self.call_timeout_s)
-        q.window, q.batch = 64, 4
+        q.window, q.coalesce, q.batch, q.prefetch = 64, True, 16, True
         return q
 
     def start(self, factory: Callable[[int], Any]) -> None:

@@ -42,7 +42,7 @@ def get(ref: Any, timeout: float, what: str) -> Any:
 
 
 # ---- queues -------------------------------------------------------------------------------------
-EMPTY_POLL_S = 0.005  # a non-waiting get on a queue found empty is not repeated sooner
+LONG_POLL_S = 1.0  # a prefetching reader's outstanding get waits this long at the queue actor
 @ray.remote(num_cpus=0, max_restarts=0)
 class QueueActor:
     """A bounded FIFO of byte strings; an async actor, so waiting calls do not block others."""
@@ -97,7 +97,10 @@ class RayQueue:
     room (calls from one caller run in order, so messages keep their order); a full window is
     the back-pressure, and a put the actor refused raises `RemoteTimeout`. `coalesce` (with a
     window) also gathers puts until `push()` (a sampler calls it once per loop) or 16 of them,
-    and sends them in one call."""
+    and sends them in one call. `prefetch` (a reader's end) keeps one get outstanding at the
+    queue actor (it returns as soon as an item arrives, or empty after `LONG_POLL_S`), so a
+    `get` costs a local readiness check instead of a round trip, and items travel while the
+    reader works; the items it holds have left the queue (up to `batch` beyond its bound)."""
 
     def __init__(
         self, name: str, actor: Any, call_timeout_s: float, batch: int = 1, window: int = 0
@@ -106,8 +109,11 @@ class RayQueue:
         self.window = window
         self._buf: deque[Any] = deque()
         self._sent: deque[Any] = deque()  # pipelined puts not yet confirmed
-        self._empty_at = float("-inf")  # when a get last found the queue empty
         self.coalesce = False
+        self.linger_s = 0.0
+        self._out_since = 0.0
+        self.prefetch = False
+        self._pending: tuple[Any, float] | None = None  # (prefetching get, sent at)
         self._out: list[bytes] = []  # coalesced puts not yet sent
 
     @classmethod
@@ -115,7 +121,7 @@ class RayQueue:
         return cls(name, QueueActor.remote(maxsize), call_timeout_s)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_buf": deque(), "_sent": deque(), "_out": []}
+        return {**self.__dict__, "_buf": deque(), "_sent": deque(), "_out": [], "_pending": None}
 
     def _confirm(self, ref: Any, timeout: float) -> None:
         if not get(ref, timeout, f"queue {self.name!r} (put)"):
@@ -134,9 +140,10 @@ class RayQueue:
             self._confirm(self._sent.popleft(), self.call_timeout_s)
         return True
 
-    def push(self) -> None:
-        """Send the coalesced puts now, in one call."""
-        if self._out:
+    def push(self, force: bool = True) -> None:
+        """Send the coalesced puts now, in one call; with `force` false, only once the oldest
+        has waited `linger_s` (a busy sampler calls this every engine step)."""
+        if self._out and (force or time.monotonic() - self._out_since >= self.linger_s):
             self._sent.append(self.actor.put_many.remote(self._out, self.call_timeout_s))
             self._out = []
 
@@ -146,6 +153,8 @@ class RayQueue:
             if not self._room(timeout):
                 return False
             if self.coalesce:
+                if not self._out:
+                    self._out_since = time.monotonic()
                 self._out.append(data)
                 if len(self._out) >= 16:
                     self.push()
@@ -164,14 +173,30 @@ class RayQueue:
 
     def get(self, timeout: float) -> Any:
         if not self._buf:
-            if timeout <= 0 and time.monotonic() - self._empty_at < EMPTY_POLL_S:
-                return None  # found empty a moment ago: spare the round trip
-            ref = self.actor.get.remote(timeout, self.batch)
-            items = get(ref, timeout + self.call_timeout_s, f"queue {self.name!r} (get)")
-            self._buf.extend(pickle.loads(b) for b in items)
-            if not items:
-                self._empty_at = time.monotonic()
+            if self.prefetch:
+                self._fetch(timeout)
+            else:
+                ref = self.actor.get.remote(timeout, self.batch)
+                items = get(ref, timeout + self.call_timeout_s, f"queue {self.name!r} (get)")
+                self._buf.extend(pickle.loads(b) for b in items)
         return self._buf.popleft() if self._buf else None
+
+    def _fetch(self, timeout: float) -> None:
+        """Prefetching: take what the outstanding get brought (waiting up to `timeout` for
+        it), then send the next one."""
+        if self._pending is None:
+            self._pending = (self.actor.get.remote(LONG_POLL_S, self.batch), time.monotonic())
+        ref, sent = self._pending
+        if not ray.wait([ref], timeout=max(timeout, 0.0))[0]:
+            if time.monotonic() - sent > LONG_POLL_S + self.call_timeout_s:
+                raise RemoteTimeout(
+                    f"ray runtime: queue {self.name!r} (get) did not answer within "
+                    f"{self.call_timeout_s:.1f}s (runtime.call_timeout_s)"
+                )
+            return
+        items = get(ref, self.call_timeout_s, f"queue {self.name!r} (get)")
+        self._buf.extend(pickle.loads(b) for b in items)
+        self._pending = (self.actor.get.remote(LONG_POLL_S, self.batch), time.monotonic())
 
     def depth(self) -> int:
         n = get(self.actor.qsize.remote(), self.call_timeout_s, f"queue {self.name!r} (qsize)")

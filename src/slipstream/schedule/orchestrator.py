@@ -218,6 +218,10 @@ class Orchestrator:
     # ---- issuing ------------------------------------------------------------------------------
     def issue(self) -> None:
         """Issue every prompt request the schedule and admission control allow now."""
+        self._issue()
+        self.router.push()
+
+    def _issue(self) -> None:
         st, K, B = self.state, self.spec.max_lag, self.opts.batch_prompts
         left = self.opts.steps - self.learner.version  # steps still to train
         if left <= 0:

@@ -157,7 +157,7 @@ class SamplerWorker:
             started = st.report.started > st.started_reported
             if started or time.perf_counter() - st.t_last_report > STATS_EVERY_S:
                 self._send(ch, SamplerMessage("stats", self.id))
-            self._push(ch)
+            self._push(ch, force=False)
 
     def _take(self, ch: Channels) -> None:
         """Move prompt requests from the channel into the backlog, as the batching allows."""
@@ -308,11 +308,12 @@ class SamplerWorker:
         st.span = [kind, t0, t1]
 
     @staticmethod
-    def _push(ch: Channels) -> None:
-        """A channel that gathers messages (Ray: one call per loop) sends them now."""
+    def _push(ch: Channels, force: bool = True) -> None:
+        """A channel that gathers messages (Ray) sends them: now, or with `force` false (a busy
+        loop's call) once they have waited long enough."""
         push = getattr(ch.groups, "push", None)
         if push is not None:
-            push()
+            push(force)
 
     def _send(self, ch: Channels, msg: SamplerMessage) -> None:
         st, r = self.state, self.state.report
