@@ -407,10 +407,10 @@ class RayRuntime:
         (a call to a restarting actor fails at once; a `run` must start in a live one)."""
         ref, since = self._back[i]
         if not ray.wait([ref], timeout=0)[0]:
-            if now - since > self.call_timeout_s:
+            if now - since > self.startup_timeout_s:  # a restart is a start: spawn, imports
                 raise RemoteTimeout(
-                    f"ray runtime: sampler {i} was not back {self.call_timeout_s:.0f}s after it "
-                    "died (runtime.call_timeout_s)"
+                    f"ray runtime: sampler {i} was not back {self.startup_timeout_s:.0f}s after "
+                    "it died (runtime.startup_timeout_s)"
                 )
             return
         try:
