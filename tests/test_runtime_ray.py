@@ -67,6 +67,40 @@ RAY = [
 ]
 
 
+def test_batched_puts_and_prefetched_gets_keep_every_message_in_order():
+    """The channel settings the runtime uses: a writer gathering puts (`coalesce`, `linger_s`)
+    and pipelining them (`window`), a reader prefetching `batch` at a time. Every message
+    arrives once, in order; a gathered put waits for `push` (or its linger), not longer."""
+    from slipstream.runtime.ray_channels import RayQueue
+
+    q = RayQueue.create("t", 8, call_timeout_s=10.0)
+    ray.get(q.actor.pid.remote(), timeout=60)  # started: the waits below are the queue's
+    writer = RayQueue("t", q.actor, 10.0, window=4)
+    writer.coalesce, writer.linger_s = True, 1e9
+    reader = RayQueue("t", q.actor, 10.0, batch=5)
+    reader.prefetch = True
+    try:
+        assert writer.put("a", timeout=1.0) and reader.get(0.2) is None  # gathered, not sent
+        writer.push(force=False)  # younger than its linger: still held
+        assert reader.get(0.2) is None
+        writer.linger_s = 0.0
+        writer.push(force=False)  # old enough now
+        assert reader.get(10.0) == "a"
+        got = []
+        for i in range(40):  # more than the queue holds: the reader makes room as it goes
+            while not writer.put(i, timeout=0.05):
+                got.extend(x for x in iter(lambda: reader.get(0.05), None))
+            if i % 3 == 0:
+                writer.push()
+        writer.flush(5.0)
+        deadline = time.monotonic() + 10
+        while len(got) < 40 and time.monotonic() < deadline:
+            got.extend(x for x in iter(lambda: reader.get(0.2), None))
+        assert got == list(range(40))
+    finally:
+        q.close()
+
+
 def test_two_sampler_actors_and_a_trainer_actor_balance_the_ledger(assets, tmp_path):
     summary = train_async(_cfg(assets, tmp_path / "run", *RAY))
     ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())

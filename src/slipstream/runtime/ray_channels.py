@@ -49,22 +49,27 @@ class QueueActor:
 
     def __init__(self, maxsize: int) -> None:
         self._q: asyncio.Queue[bytes] = asyncio.Queue(maxsize)
+        # an async actor interleaves calls at their awaits: two puts waiting for room would
+        # interleave their items, so puts are served one call at a time, in arrival order
+        self._putting = asyncio.Lock()
 
     async def put(self, item: bytes, timeout: float) -> bool:
-        try:
-            if timeout <= 0:
-                self._q.put_nowait(item)
-            else:
-                await asyncio.wait_for(self._q.put(item), timeout)
-            return True
-        except (TimeoutError, asyncio.QueueFull):
-            return False
+        return await self.put_many([item], timeout)
 
     async def put_many(self, items: list[bytes], timeout: float) -> bool:
-        """Each of `items` in order, each waiting up to `timeout` for room."""
-        for item in items:
-            if not await self.put(item, timeout):
-                return False
+        """Each of `items` in order, each waiting up to `timeout` for room (0: none); False
+        when one finds none (the rest are not put)."""
+        if timeout <= 0 and self._putting.locked():
+            return False  # an earlier put is waiting for room: there is none
+        async with self._putting:
+            for item in items:
+                try:
+                    if timeout <= 0:
+                        self._q.put_nowait(item)
+                    else:
+                        await asyncio.wait_for(self._q.put(item), timeout)
+                except (TimeoutError, asyncio.QueueFull):
+                    return False
         return True
 
     async def get(self, timeout: float, n: int) -> list[bytes]:
@@ -90,17 +95,21 @@ class QueueActor:
 
 class RayQueue:
     """`PromptChannel` / `GroupChannel` over a `QueueActor`; picklable (a sampler gets its end
-    as an argument). `batch` > 1 moves up to that many items per get (the trainer's end of the
-    group queue: fewer round trips; at most `batch` items wait here beyond the queue's bound).
-    `window` > 0 pipelines puts (the samplers' end of the group queue): a put returns once sent,
-    up to `window` of them in flight, each waiting at the queue actor up to `call_timeout_s` for
-    room (calls from one caller run in order, so messages keep their order); a full window is
-    the back-pressure, and a put the actor refused raises `RemoteTimeout`. `coalesce` (with a
-    window) also gathers puts until `push()` (a sampler calls it once per loop) or 16 of them,
-    and sends them in one call. `prefetch` (a reader's end) keeps one get outstanding at the
-    queue actor (it returns as soon as an item arrives, or empty after `LONG_POLL_S`), so a
-    `get` costs a local readiness check instead of a round trip, and items travel while the
-    reader works; the items it holds have left the queue (up to `batch` beyond its bound)."""
+    as an argument). Settings, per end:
+
+    - `batch` > 1: up to that many items per get (fewer round trips; the items a reader holds
+      have left the queue, so up to `batch` wait beyond its bound).
+    - `window` > 0 pipelines puts: a put returns once sent, up to `window` calls in flight,
+      each waiting at the queue actor up to `call_timeout_s` for room (the actor serves puts
+      one call at a time, in arrival order, so messages keep their order); a full window is
+      the back-pressure, and a put the actor refused raises `RemoteTimeout`.
+    - `coalesce` (with a window) gathers puts and sends them in one call on `push()` or at 16;
+      a `push(force=False)` (a busy sampler's, every engine step) waits until the oldest is
+      `linger_s` old.
+    - `prefetch` keeps one get outstanding at the queue actor (it returns as soon as an item
+      arrives, or empty after `LONG_POLL_S`), so a `get` costs a local readiness check instead
+      of a round trip, and items travel while the reader works.
+    """
 
     def __init__(
         self, name: str, actor: Any, call_timeout_s: float, batch: int = 1, window: int = 0
@@ -182,21 +191,25 @@ class RayQueue:
         return self._buf.popleft() if self._buf else None
 
     def _fetch(self, timeout: float) -> None:
-        """Prefetching: take what the outstanding get brought (waiting up to `timeout` for
-        it), then send the next one."""
-        if self._pending is None:
+        """Prefetching: take what the outstanding get brings (waiting up to `timeout` for an
+        item), sending the next get as each returns."""
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while not self._buf:
+            if self._pending is None:
+                self._pending = (self.actor.get.remote(LONG_POLL_S, self.batch), time.monotonic())
+            ref, sent = self._pending
+            if not ray.wait([ref], timeout=max(deadline - time.monotonic(), 0.0))[0]:
+                if time.monotonic() - sent > LONG_POLL_S + self.call_timeout_s:
+                    raise RemoteTimeout(
+                        f"ray runtime: queue {self.name!r} (get) did not answer within "
+                        f"{self.call_timeout_s:.1f}s (runtime.call_timeout_s)"
+                    )
+                return
+            items = get(ref, self.call_timeout_s, f"queue {self.name!r} (get)")
+            self._buf.extend(pickle.loads(b) for b in items)
             self._pending = (self.actor.get.remote(LONG_POLL_S, self.batch), time.monotonic())
-        ref, sent = self._pending
-        if not ray.wait([ref], timeout=max(timeout, 0.0))[0]:
-            if time.monotonic() - sent > LONG_POLL_S + self.call_timeout_s:
-                raise RemoteTimeout(
-                    f"ray runtime: queue {self.name!r} (get) did not answer within "
-                    f"{self.call_timeout_s:.1f}s (runtime.call_timeout_s)"
-                )
-            return
-        items = get(ref, self.call_timeout_s, f"queue {self.name!r} (get)")
-        self._buf.extend(pickle.loads(b) for b in items)
-        self._pending = (self.actor.get.remote(LONG_POLL_S, self.batch), time.monotonic())
+            if time.monotonic() >= deadline:
+                return
 
     def depth(self) -> int:
         n = get(self.actor.qsize.remote(), self.call_timeout_s, f"queue {self.name!r} (qsize)")
