@@ -109,5 +109,7 @@ def test_live_view_runs_and_logs_without_a_terminal(capsys: pytest.CaptureFixtur
     view.update(2, ASYNC_RECORD)
     view.close()
     view.close()  # idempotent: the loop may close twice on an error path
+    view.log("done: 2 steps")
     err = capsys.readouterr().err
     assert "run folder runs/x" in err and "2/2" in err and "trainer wait" in err
+    assert "\ndone: 2 steps" in err  # the last frame does not share its line with the log

@@ -173,3 +173,5 @@ class ProgressView:
         if self._live is not None:
             self._live.stop()
             self._live = None
+            if not self.console.is_terminal:  # (a file or a pipe) its last frame ends mid-line
+                self.console.line()
