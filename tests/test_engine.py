@@ -101,6 +101,16 @@ def test_greedy_continuous_batching_equals_each_prompt_alone(model_over):
     assert any(c.finish_reason == FinishReason.STOP for c in outs)
 
 
+def test_an_engine_allocates_its_cache_and_packed_weights_at_first_use():
+    """The trainer builds an engine it never steps when the samplers run elsewhere: it holds
+    neither a KV cache nor packed weight copies until it generates."""
+    engine = _engine(_model(), slots=2)
+    engine.version = 3  # a version change before any step builds nothing either
+    assert engine._kv is None and engine._packed is None
+    engine.generate([Request(_prompts(1)[0], SamplingParams(temperature=0.0, max_new_tokens=2))])
+    assert engine._kv is not None and engine._packed is not None
+
+
 def test_sparse_live_slots_are_gathered_and_give_the_same_tokens():
     model = _model(3)
     prompts = _prompts(5, seed=4)

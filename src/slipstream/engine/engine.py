@@ -171,10 +171,11 @@ class Engine:
         self.eos_id = eos_id
         self.num_slots, self.max_len = num_slots, max_len
         p = model.lm_head.weight
-        self.cache = SlotKV(model.config, num_slots, max_len, p.dtype, p.device)
+        # the KV cache and the packed weights are built at first use (see `cache`)
+        self._kv: SlotKV | None = None
+        self._packed: PackedWeights | None = None
         self.slots: list[_Slot | None] = [None] * num_slots
         self.waiting: deque[Request] = deque()
-        self._weights = PackedWeights(model, max_len)  # see load_weights
         self.version = version
         self.kv_mode: KVMode = kv_mode
         self.refill = refill
@@ -230,9 +231,25 @@ class Engine:
 
     @version.setter
     def version(self, v: int) -> None:
-        if v != getattr(self, "_version", v):
-            self._weights.mark_stale()
+        if self._packed is not None and v != self._version:
+            self._packed.mark_stale()
         self._version = v
+
+    @property
+    def cache(self) -> SlotKV:
+        """The KV cache of the slots, allocated at first use: an engine that never generates
+        (the trainer's own, when the samplers run in other processes) holds none."""
+        if self._kv is None:
+            p = self.model.lm_head.weight
+            self._kv = SlotKV(self.model.config, self.num_slots, self.max_len, p.dtype, p.device)
+        return self._kv
+
+    @property
+    def _weights(self) -> PackedWeights:
+        """Packed copies of the model's matrices (see `load_weights`), built at first use."""
+        if self._packed is None:
+            self._packed = PackedWeights(self.model, self.max_len)  # packs the model as it is now
+        return self._packed
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Hand over new weights; they take effect at the start of the next `step()`.
