@@ -333,8 +333,10 @@ class Orchestrator:
         dead = self.runtime.check()
         if not dead:
             return
-        # first every message already here (the dead one's last groups and counters among them)
-        while (msg := self.ch.groups.get(0)) is not None:
+        # first every message already here (the dead one's last groups and counters among
+        # them); each get may wait `poll_s`, as a reader that prefetches (Ray) sees a message
+        # only once its outstanding get has brought it
+        while (msg := self.ch.groups.get(self.opts.poll_s)) is not None:
             self.receive(msg)
         for i in dead:
             self.sampler_lost(i)
