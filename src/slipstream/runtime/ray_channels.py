@@ -16,6 +16,7 @@ import os
 import pickle
 import threading
 import time
+import uuid
 import warnings
 from collections import deque
 from collections.abc import Mapping
@@ -49,16 +50,40 @@ class QueueActor:
 
     def __init__(self, maxsize: int) -> None:
         self._q: asyncio.Queue[bytes] = asyncio.Queue(maxsize)
-        # an async actor interleaves calls at their awaits: two puts waiting for room would
-        # interleave their items, so puts are served one call at a time, in arrival order
+        # Ray does not promise an async actor runs one caller's calls in the order sent, and
+        # it interleaves running calls at their awaits: a pipelining writer numbers its calls
+        # and each waits for its turn (`_next`), and puts are served one call at a time
+        self._next: dict[str, int] = {}  # writer -> number of its next call to serve
+        self._turn = asyncio.Condition()
         self._putting = asyncio.Lock()
 
     async def put(self, item: bytes, timeout: float) -> bool:
         return await self.put_many([item], timeout)
 
-    async def put_many(self, items: list[bytes], timeout: float) -> bool:
+    async def put_many(
+        self, items: list[bytes], timeout: float, writer: str = "", seq: int = -1
+    ) -> bool:
         """Each of `items` in order, each waiting up to `timeout` for room (0: none); False
-        when one finds none (the rest are not put)."""
+        when one finds none (the rest are not put). With `writer` and `seq` (0, 1, ... per
+        writer), the call first waits (up to `timeout`) until the writer's earlier calls have
+        been served."""
+        if writer:
+            try:
+                async with self._turn:
+                    await asyncio.wait_for(
+                        self._turn.wait_for(lambda: self._next.get(writer, 0) == seq), timeout
+                    )
+            except TimeoutError:
+                return False
+        try:
+            return await self._put_all(items, timeout)
+        finally:
+            if writer:
+                async with self._turn:
+                    self._next[writer] = seq + 1
+                    self._turn.notify_all()
+
+    async def _put_all(self, items: list[bytes], timeout: float) -> bool:
         if timeout <= 0 and self._putting.locked():
             return False  # an earlier put is waiting for room: there is none
         async with self._putting:
@@ -100,8 +125,9 @@ class RayQueue:
     - `batch` > 1: up to that many items per get (fewer round trips; the items a reader holds
       have left the queue, so up to `batch` wait beyond its bound).
     - `window` > 0 pipelines puts: a put returns once sent, up to `window` calls in flight,
-      each waiting at the queue actor up to `call_timeout_s` for room (the actor serves puts
-      one call at a time, in arrival order, so messages keep their order); a full window is
+      each waiting at the queue actor up to `call_timeout_s` for room (calls are numbered and
+      the actor serves them one at a time in that order, so messages keep their order; Ray
+      alone does not promise it for an async actor); a full window is
       the back-pressure, and a put the actor refused raises `RemoteTimeout`.
     - `coalesce` (with a window) gathers puts and sends them in one call on `push()` or at 16;
       a `push(force=False)` (a busy sampler's, every engine step) waits until the oldest is
@@ -123,6 +149,8 @@ class RayQueue:
         self._out_since = 0.0
         self.prefetch = False
         self._pending: tuple[Any, float] | None = None  # (prefetching get, sent at)
+        self._writer = ""  # this end's name at the queue actor, set at its first pipelined put
+        self._seq = 0  # number of its next pipelined call
         self._out: list[bytes] = []  # coalesced puts not yet sent
 
     @classmethod
@@ -130,7 +158,11 @@ class RayQueue:
         return cls(name, QueueActor.remote(maxsize), call_timeout_s)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_buf": deque(), "_sent": deque(), "_out": [], "_pending": None}
+        # a copy (another process, a restarted sampler) is a new writer, numbered from 0
+        return {
+            **self.__dict__, "_buf": deque(), "_sent": deque(), "_out": [], "_pending": None,
+            "_writer": "", "_seq": 0,
+        }  # fmt: skip
 
     def _confirm(self, ref: Any, timeout: float) -> None:
         if not get(ref, timeout, f"queue {self.name!r} (put)"):
@@ -153,8 +185,17 @@ class RayQueue:
         """Send the coalesced puts now, in one call; with `force` false, only once the oldest
         has waited `linger_s` (a busy sampler calls this every engine step)."""
         if self._out and (force or time.monotonic() - self._out_since >= self.linger_s):
-            self._sent.append(self.actor.put_many.remote(self._out, self.call_timeout_s))
+            self._send_many(self._out)
             self._out = []
+
+    def _send_many(self, items: list[bytes]) -> None:
+        """One pipelined call, numbered so that the queue actor serves this end's calls in
+        the order sent."""
+        if not self._writer:
+            self._writer = uuid.uuid4().hex
+        ref = self.actor.put_many.remote(items, self.call_timeout_s, self._writer, self._seq)
+        self._seq += 1
+        self._sent.append(ref)
 
     def put(self, item: Any, timeout: float) -> bool:
         data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
@@ -168,7 +209,7 @@ class RayQueue:
                 if len(self._out) >= 16:
                     self.push()
             else:
-                self._sent.append(self.actor.put.remote(data, self.call_timeout_s))
+                self._send_many([data])
             return True
         ref = self.actor.put.remote(data, timeout)
         return bool(get(ref, timeout + self.call_timeout_s, f"queue {self.name!r} (put)"))
