@@ -164,9 +164,9 @@ class SamplerHost:
             self.factory(self.id).run(ch)
         except Exception:
             groups.put(SamplerMessage("error", self.id, error=traceback.format_exc()), 5.0)
-            groups.flush(5.0)
             return "error"
-        groups.flush(5.0)
+        finally:
+            groups.flush(5.0)
         return "stopped"
 
     def offer(self, version: int, box: list[Any]) -> None:

@@ -52,10 +52,9 @@ class QueueActor:
         self._q: asyncio.Queue[bytes] = asyncio.Queue(maxsize)
         # Ray does not promise an async actor runs one caller's calls in the order sent, and
         # it interleaves running calls at their awaits: a pipelining writer numbers its calls
-        # and each waits for its turn (`_next`), and puts are served one call at a time
+        # and each waits for its turn (`_next`), which comes once the one before has finished
         self._next: dict[str, int] = {}  # writer -> number of its next call to serve
         self._turn = asyncio.Condition()
-        self._putting = asyncio.Lock()
 
     async def put(self, item: bytes, timeout: float) -> bool:
         return await self.put_many([item], timeout)
@@ -84,17 +83,14 @@ class QueueActor:
                     self._turn.notify_all()
 
     async def _put_all(self, items: list[bytes], timeout: float) -> bool:
-        if timeout <= 0 and self._putting.locked():
-            return False  # an earlier put is waiting for room: there is none
-        async with self._putting:
-            for item in items:
-                try:
-                    if timeout <= 0:
-                        self._q.put_nowait(item)
-                    else:
-                        await asyncio.wait_for(self._q.put(item), timeout)
-                except (TimeoutError, asyncio.QueueFull):
-                    return False
+        for item in items:
+            try:
+                if timeout <= 0:
+                    self._q.put_nowait(item)
+                else:
+                    await asyncio.wait_for(self._q.put(item), timeout)
+            except (TimeoutError, asyncio.QueueFull):
+                return False
         return True
 
     async def get(self, timeout: float, n: int) -> list[bytes]:
@@ -126,7 +122,7 @@ class RayQueue:
       have left the queue, so up to `batch` wait beyond its bound).
     - `window` > 0 pipelines puts: a put returns once sent, up to `window` calls in flight,
       each waiting at the queue actor up to `call_timeout_s` for room (calls are numbered and
-      the actor serves them one at a time in that order, so messages keep their order; Ray
+      the actor serves each writer's one at a time in that order, so messages keep their order; Ray
       alone does not promise it for an async actor); a full window is
       the back-pressure, and a put the actor refused raises `RemoteTimeout`.
     - `coalesce` (with a window) gathers puts and sends them in one call on `push()` or at 16;
@@ -237,7 +233,8 @@ class RayQueue:
         deadline = time.monotonic() + max(timeout, 0.0)
         while not self._buf:
             if self._pending is None:
-                self._pending = (self.actor.get.remote(LONG_POLL_S, self.batch), time.monotonic())
+                self._ask()
+            assert self._pending is not None
             ref, sent = self._pending
             if not ray.wait([ref], timeout=max(deadline - time.monotonic(), 0.0))[0]:
                 if time.monotonic() - sent > LONG_POLL_S + self.call_timeout_s:
@@ -248,9 +245,13 @@ class RayQueue:
                 return
             items = get(ref, self.call_timeout_s, f"queue {self.name!r} (get)")
             self._buf.extend(pickle.loads(b) for b in items)
-            self._pending = (self.actor.get.remote(LONG_POLL_S, self.batch), time.monotonic())
+            self._ask()
             if time.monotonic() >= deadline:
                 return
+
+    def _ask(self) -> None:
+        """Send the outstanding get of a prefetching reader."""
+        self._pending = (self.actor.get.remote(LONG_POLL_S, self.batch), time.monotonic())
 
     def depth(self) -> int:
         n = get(self.actor.qsize.remote(), self.call_timeout_s, f"queue {self.name!r} (qsize)")
