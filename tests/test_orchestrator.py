@@ -12,7 +12,13 @@ from collections import deque
 
 import pytest
 
-from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
+from slipstream.runtime.channels import (
+    ChannelEnd,
+    Channels,
+    PromptRequest,
+    SamplerMessage,
+    SamplerReport,
+)
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.orchestrator import Options, Orchestrator
 from slipstream.schedule.presets import preset
@@ -78,7 +84,7 @@ class FakeWeights:
         raise NotImplementedError
 
 
-class FakePrompts:
+class FakePrompts(ChannelEnd):
     """Records each issue; keeps the weights version current when it was issued (an idle
     sampler starts a batch at once, with the weights it then holds)."""
 
@@ -101,7 +107,7 @@ class FakePrompts:
         return len(self.q)
 
 
-class FakeSampler:
+class FakeSampler(ChannelEnd):
     """Serves requests in order, one group per `get`. `in_flight`: each group takes the
     latest version; else the version at the start of its chunk. `hold`: prompt ids whose
     groups come back only when nothing else is left (slow, hard groups)."""

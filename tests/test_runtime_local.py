@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from slipstream.runtime.channels import Channels, SamplerMessage
+from slipstream.runtime.channels import ChannelEnd, Channels, SamplerMessage
 from slipstream.runtime.local import LocalRuntime, default_threads
 
 
@@ -113,7 +113,7 @@ def test_shutdown_kills_a_sampler_that_ignores_stop():
     assert rt.procs[0].exitcode == -signal.SIGKILL
 
 
-class ListInbox:
+class ListInbox(ChannelEnd):
     def __init__(self, room: int = 100) -> None:
         self.items: list = []
         self.room = room

@@ -88,9 +88,23 @@ class SamplerMessage:
     error: str = ""
 
 
+class ChannelEnd:
+    """What a queue end does when it neither gathers puts nor prefetches gets (the local
+    runtime's queues): `push` has nothing to send and a get sees every message already sent.
+    The Ray queue overrides both."""
+
+    prefetch: bool = False  # True: a get sees a message only once an outstanding fetch brings it
+
+    def push(self, force: bool = True) -> None:
+        """Send the puts this end has gathered: now, or with `force` false (a busy loop's
+        call) only once they have waited long enough."""
+
+
 class PromptChannel(Protocol):
     """Bounded queue of prompt requests, trainer to samplers. One item is a list: a fixed-batch
     chunk travels as one item so a sampler never starts half of it."""
+
+    prefetch: bool
 
     def put(self, requests: list[PromptRequest], timeout: float) -> bool:
         """False if the channel stayed full for `timeout` seconds."""
@@ -102,15 +116,21 @@ class PromptChannel(Protocol):
 
     def depth(self) -> int: ...
 
+    def push(self, force: bool = True) -> None: ...
+
 
 class GroupChannel(Protocol):
     """Bounded queue of sampler messages, samplers to trainer."""
+
+    prefetch: bool
 
     def put(self, message: SamplerMessage, timeout: float) -> bool: ...
 
     def get(self, timeout: float) -> SamplerMessage | None: ...
 
     def depth(self) -> int: ...
+
+    def push(self, force: bool = True) -> None: ...
 
 
 class WeightChannel(Protocol):
@@ -201,13 +221,11 @@ class Router:
     def up(self, i: int) -> None:
         self.live[i] = True
 
-    def push(self) -> None:
+    def push(self, force: bool = True) -> None:
         """Send now what inboxes that gather puts (Ray) hold; the orchestrator calls it after
         each round of issuing."""
         for q in self.inboxes:
-            push = getattr(q, "push", None)
-            if push is not None:
-                push()
+            q.push(force)
 
     def replace(self, i: int, inbox: PromptChannel) -> None:
         """A restarted sampler's fresh inbox (the old one may hold a torn message)."""

@@ -36,7 +36,13 @@ from typing import Any, Protocol
 import torch
 import torch.multiprocessing as mp
 
-from slipstream.runtime.channels import Channels, PromptRequest, Router, SamplerMessage
+from slipstream.runtime.channels import (
+    ChannelEnd,
+    Channels,
+    PromptRequest,
+    Router,
+    SamplerMessage,
+)
 from slipstream.runtime.weights import SharedWeights
 
 
@@ -62,7 +68,7 @@ def drain(channel: Any) -> int:
     return n
 
 
-class QueueChannel:
+class QueueChannel(ChannelEnd):
     """`PromptChannel` / `GroupChannel` over a bounded multiprocessing queue."""
 
     def __init__(self, q: Any) -> None:
@@ -138,7 +144,7 @@ def _child_main(factory: WorkerFactory, sampler_id: int, channels: Channels, thr
         ch._q.cancel_join_thread()  # stopping: unread items may be dropped, never block exit
 
 
-class MergedGroups:
+class MergedGroups(ChannelEnd):
     """The trainer's end of the group channels: one reader thread per sampler moves its
     messages into one bounded in-process queue (`GroupChannel`).
 

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from slipstream.runtime.channels import ChannelEnd
+
 
 class RemoteTimeout(TimeoutError):
     """A remote call got no answer in time: the actor it names is stuck (or its node is gone)."""
@@ -114,7 +116,7 @@ class QueueActor:
         return os.getpid()
 
 
-class RayQueue:
+class RayQueue(ChannelEnd):
     """`PromptChannel` / `GroupChannel` over a `QueueActor`; picklable (a sampler gets its end
     as an argument). Settings, per end:
 

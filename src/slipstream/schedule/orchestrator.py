@@ -334,9 +334,10 @@ class Orchestrator:
         if not dead:
             return
         # first every message already here (the dead one's last groups and counters among
-        # them); each get may wait `poll_s`, as a reader that prefetches (Ray) sees a message
-        # only once its outstanding get has brought it
-        while (msg := self.ch.groups.get(self.opts.poll_s)) is not None:
+        # them); a reader that prefetches (Ray) sees a message only once its outstanding get
+        # has brought it, so its gets wait `poll_s`
+        wait = self.opts.poll_s if self.ch.groups.prefetch else 0.0
+        while (msg := self.ch.groups.get(wait)) is not None:
             self.receive(msg)
         for i in dead:
             self.sampler_lost(i)

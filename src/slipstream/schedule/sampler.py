@@ -157,7 +157,7 @@ class SamplerWorker:
             started = st.report.started > st.started_reported
             if started or time.perf_counter() - st.t_last_report > STATS_EVERY_S:
                 self._send(ch, SamplerMessage("stats", self.id))
-            self._push(ch, force=False)
+            ch.groups.push(force=False)
 
     def _take(self, ch: Channels) -> None:
         """Move prompt requests from the channel into the backlog, as the batching allows."""
@@ -201,7 +201,7 @@ class SamplerWorker:
         st = self.state
         if st.report.busy_s and st.span and st.span[0] == "generate":
             self._send(ch, SamplerMessage("stats", self.id))  # exact counters at going idle
-        self._push(ch)
+        ch.groups.push()
         t0 = time.perf_counter()
         chunk = ch.prompts.get(self.poll_s)
         if chunk:
@@ -306,14 +306,6 @@ class SamplerWorker:
         if st.span:
             r.intervals.append((st.span[0], st.span[1], st.span[2]))
         st.span = [kind, t0, t1]
-
-    @staticmethod
-    def _push(ch: Channels, force: bool = True) -> None:
-        """A channel that gathers messages (Ray) sends them: now, or with `force` false (a busy
-        loop's call) once they have waited long enough."""
-        push = getattr(ch.groups, "push", None)
-        if push is not None:
-            push(force)
 
     def _send(self, ch: Channels, msg: SamplerMessage) -> None:
         st, r = self.state, self.state.report
