@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from slipstream.algo import advantages, losses
 from slipstream.schedule.presets import PRESETS
+from slipstream.text import is_text, read_text
 
 
 class ConfigError(ValueError):
@@ -431,7 +432,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.lr=3e-4")
     key, _, value = item.partition("=")
     parts = key.strip().split(".")
-    if not all(parts) or not _is_text(key):
+    if not all(parts) or not is_text(key):
         raise ConfigError(f"override {item!r}: empty or not valid Unicode key; expected key=value, e.g. trainer.lr=3e-4")
     node = raw
     for p in parts[:-1]:
@@ -446,12 +447,7 @@ def read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise ConfigError(f"config file {path}: cannot be read ({e.strerror})") from None
+    text = read_text(path, ConfigError)
     try:
         if path.suffix in (".yaml", ".yml"):
             data = yaml.safe_load(text) or {}
@@ -484,18 +480,10 @@ def _check_keys(raw: dict[Any, Any], path: Path, prefix: str = "") -> None:
     """Empty keys and keys that are not text (a lone surrogate): pydantic cannot name them."""
     for k, v in raw.items():
         name = f"{prefix}{k}"
-        if isinstance(k, str) and (not k or not _is_text(k)):
+        if isinstance(k, str) and (not k or not is_text(k)):
             raise ConfigError(f"{path}: key {name!r} is empty or not valid Unicode text")
         if isinstance(v, dict):
             _check_keys(v, path, f"{name}.")
-
-
-def _is_text(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slipstream.tasks.base import RewardFn
+from slipstream.text import is_text, read_text
 from slipstream.types import Prompt
 
 
@@ -24,10 +25,7 @@ def read_rows(path: str | Path, template: str = "{prompt}") -> list[Prompt]:
     if not path.exists():
         raise TaskError(f"{path}: no such file")
     prompts = []
-    try:
-        text = path.read_bytes().decode("utf-8-sig")  # a leading BOM is not part of row 1
-    except UnicodeDecodeError as e:
-        raise TaskError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = read_text(path, TaskError)
     # JSONL rows end at "\n" only: str.splitlines() would also split at U+2028, U+0085 and
     # other characters that are legal inside a JSON string, and miscount the lines
     for n, line in enumerate(text.split("\n"), start=1):
@@ -50,20 +48,12 @@ def read_rows(path: str | Path, template: str = "{prompt}") -> list[Prompt]:
         if not isinstance(row["answer"], str | int | float):
             raise TaskError(f"{path}:{n}: 'answer' must be a string or a number")
         pid = str(row.get("id", f"{path.stem}:{n}"))
-        if not _is_text(row["prompt"] + str(row["answer"]) + pid):
+        if not is_text(row["prompt"] + str(row["answer"]) + pid):
             raise TaskError(f"{path}:{n}: a lone surrogate (\\ud800-\\udfff) is not text a tokenizer can take")
         prompts.append(Prompt(id=pid, text=template.replace("{prompt}", row["prompt"]), answer=str(row["answer"])))
     if not prompts:
         raise TaskError(f"{path}: no rows")
     return prompts
-
-
-def _is_text(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def math_verify_reward(prompt: Prompt, completion: str) -> float:

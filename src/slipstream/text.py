@@ -1,0 +1,25 @@
+"""Reading users' text files (configs, task rows) with errors that name the file and the byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def read_text(path: Path, error: type[Exception]) -> str:
+    """The UTF-8 text of `path` without a leading BOM (not part of the first line or key);
+    a file that is not UTF-8, or cannot be read, raises `error` naming the path."""
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def is_text(s: str) -> bool:
+    """False for a string no encoder can take (a lone surrogate, e.g. from JSON '\\ud800')."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
