@@ -330,3 +330,17 @@ def test_checkpointed_state_round_trips_through_json(name):
     assert [r.group_id for chunk in again.state.reissue for r in chunk] == [
         r["group_id"] for r in d["requests"]
     ]
+
+
+def test_a_group_trained_twice_is_counted_by_prompt_and_seeds():
+    from slipstream.schedule.step_stats import StepStats
+
+    def group(pid, seeds):
+        p = Prompt(pid, "x", None)
+        return Group(p, [Sample(pid, [1], [2], [0.0], [0], FinishReason.STOP, seed=s) for s in seeds])
+
+    st = StepStats()
+    st.trained_keys([group("a", (1, 2)), group("a", (3, 4)), group("b", (1, 2))])
+    assert st.trained_twice == 0  # same prompt other seeds, same seeds other prompt: new draws
+    st.trained_keys([group("a", (2, 1))])  # the same draw, members in another order
+    assert st.trained_twice == 1

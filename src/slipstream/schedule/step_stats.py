@@ -89,12 +89,13 @@ class StepStats:
     downtime_s: float = 0.0  # death seen -> replacement ready, summed
     kills: int = 0  # fault injection (runtime.chaos_kills)
     trained_twice: int = 0  # groups whose (prompt, seeds) was already trained: must stay 0
-    _trained: set[tuple[str, tuple[int, ...]]] = field(default_factory=set)
+    _trained: set[int] = field(default_factory=set)
 
     def trained_keys(self, groups: list[Group]) -> None:
-        """Remember what is trained, by prompt and sample seeds (one draw's identity)."""
+        """Remember what is trained, by prompt and sample seeds (one draw's identity). The set
+        holds a 64-bit hash of each key, not the key: a long run trains millions of groups."""
         for g in groups:
-            key = (g.prompt.id, tuple(sorted(-1 if s.seed is None else s.seed for s in g.samples)))
+            key = hash((g.prompt.id, tuple(sorted(-1 if s.seed is None else s.seed for s in g.samples))))
             self.trained_twice += key in self._trained
             self._trained.add(key)
 
