@@ -97,6 +97,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import sys
 import time
 from pathlib import Path
@@ -399,6 +400,34 @@ def mean_over_seeds(per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, dict
     return out
 
 
+def bootstrap(
+    per_seed: list[dict[str, dict[str, Any]]], n: int = 1000, goal: float = 0.30, seed: int = 0
+) -> dict[str, dict[str, float]]:
+    """How much the headline saving of each filter run depends on which seeds were run: the
+    headline (mean curves, smoothed) of `n` resamples of the seeds with replacement. Per run:
+    the 5th, 50th and 95th percentiles and the share of resamples at or above `goal`. A
+    resample whose mean curve never reaches the target counts as the lowest saving (a
+    percentile that lands on one is None)."""
+    rng = random.Random(seed)
+    draws: dict[str, list[float]] = {name: [] for name in FILTER_RUNS}
+    for _ in range(n):
+        sample = [per_seed[rng.randrange(len(per_seed))] for _ in per_seed]
+        mean = mean_over_seeds(sample)
+        for name in draws:
+            if name in mean:
+                h = savings_pair(mean, "no_filters", name)["headline"]
+                draws[name].append(-math.inf if h is None else h)
+    out = {}
+    for name, v in draws.items():
+        if not v:
+            continue
+        v.sort()
+        at = (v[min(len(v) - 1, p * len(v) // 100)] for p in (5, 50, 95))
+        q = {f"p{p}": None if x == -math.inf else x for p, x in zip((5, 50, 95), at)}  # never
+        out[name] = {**q, "share_at_least_goal": sum(x >= goal for x in v) / len(v)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.runs_dir or args.out.parent / "algorithms_runs"
@@ -415,6 +444,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== mean over seeds {seeds} (the headline)")
         line = report(mean_over_seeds(per_seed), args.out)
         line["seeds"] = seeds
+        boot = bootstrap(per_seed)
+        for name, b in boot.items():
+            share = b["share_at_least_goal"]
+            print(
+                f"{name}: headline over 1000 resamples of the seeds: 90 % within "
+                f"{_pct(b['p5'])} .. {_pct(b['p95'])} (median {_pct(b['p50'])}); "
+                f"at least 30 % in {share:.0%} of them"
+            )
+        line["filter_savings_bootstrap"] = boot
         line["per_seed"] = {
             str(s): {
                 "filter_generation_savings": ln["filter_generation_savings"],

@@ -57,3 +57,19 @@ def test_mean_over_seeds_averages_evaluations_and_cuts_to_the_shortest():
     assert [t for t, _ in mean["r"]["curve"]] == [0, 150]
     assert [a for _, a in mean["r"]["curve"]] == pytest.approx([0.1, 0.2])
     assert mean["r"]["steps"] == 5 and mean["r"]["final_acc"] == pytest.approx(0.2)
+
+
+def test_bootstrap_over_seeds_spreads_the_headline_by_which_seeds_were_run():
+    base = _run([(0, 0.1), (100, 0.2), (200, 0.3), (300, 0.4)])
+    half = _run([(0, 0.1), (50, 0.2), (100, 0.3), (150, 0.4)])  # seed A: 50 % saved
+    flat = _run([(0, 0.1), (50, 0.1), (100, 0.1), (150, 0.1)])  # seed B: never gets there
+    a = {"no_filters": base, "zv+pass_rate_band": half}
+    b = {"no_filters": base, "zv+pass_rate_band": flat}
+    out = bench.bootstrap([a, b], n=1000)
+    assert list(out) == ["zv+pass_rate_band"]  # no soft band in these runs
+    band = out["zv+pass_rate_band"]
+    # only a resample of A twice saves (a mixed mean curve stays below the target): 1 in 4
+    assert band["p95"] == pytest.approx(0.5)
+    assert band["p50"] is None and band["p5"] is None
+    assert 0.2 < band["share_at_least_goal"] < 0.3
+    assert bench.bootstrap([a, a], n=50)["zv+pass_rate_band"]["p5"] == pytest.approx(0.5)
