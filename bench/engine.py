@@ -27,6 +27,20 @@ Prints three readable tables, then one JSON line with the headline figures.
 3. The in-flight weight update pause (copy into the parameters, plus re-prefill in
    `recompute` mode) for the model of part 1 with a full pool of sequences in flight.
 
+Measured here (quiet machine, defaults, 2026-11-29): engine 6,630 tokens/s (9.65 ms a decode
+step) against transformers 4,461 (14.35 ms): `ratio_vs_transformers` 1.49 (1.46 to 1.82 over
+earlier runs); continuous vs static 1.67x; weight-update pause 8.9 ms (`keep`), 254 ms
+(`recompute`, 64 sequences of ~48 tokens re-prefilled). The issue's target of 3x is not met.
+Part 1 also times the kernels the engine cannot skip (its matrix products and attention, each
+alone in a warm loop): 3.5 ms a step, so the engine spends 2.8x its kernel floor. The rest is
+norms, rotary embeddings, cache writes and sampling, and a cost of this machine: an operation
+that follows a large one runs several times slower than it does alone (a 64 x 128 multiply
+takes 3 us alone and 28 us right after an attention call; not allocation, page faults or
+AVX-512 clocks: the same with preallocated outputs and with AVX2 kernels), so every
+operation of a step counts, not just the large ones. 3x needs 4.8 ms a step, within 1.3 ms of
+the kernel floor: fused native kernels for the whole layer (as llama.cpp writes them), or
+compilation that keeps the 1e-5 log-prob parity (torch.compile broke it when tried).
+
 Threads: `--threads 1` by default so that the figures are stable on a shared machine; both
 sides always run with the same number.
 """
@@ -47,6 +61,7 @@ import torch
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.model import load_pretrained
 from slipstream.model.builtin import init_builtin
+from slipstream.model.llama import ModelConfig
 from slipstream.tasks import RunningSums
 
 NO_STOP = -1  # a stop id no token can equal: every request runs to its max_new_tokens
@@ -159,8 +174,55 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         f"   {'ratio':24s}{res['ratio_vs_transformers']:9.2f}x  "
         f"(CPU time: {res['ratio_vs_transformers_cpu_time']:.2f}x)"
     )
-    print(f"   greedy sequences identical to transformers: {same}/{B}\n")
+    print(f"   greedy sequences identical to transformers: {same}/{B}")
+    floor = kernel_floor(ours.config, B, PROMPT_LEN, N)
+    res["kernel_floor_ms_per_step"] = floor * 1e3
+    print(
+        f"   the engine's matrix products and attention alone, each timed in isolation: "
+        f"{floor * 1e3:.2f} ms/step (transformers' step takes {t['hf'].wall_s / N / floor:.1f}x that)\n"
+    )
     return res
+
+
+def kernel_floor(cfg: ModelConfig, B: int, prompt_len: int, new_tokens: int) -> float:
+    """Seconds per decode step of the kernels no float32 engine can skip: every layer's
+    projections and MLP products for `B` rows and its attention over the cache (averaged over
+    the spans the run goes through), plus the LM head, each timed alone in a warm loop. Each
+    real step also runs norms, rotary embeddings, cache writes and sampling, and on a
+    machine like this one the first operation after a large one runs several times slower
+    than it does alone; this is what is left when all of that costs nothing."""
+    import torch.nn.functional as F
+
+    H, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    assert hd is not None
+
+    def med(fn: Callable[[], object], n: int = 200) -> float:
+        for _ in range(10):
+            fn()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    def product(k: int, n: int) -> float:
+        x, w = torch.randn(B, k), torch.randn(k, n)
+        return med(lambda: torch.mm(x, w))
+
+    shapes = [(H, (nh + 2 * nkv) * hd), (nh * hd, H), (H, 2 * inter), (inter, H)]
+    mm = sum(product(k, n) for k, n in shapes)
+    head = product(H, cfg.vocab_size)
+    cache = torch.randn(B, nkv, prompt_len + new_tokens, hd)
+    q = torch.randn(B, nkv, nh // nkv, hd)
+
+    def attention(span: int) -> float:
+        k, mask = cache[:, :, :span], torch.ones(B, 1, 1, span, dtype=torch.bool)
+        return med(lambda: F.scaled_dot_product_attention(q, k, k, attn_mask=mask))
+
+    attn = statistics.mean(attention(prompt_len + 1 + (new_tokens - 1) * i // 4) for i in range(5))
+    return (mm + attn) * cfg.num_hidden_layers + head
 
 
 # ---- 2. continuous vs static ---------------------------------------------------------------
