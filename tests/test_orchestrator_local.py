@@ -330,3 +330,24 @@ def test_a_silent_sampler_is_killed_and_replaced(assets, tmp_path):
     assert summary["steps"] == 4 and ledger["balanced"], ledger
     assert summary["samplers_hung"] == 1 and summary["sampler_restarts"] == 1
     assert summary["groups_trained_twice"] == 0
+
+
+def test_bench_schedules_runs_each_preset_and_writes_its_table(assets, tmp_path, capsys):
+    from slipstream.schedule.bench import bench_schedules_main, time_to_target
+
+    curve = [{"step": 4, "heldout_acc": 0.5, "wall_s": 9.0}, {"step": 2, "heldout_acc": 0.3, "wall_s": 4.0}]
+    assert time_to_target(curve, 0.3) == 4.0 and time_to_target(curve, 0.6) is None
+    out = tmp_path / "bench"
+    overrides = _cfg_overrides(assets, tmp_path / "unused")
+    assert bench_schedules_main([*overrides, "--presets", "sync,pipeline", "--out", str(out)]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(line["presets"]) == {"sync", "pipeline"}
+    for r in line["presets"].values():
+        assert 0 <= r["final_acc"] <= 1 and r["lag_max"] >= 0
+    saved = json.loads((out / "bench_schedules.json").read_text())
+    assert all(s["ledger"]["balanced"] for s in saved["runs"].values())
+    assert (out / "sync" / "summary.json").exists() and (out / "pipeline" / "summary.json").exists()
+    assert "| pipeline |" in (out / "bench_schedules.md").read_text()
+    with pytest.raises(SystemExit):
+        bench_schedules_main(["--presets", "sync,warp", "--out", str(tmp_path / "x")])
+    assert "unknown preset 'warp'" in capsys.readouterr().err
