@@ -224,3 +224,20 @@ def test_goodput_monte_carlo_agrees_with_formula() -> None:
 
 def test_mttf_constant_bounds() -> None:
     assert math.isclose(fit_reliability_constant(((8, 1.0),)), 8.0)
+
+
+def test_measure_cpu_replaces_only_the_cpu_presets_peaks():
+    import dataclasses
+
+    import torch
+
+    from slipstream.sim.hardware import measure_cpu
+
+    threads = torch.get_num_threads()
+    try:
+        hw = measure_cpu(threads=1, repeats=2)
+    finally:
+        torch.set_num_threads(threads)
+    cpu = hardware("cpu")
+    assert hw.peak_flops > 1e8 and hw.hbm_bandwidth > 1e8  # any machine that runs the tests
+    assert dataclasses.replace(hw, peak_flops=cpu.peak_flops, hbm_bandwidth=cpu.hbm_bandwidth) == cpu
