@@ -81,3 +81,14 @@ def test_parse_value():
     assert parse_value("8") == 8
     assert parse_value("runs/a") == "runs/a"
     assert parse_value('"x y"') == "x y"
+
+
+def test_cli_names_what_is_wrong_with_a_command(tmp_path, capsys):
+    assert main(["--help"]) == 0
+    assert "commands:" in capsys.readouterr().out
+    assert main(["trian"]) == 2
+    assert "unknown command 'trian'" in capsys.readouterr().err
+    assert main(["bench"]) == 2 and main(["bench", "presets"]) == 2
+    assert "usage: slipstream bench schedules" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path)]) == 2  # a folder that is not a run
+    assert f"{tmp_path}: no config.toml to resume from" in capsys.readouterr().err
