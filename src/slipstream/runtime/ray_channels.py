@@ -145,7 +145,6 @@ class RayQueue(ChannelEnd):
         self.coalesce = False
         self.linger_s = 0.0
         self._out_since = 0.0
-        self.prefetch = False
         self._pending: tuple[Any, float] | None = None  # (prefetching get, sent at)
         self._writer = ""  # this end's name at the queue actor, set at its first pipelined put
         self._seq = 0  # number of its next pipelined call
