@@ -59,6 +59,7 @@ from pathlib import Path
 import torch
 
 from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.engine.stats import EngineStats
 from slipstream.model import load_pretrained
 from slipstream.model.builtin import init_builtin
 from slipstream.model.llama import ModelConfig
@@ -129,27 +130,34 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     B, N = args.batch, args.max_new_tokens
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, 512, (B, PROMPT_LEN), generator=g)
-    hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    dev = torch.device(args.device)
+    hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().to(dev)
     hf.generation_config.eos_token_id = None
-    ours = load_pretrained(folder)
-    engine = Engine(ours, NO_STOP, num_slots=B, max_len=PROMPT_LEN + N)
+    ours = load_pretrained(folder).to(dev)
+    graph = None if not args.eager else False
+    engine = Engine(ours, NO_STOP, num_slots=B, max_len=PROMPT_LEN + N, decode_graph=graph)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=N)
+    hf_prompts = prompts.to(dev)
 
     def run_hf() -> torch.Tensor:
         with torch.no_grad():
             out = hf.generate(
-                prompts,
-                attention_mask=torch.ones_like(prompts),
+                hf_prompts,
+                attention_mask=torch.ones_like(hf_prompts),
                 max_new_tokens=N,
                 do_sample=False,
                 pad_token_id=0,
             )
-        return out[:, PROMPT_LEN:]
+        return out[:, PROMPT_LEN:].cpu()  # waits for the device: timed like the engine's lists
 
-    def run_ours() -> list[list[int]]:
-        return [c.tokens for c in engine.generate(Request(p, greedy) for p in prompts.tolist())]
+    def ours_with(e: Engine) -> Callable[[], list[list[int]]]:
+        return lambda: [c.tokens for c in e.generate(Request(p, greedy) for p in prompts.tolist())]
 
-    t = side_by_side({"hf": run_hf, "ours": run_ours}, args.repeats)
+    contenders = {"hf": run_hf, "ours": ours_with(engine)}
+    if engine.decode_graph:  # on a GPU: what the CUDA graph of the decode step is worth
+        eager = Engine(ours, NO_STOP, num_slots=B, max_len=PROMPT_LEN + N, decode_graph=False)
+        contenders["eager"] = ours_with(eager)
+    t = side_by_side(contenders, args.repeats)
     hf_tokens, our_tokens = t["hf"].result, t["ours"].result
     assert isinstance(hf_tokens, torch.Tensor) and isinstance(our_tokens, list)
     n_hf, n_ours = hf_tokens.numel(), sum(map(len, our_tokens))
@@ -162,67 +170,92 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         "ratio_vs_transformers_cpu_time": t["hf"].cpu_s / t["ours"].cpu_s,
         "greedy_sequences_identical": same,
     }
+    where = f"{args.threads} CPU thread(s)" if dev.type == "cpu" else str(dev)
+    if dev.type == "cuda":
+        where = torch.cuda.get_device_name(dev)
     print(
         f"1. Generation, batch {B}, {PROMPT_LEN}-token prompts, {N} new tokens each, greedy "
-        f"(Llama hidden 256, 4 layers, vocab 512; {args.threads} thread(s); median of {args.repeats})"
+        f"(Llama hidden 256, 4 layers, vocab 512; {where}; median of {args.repeats})"
     )
-    print(f"   {'':24s}{'tokens/s':>10s}{'wall s':>9s}{'CPU s':>8s}{'ms/step':>9s}")
-    for name, key in (("transformers generate", "hf"), ("slipstream engine", "ours")):
+    print(f"   {'':30s}{'tokens/s':>10s}{'wall s':>9s}{'CPU s':>8s}{'ms/step':>9s}")
+    rows = [("transformers generate", "hf"), ("slipstream engine", "ours")]
+    if "eager" in t:
+        rows[1] = ("slipstream engine (graph)", "ours")
+        rows.append(("slipstream engine, eager", "eager"))
+        res["engine_eager_tokens_per_s"] = B * N / t["eager"].wall_s
+    for name, key in rows:
         w, c = t[key].wall_s, t[key].cpu_s
-        print(f"   {name:24s}{B * N / w:10,.0f}{w:9.2f}{c:8.2f}{w / N * 1e3:9.2f}")
+        print(f"   {name:30s}{B * N / w:10,.0f}{w:9.2f}{c:8.2f}{w / N * 1e3:9.2f}")
     print(
-        f"   {'ratio':24s}{res['ratio_vs_transformers']:9.2f}x  "
+        f"   {'ratio':30s}{res['ratio_vs_transformers']:9.2f}x  "
         f"(CPU time: {res['ratio_vs_transformers_cpu_time']:.2f}x)"
     )
     print(f"   greedy sequences identical to transformers: {same}/{B}")
-    floor = kernel_floor(ours.config, B, PROMPT_LEN, N)
-    res["kernel_floor_ms_per_step"] = floor * 1e3
-    print(
-        f"   the engine's matrix products and attention alone, each timed in isolation: "
-        f"{floor * 1e3:.2f} ms/step (transformers' step takes {t['hf'].wall_s / N / floor:.1f}x that)\n"
-    )
+    if "eager" in t:
+        same_eager = sum(a == b for a, b in zip(t["eager"].result, our_tokens))  # type: ignore[call-overload]
+        print(f"   greedy sequences identical, graph vs eager engine: {same_eager}/{B}")
+        res["graph_vs_eager_identical"] = same_eager
+    if dev.type == "cpu":
+        floor = kernel_floor(ours.config, B, PROMPT_LEN, N)
+        res["kernel_floor_ms_per_step"] = floor * 1e3
+        print(
+            f"   the engine's matrix products and attention alone, back to back as in a step: "
+            f"{floor * 1e3:.2f} ms/step (transformers' step takes {t['hf'].wall_s / N / floor:.1f}x that)"
+        )
+    print()
     return res
 
 
 def kernel_floor(cfg: ModelConfig, B: int, prompt_len: int, new_tokens: int) -> float:
     """Seconds per decode step of the kernels no float32 engine can skip: every layer's
-    projections and MLP products for `B` rows and its attention over the cache (averaged over
-    the spans the run goes through), plus the LM head, each timed alone in a warm loop. Each
-    real step also runs norms, rotary embeddings, cache writes and sampling, and on a
-    machine like this one the first operation after a large one runs several times slower
-    than it does alone; this is what is left when all of that costs nothing."""
+    projections and MLP products for `B` rows (fused as the engine packs them), its attention
+    over its own key and value caches, and the LM head, run back to back as a step runs them
+    (each layer with its own weights and caches, so they come from memory as in a real step,
+    not from a warm cache), averaged over the spans the run goes through. A real step also runs
+    norms, rotary embeddings, cache writes and sampling; this is what is left when all of that
+    costs nothing."""
     import torch.nn.functional as F
 
     H, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
     assert hd is not None
+    L, nl = prompt_len + new_tokens, cfg.num_hidden_layers
+    layers = [
+        (
+            torch.randn(H, (nh + 2 * nkv) * hd),  # qkv
+            torch.randn(nh * hd, H),  # o
+            torch.randn(H, 2 * inter),  # gate_up
+            torch.randn(inter, H),  # down
+            torch.randn(B + 1, nkv, L, hd),  # keys
+            torch.randn(B + 1, nkv, L, hd),  # values
+        )
+        for _ in range(nl)
+    ]
+    head = torch.randn(H, cfg.vocab_size)
+    x, act = torch.randn(B, H), torch.randn(B, inter)
+    q = torch.randn(B, nkv, nh // nkv, hd)
 
-    def med(fn: Callable[[], object], n: int = 200) -> float:
-        for _ in range(10):
-            fn()
+    def step(span: int) -> None:
+        mask = torch.ones(B, 1, 1, span, dtype=torch.bool)
+        for qkv, o, gate_up, down, k, v in layers:
+            torch.mm(x, qkv)
+            F.scaled_dot_product_attention(q, k[:B, :, :span], v[:B, :, :span], attn_mask=mask)
+            torch.addmm(x, x, o)
+            torch.mm(x, gate_up)
+            torch.addmm(x, act, down)
+        torch.mm(x, head)
+
+    def med(span: int, n: int = 30) -> float:
+        for _ in range(3):
+            step(span)
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            fn()
+            step(span)
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
-    def product(k: int, n: int) -> float:
-        x, w = torch.randn(B, k), torch.randn(k, n)
-        return med(lambda: torch.mm(x, w))
-
-    shapes = [(H, (nh + 2 * nkv) * hd), (nh * hd, H), (H, 2 * inter), (inter, H)]
-    mm = sum(product(k, n) for k, n in shapes)
-    head = product(H, cfg.vocab_size)
-    cache = torch.randn(B, nkv, prompt_len + new_tokens, hd)
-    q = torch.randn(B, nkv, nh // nkv, hd)
-
-    def attention(span: int) -> float:
-        k, mask = cache[:, :, :span], torch.ones(B, 1, 1, span, dtype=torch.bool)
-        return med(lambda: F.scaled_dot_product_attention(q, k, k, attn_mask=mask))
-
-    attn = statistics.mean(attention(prompt_len + 1 + (new_tokens - 1) * i // 4) for i in range(5))
-    return (mm + attn) * cfg.num_hidden_layers + head
+    return statistics.mean(med(prompt_len + 1 + (new_tokens - 1) * i // 4) for i in range(5))
 
 
 # ---- 2. continuous vs static ---------------------------------------------------------------
@@ -242,20 +275,36 @@ def continuous_vs_static(args: argparse.Namespace) -> dict[str, float]:
     B = args.batch
     reqs = task_requests(args.task_requests)
     model, _ = init_builtin(seed=0)
+    model = model.to(args.device)
     max_len = max(len(r.prompt_tokens) + r.params.max_new_tokens for r in reqs)
     lens = sorted(r.params.max_new_tokens for r in reqs)
     med, p99 = lens[len(lens) // 2], lens[int(0.99 * (len(lens) - 1))]
     total = sum(lens)
+    engines = {
+        name: Engine(
+            model,
+            NO_STOP,
+            B,
+            max_len,
+            mixed_prefill=mixed,
+            decode_graph=False if args.eager else None,
+        )
+        for name, mixed in (("static", True), ("mixed=True", True), ("mixed=False", False))
+    }
 
+    # one engine per contender, its counters reset for each run: on a GPU the warm-up run
+    # captures the decode step's graphs, and the timed runs replay them
     def static() -> Engine:
-        engine = Engine(model, NO_STOP, num_slots=B, max_len=max_len)
+        engine = engines["static"]
+        engine.stats = EngineStats()
         for i in range(0, len(reqs), B):
             engine.generate(reqs[i : i + B])  # waits for the batch's longest request
         return engine
 
     def continuous(mixed: bool) -> Callable[[], Engine]:
         def run() -> Engine:
-            engine = Engine(model, NO_STOP, num_slots=B, max_len=max_len, mixed_prefill=mixed)
+            engine = engines[f"mixed={mixed}"]
+            engine.stats = EngineStats()
             for r in reqs:
                 engine.add(r)
             while not engine.idle():
@@ -296,7 +345,10 @@ def continuous_vs_static(args: argparse.Namespace) -> dict[str, float]:
         f"   {'ratio':18s}{ratio:9.2f}x  (continuous / static tokens/s; CPU time: {ratio_cpu:.2f}x)"
     )
     print("   'prefill apart': the same continuous run with prefill as its own forward between")
-    print("   decode steps (exact prefill share; a mixed step's share is split by token count)\n")
+    print("   decode steps (exact prefill share; a mixed step's share is split by token count)")
+    if engines["static"].decode_graph:
+        print("   (decode steps are CUDA graphs here, so prefill always runs apart from them)")
+    print()
     return {
         "continuous_vs_static_ratio": ratio,
         "continuous_vs_static_ratio_cpu_time": ratio_cpu,
@@ -309,7 +361,7 @@ def continuous_vs_static(args: argparse.Namespace) -> dict[str, float]:
 # ---- 3. weight update pause ------------------------------------------------------------------
 def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     B = args.batch
-    ours, new = load_pretrained(folder), load_pretrained(folder)
+    ours, new = load_pretrained(folder).to(args.device), load_pretrained(folder).to(args.device)
     with torch.no_grad():
         for p in new.parameters():
             p.add_(0.01)
@@ -320,7 +372,14 @@ def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         f"({sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M parameters)"
     )
     for mode in ("keep", "recompute"):
-        engine = Engine(ours, NO_STOP, num_slots=B, max_len=PROMPT_LEN + 64, kv_mode=mode)  # type: ignore[arg-type]
+        engine = Engine(
+            ours,
+            NO_STOP,
+            B,
+            PROMPT_LEN + 64,
+            kv_mode=mode,
+            decode_graph=False if args.eager else None,  # type: ignore[arg-type]
+        )
         for i in range(B):
             engine.add(
                 Request(
@@ -357,6 +416,10 @@ def main() -> None:
         "--task-requests", type=int, default=1024, help="requests of the built-in task (part 2)"
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
+    ap.add_argument("--device", default="cpu", help="where both sides run: cpu (default) or cuda")
+    ap.add_argument(
+        "--eager", action="store_true", help="no CUDA graphs for the engine's decode steps"
+    )
     ap.add_argument("--quick", action="store_true", help="a fast smoke run: small sizes, 1 repeat")
     args = ap.parse_args()
     if args.quick:
@@ -368,6 +431,7 @@ def main() -> None:
         res |= continuous_vs_static(args)
         res |= weight_pause(args, folder)
     res |= {"batch": args.batch, "max_new_tokens": args.max_new_tokens, "threads": args.threads}
+    res["device"] = args.device
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}))
 
 

@@ -146,6 +146,34 @@ def test_mixed_and_separate_prefill_give_the_same_tokens():
     assert s.prefill_steps > 1 and s.prefill_s > 0 and s.decode_s > 0
 
 
+@pytest.mark.parametrize("kv_mode", ["keep", "recompute"])
+def test_fixed_shape_decode_step_gives_the_ragged_steps_tokens(kv_mode):
+    """`decode_graph` (replayed as a CUDA graph on a GPU; eager here) runs every slot over the
+    whole cache each decode step: the same tokens and log-probs as the ragged step, through
+    refills, free slots and a weight swap mid-sequence."""
+    reqs = [
+        Request(p, SamplingParams(1.0, max_new_tokens=1 + (5 * i) % 17), seed=i)
+        for i, p in enumerate(_prompts(12, seed=6))
+    ]
+    new = _model(1).state_dict()
+    outs = {}
+    for graph in (False, True):
+        engine = _engine(_model(0), slots=4, kv_mode=kv_mode, decode_graph=graph)
+        outs[graph] = _run(engine, reqs, swap_at=3, state=new, version=1)
+        assert engine.stats.graph_decode_steps == (engine.stats.decode_steps if graph else 0)
+    assert engine.stats.decode_steps > 5
+    for a, b in zip(outs[False], outs[True]):
+        assert a.tokens == b.tokens and a.versions == b.versions
+        torch.testing.assert_close(torch.tensor(a.logp), torch.tensor(b.logp), atol=1e-5, rtol=0)
+    assert {v for c in outs[True] for v in c.versions} == {0, 1}
+    assert max(len(c.request.prompt_tokens) + len(c.tokens) for c in outs[True]) > 16
+    step = engine._decode_step  # both buckets of max_len 24 ran: 16 and 24
+    assert step.buckets == [16, 24]
+    assert (step.bucket(1), step.bucket(16), step.bucket(17)) == (16, 16, 24)
+    with pytest.raises(ValueError, match="outside"):
+        step.bucket(25)
+
+
 @pytest.mark.parametrize(
     ("temperature", "model_over"),
     [

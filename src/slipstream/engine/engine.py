@@ -49,6 +49,7 @@ from typing import Any, Literal
 import torch
 
 from slipstream.engine.forward import (
+    DecodeGraph,
     PartRows,
     SlotKV,
     decode_part,
@@ -141,6 +142,12 @@ class _Decode:
     n_live: int
 
 
+def _wait(t: torch.Tensor) -> None:
+    """Wait for the work queued on `t`'s device (a no-op on CPU)."""
+    if t.device.type == "cuda":
+        torch.cuda.synchronize(t.device)
+
+
 def _cat(xs: list[torch.Tensor]) -> torch.Tensor:
     return xs[0] if len(xs) == 1 else torch.cat(xs)
 
@@ -162,6 +169,7 @@ class Engine:
         trace: bool = False,
         refill: Callable[[int], Iterable[Request]] | None = None,
         mixed_prefill: bool = True,
+        decode_graph: bool | None = None,
     ) -> None:
         if kv_mode not in ("keep", "recompute"):
             raise ValueError(f"kv_mode must be 'keep' or 'recompute', got {kv_mode!r}")
@@ -180,6 +188,10 @@ class Engine:
         self.kv_mode: KVMode = kv_mode
         self.refill = refill
         self.mixed_prefill = mixed_prefill
+        # fixed-shape decode steps, replayed as a CUDA graph on a GPU (engine.forward.DecodeGraph);
+        # None: on where it pays, CUDA. On CPU (True) the same fixed-shape step runs eagerly.
+        self.decode_graph = p.device.type == "cuda" if decode_graph is None else decode_graph
+        self._graph: DecodeGraph | None = None
         self.stats = EngineStats()
         self._trace = trace
         self._num_active = 0
@@ -197,6 +209,8 @@ class Engine:
         self._top_p = torch.ones(num_slots, device=dev)
         self._top_k = torch.zeros(num_slots, dtype=torch.long, device=dev)
         self._seed = torch.zeros(num_slots, dtype=torch.long, device=dev)
+        self._all_slots = torch.arange(num_slots, device=dev)
+        self._graph_live = torch.zeros(num_slots, dtype=torch.long, device=dev)  # the graph's input
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -251,6 +265,16 @@ class Engine:
             self._packed = PackedWeights(self.model, self.max_len)  # packs the model as it is now
         return self._packed
 
+    @property
+    def _decode_step(self) -> DecodeGraph:
+        """The fixed-shape decode step over all slots (`decode_graph`), built at first use."""
+        if self._graph is None:
+            capture = self._pos.device.type == "cuda"
+            self._graph = DecodeGraph(
+                self._weights, self.cache, self._last, self._pos, self._graph_live, capture
+            )
+        return self._graph
+
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Hand over new weights; they take effect at the start of the next `step()`.
 
@@ -287,6 +311,7 @@ class Engine:
                 p.copy_(state[name])  # into existing storage: no reallocation, no re-pinning
         self.version = version
         self._weights.sync()  # the packed copies follow
+        _wait(self._pos)  # on a GPU the copies are queued: time them, not their launch
         t1 = time.perf_counter()
         live = [i for i, s in enumerate(self.slots) if s is not None]
         if self.kv_mode == "recompute" and live:
@@ -296,6 +321,7 @@ class Engine:
             ids, part = self._prefill_part(live, seqs)
             forward(self._weights, self.cache, make_plan(self.cache, ids, [part], None))
             self.stats.recompute_tokens += len(ids)
+            _wait(self._pos)
         pause = time.perf_counter() - t0
         self.stats.weight_copy_s += t1 - t0
         self.stats.weight_update_s += pause
@@ -312,7 +338,7 @@ class Engine:
         dec = self._decode_rows(live) if live else None
         admitted = self._admit()
         finished: list[Completion] = []
-        if dec is not None and admitted and not self.mixed_prefill:
+        if dec is not None and admitted and (self.decode_graph or not self.mixed_prefill):
             finished = self._run(dec, []) + self._run(None, admitted)  # exact times apart
         elif dec is not None or admitted:
             finished = self._run(dec, admitted)
@@ -323,9 +349,11 @@ class Engine:
     def _decode_rows(self, live: list[int]) -> _Decode:
         lo, hi = live[0], live[-1] + 1
         dev = self._pos.device
-        if len(live) >= _MIN_DENSITY * (hi - lo):
+        if self.decode_graph:  # fixed shape: every slot, free ones riding along
+            lo, hi = 0, self.num_slots
+        if self.decode_graph or len(live) >= _MIN_DENSITY * (hi - lo):
             rows: slice | torch.Tensor = slice(lo, hi)
-            slot_ids = torch.arange(lo, hi, device=dev)
+            slot_ids = self._all_slots[lo:hi]
             order: list[int | None] = [i if self.slots[i] else None for i in range(lo, hi)]
         else:
             rows = slot_ids = torch.tensor(live, device=dev)
@@ -373,8 +401,9 @@ class Engine:
         ids, parts, slot_ids, order = [], [], [], []
         n_dec = n_pre = 0
         if dec is not None:
-            parts.append(decode_part(self.cache, dec.rows, self._pos[dec.rows], dec.live))
-            ids.append(self._last[dec.rows])
+            if not self.decode_graph:
+                parts.append(decode_part(self.cache, dec.rows, self._pos[dec.rows], dec.live))
+                ids.append(self._last[dec.rows])
             slot_ids.append(dec.slot_ids)
             order += dec.order
             n_dec = len(dec.order)
@@ -387,14 +416,21 @@ class Engine:
             order += admitted
             n_pre = len(pre_ids)
             lens = torch.tensor([len(p) for p in prompts], device=pre_ids.device)
-        out_index = torch.arange(n_dec, device=self._pos.device)
-        if admitted:  # the last token of each prompt
-            out_index = torch.cat([out_index, n_dec + lens.cumsum(0) - 1])
-        logits = forward(
-            self._weights, self.cache, make_plan(self.cache, _cat(ids), parts, out_index)
-        )
+        if parts:
+            out_index = torch.arange(n_dec, device=self._pos.device)
+            if admitted:  # the last token of each prompt
+                out_index = torch.cat([out_index, n_dec + lens.cumsum(0) - 1])
+            plan = make_plan(self.cache, _cat(ids), parts, out_index)
+            logits = forward(self._weights, self.cache, plan)
+        else:  # a decode step alone, with decode_graph (step() never mixes prefill into it)
+            assert dec is not None
+            self._graph_live.copy_(dec.live)
+            span = max(len(s.request.prompt_tokens) + len(s.tokens) for s in self._live_slots())
+            logits = self._decode_step(span)
+            self.stats.graph_decode_steps += 1
         assert logits is not None
-        rows = _cat(slot_ids)
+        # the sampling parameters of the output rows: views when the rows are a slot range
+        rows = dec.rows if dec is not None and not admitted else _cat(slot_ids)
         got = sample(
             logits,
             self._temp[rows],
@@ -455,6 +491,9 @@ class Engine:
         self.stats.tokens_generated += n
         self.stats.finished += len(done)
         return done
+
+    def _live_slots(self) -> Iterable[_Slot]:
+        return (s for s in self.slots if s is not None)
 
     def _slot(self, i: int) -> _Slot:
         s = self.slots[i]

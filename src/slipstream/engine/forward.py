@@ -201,3 +201,80 @@ def _attend(
         return out.reshape(R, nh * hd)
     out = out.view(R, nkv, rep, T, hd).permute(0, 3, 1, 2, 4).reshape(R * T, nh * hd)
     return out.index_select(0, part.pad_index)  # type: ignore[arg-type]
+
+
+class DecodeGraph:
+    """A decode step over every slot with fixed shapes, captured as CUDA graphs and replayed.
+
+    On a GPU a decode step of a small model is bound by launching its ~100 kernels, not by
+    running them; replaying a captured graph launches them all at once. A graph fixes every
+    shape and address, so this step differs from `decode_part`'s in two ways: it always runs
+    all `S` slots (free ones write to the scratch slot, their logits are ignored), and attention
+    reads a fixed number of cache positions, the smallest *bucket* (16, 32, 64, ... and
+    `max_len`) that covers the longest live sequence: one graph per bucket, captured when first
+    needed, so attention never reads more than twice the positions it needs. The mask hides
+    positions not yet written, which adds exact zeros to the softmax. The inputs are the
+    engine's own per-slot tensors, read in place at each replay: `last` (next input token),
+    `pos` (its position) and `live` (1 for a slot that decodes). The packed weights are
+    refreshed in place, so weight updates reach the graphs without a new capture.
+
+    `capture=False` runs the same fixed-shape step eagerly (the CPU path, and what the tests
+    compare with the ragged step). A capture follows two warm-up runs on a side stream; every
+    run of the step writes the same keys and values from the same inputs, so warm-up and
+    capture leave the cache as the replay does.
+    """
+
+    def __init__(
+        self,
+        weights: PackedWeights,
+        cache: SlotKV,
+        last: torch.Tensor,
+        pos: torch.Tensor,
+        live: torch.Tensor,
+        capture: bool,
+    ) -> None:
+        self.w, self.cache, self.last, self.pos, self.live = weights, cache, last, pos, live
+        S, L, dev = cache.num_slots, cache.max_len, pos.device
+        self.buckets = sorted({min(1 << k, L) for k in range(4, max(L, 16).bit_length() + 1)})
+        self._slot_ids = torch.arange(S, device=dev)
+        self._out_index = torch.arange(S, device=dev)
+        self._capture = capture
+        self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket: (graph, its logits)
+
+    def bucket(self, span: int) -> int:
+        """The number of cache positions a step reads when the longest sequence needs `span`."""
+        if not 1 <= span <= self.cache.max_len:
+            raise ValueError(f"span {span} outside 1..{self.cache.max_len}")
+        return next(b for b in self.buckets if b >= span)
+
+    def _step(self, span: int) -> torch.Tensor:
+        cache, pos, S = self.cache, self.pos, self.cache.num_slots
+        write_slot = torch.where(self.live.bool(), self._slot_ids, cache.scratch)
+        mask = (torch.arange(span, device=pos.device)[None, :] <= pos[:, None])[:, None, None, :]
+        part = Part(slice(0, S), S, 1, S, None, mask, span)
+        write_at = (write_slot[:, None], cache.heads, pos[:, None])
+        logits = forward(self.w, cache, Plan(self.last, pos, write_at, [part], self._out_index))
+        assert logits is not None
+        return logits
+
+    @torch.no_grad()
+    def __call__(self, span: int) -> torch.Tensor:
+        """Logits `[S, V]` of every slot's next token (valid where `live`), when no live
+        sequence needs more than `span` cache positions. The buffer is reused by later calls."""
+        b = self.bucket(span)
+        if not self._capture:
+            return self._step(b)
+        if b not in self._graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._step(b)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                logits = self._step(b)
+            self._graphs[b] = (graph, logits)
+        graph, logits = self._graphs[b]
+        graph.replay()
+        return logits

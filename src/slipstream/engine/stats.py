@@ -23,6 +23,7 @@ class EngineStats:
     active_slot_steps: int = 0  # sum over decode steps of live slots (mean = / decode_steps)
     computed_slot_steps: int = 0  # rows the decode forward ran, holes included (>= active)
     sparse_decode_steps: int = 0  # decode steps that gathered a sparse live set's keys
+    graph_decode_steps: int = 0  # decode steps run as the fixed-shape step (`decode_graph`)
     # time of forward, sampling and bookkeeping; a mixed step (decode + prefill in one forward)
     # is split by token share, separate forwards (`mixed_prefill=False`) are timed exactly
     prefill_s: float = 0.0

@@ -1,0 +1,77 @@
+"""The engine on a GPU: the CUDA-graph decode step against the eager one, the trainer and a
+naive reference. Skipped where no GPU is present (CI has none); run on one with
+`python -m pytest tests/test_engine_cuda.py`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.train.batch import collate, token_logprobs
+from slipstream.types import Sample
+from test_engine import EOS, _greedy_reference, _model, _prompts, _run
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = torch.device("cuda")
+
+
+def _cuda_model(seed: int = 0, **over):
+    return _model(seed, **over).to(CUDA)
+
+
+def test_decode_graph_is_the_default_on_cuda_and_is_replayed():
+    engine = Engine(_cuda_model(), EOS, num_slots=4, max_len=24)
+    assert engine.decode_graph
+    engine.generate([Request(p, SamplingParams(0.0, max_new_tokens=8)) for p in _prompts(4)])
+    assert engine.stats.graph_decode_steps == engine.stats.decode_steps > 0
+    assert engine._decode_step._graphs  # captured, not run eagerly
+
+
+@pytest.mark.parametrize("model_over", [{}, {"model_type": "qwen3", "head_dim": 16}])
+def test_graph_greedy_equals_each_prompt_alone_and_the_reference(model_over):
+    model, cpu_model = _cuda_model(**model_over), _model(**model_over)
+    prompts = _prompts(10)
+    maxes = [12, 3, 1, 5, 2, 7, 4, 1, 9, 12]
+    reqs = [Request(p, SamplingParams(0.0, max_new_tokens=m)) for p, m in zip(prompts, maxes)]
+    outs = Engine(model, EOS, num_slots=4, max_len=24).generate(reqs)
+    for r, c in zip(reqs, outs):
+        alone = Engine(model, EOS, num_slots=1, max_len=24).generate([r])[0]
+        ref = _greedy_reference(cpu_model, r.prompt_tokens, r.params.max_new_tokens)
+        assert c.tokens == alone.tokens == ref
+
+
+@pytest.mark.parametrize("kv_mode", ["keep", "recompute"])
+def test_graph_and_eager_steps_agree_through_a_weight_swap(kv_mode):
+    reqs = [
+        Request(p, SamplingParams(1.0, max_new_tokens=1 + (5 * i) % 17), seed=i)
+        for i, p in enumerate(_prompts(12, seed=6))
+    ]
+    new = _cuda_model(1).state_dict()
+    outs = {}
+    for graph in (False, True):
+        engine = Engine(_cuda_model(0), EOS, 4, 24, kv_mode=kv_mode, decode_graph=graph)  # type: ignore[arg-type]
+        outs[graph] = _run(engine, reqs, swap_at=3, state=new, version=1)
+    for a, b in zip(outs[False], outs[True]):
+        assert a.tokens == b.tokens and a.versions == b.versions
+        torch.testing.assert_close(torch.tensor(a.logp), torch.tensor(b.logp), atol=1e-5, rtol=0)
+    assert {v for c in outs[True] for v in c.versions} == {0, 1}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_graph_logprobs_equal_trainer_recompute_on_cuda(temperature):
+    model = _cuda_model(1)
+    params = SamplingParams(temperature=temperature, max_new_tokens=10)
+    outs = Engine(model, EOS, num_slots=3, max_len=24).generate(
+        Request(p, params, seed=i) for i, p in enumerate(_prompts(9, seed=1))
+    )
+    samples = [
+        Sample(str(i), c.request.prompt_tokens, c.tokens, c.logp, c.versions, c.finish_reason)
+        for i, c in enumerate(outs)
+    ]
+    batch = collate(samples, [0.0] * len(samples), list(range(len(samples))), pad_id=0)
+    with torch.no_grad():  # the trainer's recompute, on the CPU
+        logp, _ = token_logprobs(_model(1), batch, temperature)
+    mask = batch.loss_mask
+    assert mask.sum() > 40
+    torch.testing.assert_close(logp[mask], batch.behavior_logp[mask], atol=1e-5, rtol=0)
