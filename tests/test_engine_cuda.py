@@ -20,9 +20,9 @@ def _cuda_model(seed: int = 0, **over):
     return _model(seed, **over).to(CUDA)
 
 
-def test_decode_graph_is_the_default_on_cuda_and_is_replayed():
+def test_decode_graph_and_deferred_prefill_are_the_default_on_cuda():
     engine = Engine(_cuda_model(), EOS, num_slots=4, max_len=24)
-    assert engine.decode_graph
+    assert engine.decode_graph and engine.defer_prefill
     engine.generate([Request(p, SamplingParams(0.0, max_new_tokens=8)) for p in _prompts(4)])
     assert engine.stats.graph_decode_steps == engine.stats.decode_steps > 0
     assert engine._decode_step._graphs  # captured, not run eagerly
@@ -50,7 +50,8 @@ def test_graph_and_eager_steps_agree_through_a_weight_swap(kv_mode):
     new = _cuda_model(1).state_dict()
     outs = {}
     for graph in (False, True):
-        engine = Engine(_cuda_model(0), EOS, 4, 24, kv_mode=kv_mode, decode_graph=graph)  # type: ignore[arg-type]
+        model = _cuda_model(0)
+        engine = Engine(model, EOS, 4, 24, kv_mode=kv_mode, decode_graph=graph, defer_prefill=False)  # type: ignore[arg-type]
         outs[graph] = _run(engine, reqs, swap_at=3, state=new, version=1)
     for a, b in zip(outs[False], outs[True]):
         assert a.tokens == b.tokens and a.versions == b.versions
@@ -75,3 +76,16 @@ def test_graph_logprobs_equal_trainer_recompute_on_cuda(temperature):
     mask = batch.loss_mask
     assert mask.sum() > 40
     torch.testing.assert_close(logp[mask], batch.behavior_logp[mask], atol=1e-5, rtol=0)
+
+
+def test_deferred_prefill_on_cuda_admits_in_batches_with_the_same_tokens():
+    reqs = [
+        Request(p, SamplingParams(1.0, max_new_tokens=1 + (5 * i) % 17), seed=i)
+        for i, p in enumerate(_prompts(32, seed=7))
+    ]
+    plain = Engine(_cuda_model(0), EOS, 4, 24, defer_prefill=False)
+    deferred = Engine(_cuda_model(0), EOS, 4, 24)
+    for a, b in zip(plain.generate(reqs), deferred.generate(reqs)):
+        assert a.tokens == b.tokens
+    assert deferred.stats.deferred_admissions > 0
+    assert deferred.stats.prefill_steps < plain.stats.prefill_steps

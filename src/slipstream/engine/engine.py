@@ -170,6 +170,7 @@ class Engine:
         refill: Callable[[int], Iterable[Request]] | None = None,
         mixed_prefill: bool = True,
         decode_graph: bool | None = None,
+        defer_prefill: bool | None = None,
     ) -> None:
         if kv_mode not in ("keep", "recompute"):
             raise ValueError(f"kv_mode must be 'keep' or 'recompute', got {kv_mode!r}")
@@ -192,6 +193,16 @@ class Engine:
         # None: on where it pays, CUDA. On CPU (True) the same fixed-shape step runs eagerly.
         self.decode_graph = p.device.type == "cuda" if decode_graph is None else decode_graph
         self._graph: DecodeGraph | None = None
+        # with graphs, a prefill is a separate eager forward whose launch cost dwarfs a decode
+        # step's: batch admissions (see `_admission_due`). None: on where graphs are captured
+        self.defer_prefill = (
+            self.decode_graph and p.device.type == "cuda"
+            if defer_prefill is None
+            else defer_prefill
+        )
+        self._idle_cost = 0.0  # seconds of decode capacity left idle since the last admission
+        self._decode_s_ema = 0.0  # seconds per decode-only forward
+        self._prefill_s_ema = 0.0  # seconds per prefill-only forward
         self.stats = EngineStats()
         self._trace = trace
         self._num_active = 0
@@ -336,7 +347,7 @@ class Engine:
         self._weights.sync()  # no-op unless the model changed in place since the last step
         live = [i for i, s in enumerate(self.slots) if s is not None]
         dec = self._decode_rows(live) if live else None
-        admitted = self._admit()
+        admitted = self._admit(defer=dec is not None and self.defer_prefill)
         finished: list[Completion] = []
         if dec is not None and admitted and (self.decode_graph or not self.mixed_prefill):
             finished = self._run(dec, []) + self._run(None, admitted)  # exact times apart
@@ -362,14 +373,15 @@ class Engine:
         live_rows = self._live[rows].clone()  # a copy: admission changes _live
         return _Decode(rows, slot_ids, live_rows, order, len(live))
 
-    def _admit(self) -> list[int]:
-        """Top up the waiting line from `refill`; move waiting requests into free slots."""
+    def _admit(self, defer: bool = False) -> list[int]:
+        """Top up the waiting line from `refill`; move waiting requests into free slots (with
+        `defer`, only once `_admission_due`)."""
         free = self.num_slots - self._num_active
         if self.refill is not None and len(self.waiting) < free:
             for r in self.refill(free - len(self.waiting)):
                 self.add(r)
         admitted: list[int] = []
-        if not free or not self.waiting:
+        if not free or not self.waiting or (defer and not self._admission_due(free)):
             return admitted
         now = time.time()
         for i, s in enumerate(self.slots):  # lowest free slots first: keeps the live range dense
@@ -383,6 +395,18 @@ class Engine:
         self._num_active += len(admitted)
         self._live[admitted] = 1
         return admitted
+
+    def _admission_due(self, free: int) -> bool:
+        """Whether to prefill now, while `free` slots wait: once the decode capacity they have
+        left idle since the last admission (each step, `free / num_slots` of a decode step)
+        adds up to the cost of one prefill forward. The break-even rule of ski rental: never more
+        than twice the cost of the best schedule in hindsight, whatever the arrivals."""
+        self._idle_cost += free / self.num_slots * self._decode_s_ema
+        if self._idle_cost < self._prefill_s_ema:
+            self.stats.deferred_admissions += 1
+            return False
+        self._idle_cost = 0.0
+        return True
 
     def _prefill_part(self, idx: list[int], seqs: list[list[int]]) -> tuple[torch.Tensor, PartRows]:
         """Flat token ids `[N]` and the prefill part writing `seqs` into slots `idx` from 0."""
@@ -400,6 +424,7 @@ class Engine:
         t0 = time.perf_counter()
         ids, parts, slot_ids, order = [], [], [], []
         n_dec = n_pre = 0
+        timed = True
         if dec is not None:
             if not self.decode_graph:
                 parts.append(decode_part(self.cache, dec.rows, self._pos[dec.rows], dec.live))
@@ -426,7 +451,9 @@ class Engine:
             assert dec is not None
             self._graph_live.copy_(dec.live)
             span = max(len(s.request.prompt_tokens) + len(s.tokens) for s in self._live_slots())
+            captures = self._decode_step.captures
             logits = self._decode_step(span)
+            timed = self._decode_step.captures == captures  # no capture in this step's time
             self.stats.graph_decode_steps += 1
         assert logits is not None
         # the sampling parameters of the output rows: views when the rows are a slot range
@@ -450,7 +477,12 @@ class Engine:
             self._pos[admitted] = lens
             self._ntok[admitted] = 1
         done = self._record(order, got)
-        self._account(time.perf_counter() - t0, dec, n_dec, n_pre)
+        seconds = time.perf_counter() - t0
+        self._account(seconds, dec, n_dec, n_pre)
+        if timed and not (n_dec and n_pre):  # a forward of one kind: what admission weighs
+            key = "_prefill_s_ema" if n_pre else "_decode_s_ema"
+            old = getattr(self, key)
+            setattr(self, key, seconds if old == 0.0 else 0.9 * old + 0.1 * seconds)
         return done
 
     def _account(self, seconds: float, dec: _Decode | None, n_dec: int, n_pre: int) -> None:

@@ -240,6 +240,7 @@ class DecodeGraph:
         self._out_index = torch.arange(S, device=dev)
         self._capture = capture
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket: (graph, its logits)
+        self.captures = 0  # graphs captured so far (a call that captures is not a step's time)
 
     def bucket(self, span: int) -> int:
         """The number of cache positions a step reads when the longest sequence needs `span`."""
@@ -275,6 +276,7 @@ class DecodeGraph:
             with torch.cuda.graph(graph):
                 logits = self._step(b)
             self._graphs[b] = (graph, logits)
+            self.captures += 1
         graph, logits = self._graphs[b]
         graph.replay()
         return logits

@@ -24,6 +24,7 @@ class EngineStats:
     computed_slot_steps: int = 0  # rows the decode forward ran, holes included (>= active)
     sparse_decode_steps: int = 0  # decode steps that gathered a sparse live set's keys
     graph_decode_steps: int = 0  # decode steps run as the fixed-shape step (`decode_graph`)
+    deferred_admissions: int = 0  # steps that left free slots empty to batch a prefill
     # time of forward, sampling and bookkeeping; a mixed step (decode + prefill in one forward)
     # is split by token share, separate forwards (`mixed_prefill=False`) are timed exactly
     prefill_s: float = 0.0
