@@ -98,24 +98,53 @@ def side_by_side(contenders: dict[str, Callable[[], object]], repeats: int) -> d
 
 
 # ---- 1. engine vs transformers -------------------------------------------------------------
-def hf_model_folder(path: Path, seed: int) -> Path:
-    import transformers
-
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
+# Part 1's model shapes: random weights, saved as ordinary Hugging Face folders.
+MODELS = {
+    "tiny": dict(  # the default: small enough for a CPU
+        model_type="llama",
         vocab_size=512,
         hidden_size=256,
         intermediate_size=688,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-0.5b": dict(  # Qwen2.5-0.5B's shape (494M parameters): for a GPU
+        model_type="qwen2",
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def describe(name: str) -> str:
+    m = MODELS[name]
+    return (
+        f"{name}: {m['model_type']} hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
+        f"vocab {m['vocab_size']}"
+    )
+
+
+def hf_model_folder(path: Path, seed: int, name: str = "tiny") -> Path:
+    import transformers
+
+    torch.manual_seed(seed)
+    kw = dict(MODELS[name])
+    cfg = transformers.AutoConfig.for_model(
+        kw.pop("model_type"),
+        **kw,
         max_position_embeddings=1024,
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=0,
-        tie_word_embeddings=False,
     )
-    model = transformers.LlamaForCausalLM(cfg).float()
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float()
     with torch.no_grad():  # 0.02 init gives near-uniform logits; a wider one gives real argmaxes
         for p in model.parameters():
             if p.dim() == 2:
@@ -131,7 +160,8 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, 512, (B, PROMPT_LEN), generator=g)
     dev = torch.device(args.device)
-    hf = transformers.LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval().to(dev)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    hf = hf.eval().to(dev)
     hf.generation_config.eos_token_id = None
     ours = load_pretrained(folder).to(dev)
     graph = None if not args.eager else False
@@ -175,7 +205,7 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         where = torch.cuda.get_device_name(dev)
     print(
         f"1. Generation, batch {B}, {PROMPT_LEN}-token prompts, {N} new tokens each, greedy "
-        f"(Llama hidden 256, 4 layers, vocab 512; {where}; median of {args.repeats})"
+        f"({describe(args.model)}; {where}; median of {args.repeats})"
     )
     print(f"   {'':30s}{'tokens/s':>10s}{'wall s':>9s}{'CPU s':>8s}{'ms/step':>9s}")
     rows = [("transformers generate", "hf"), ("slipstream engine", "ours")]
@@ -418,6 +448,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
     ap.add_argument("--device", default="cpu", help="where both sides run: cpu (default) or cuda")
     ap.add_argument(
+        "--model",
+        default="tiny",
+        choices=sorted(MODELS),
+        help="part 1's model shape (random weights)",
+    )
+    ap.add_argument(
         "--eager", action="store_true", help="no CUDA graphs for the engine's decode steps"
     )
     ap.add_argument("--quick", action="store_true", help="a fast smoke run: small sizes, 1 repeat")
@@ -426,12 +462,12 @@ def main() -> None:
         args.max_new_tokens, args.repeats, args.task_requests = 32, 1, 256
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = hf_model_folder(Path(tmp) / "llama", seed=0)
+        folder = hf_model_folder(Path(tmp) / "model", seed=0, name=args.model)
         res = vs_transformers(args, folder)
         res |= continuous_vs_static(args)
         res |= weight_pause(args, folder)
     res |= {"batch": args.batch, "max_new_tokens": args.max_new_tokens, "threads": args.threads}
-    res["device"] = args.device
+    res["device"], res["model"] = args.device, args.model
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}))
 
 

@@ -21,8 +21,16 @@ start position per row: a chunked scheduler would only split prompts across step
 `mixed_prefill=False` runs the two as separate forwards, for exact prefill/decode timings;
 the tokens are the same.
 
-A slot freed in step n is refilled in step n+1, so the pool never waits for the slowest
-sequence. Every sampled token records its behaviour log-prob and the engine's `version` when
+On a GPU (`decode_graph`, on by default with CUDA) a small model's step is bound by launching
+kernels, not by running them, so a decode step is a fixed-shape forward over every slot,
+captured once per span bucket as a CUDA graph and replayed (engine.forward.DecodeGraph; the
+same tokens as the ragged step). Prefill stays eager and runs as its own forward, which then
+costs several decode steps; `defer_prefill` (on with graphs) lets free slots wait until the
+decode capacity they leave idle pays for one prefill (`_admission_due`), so admissions come in
+batches.
+
+A slot freed in step n is refilled in step n+1 (with `defer_prefill`, once the rule says so),
+so the pool never waits for the slowest sequence. Every sampled token records its behaviour log-prob and the engine's `version` when
 it was sampled, so a sequence that spans a weight update carries both versions.
 
 Driving it (the asynchronous sampler's loop)::
