@@ -446,7 +446,9 @@ def main() -> None:
         "--task-requests", type=int, default=1024, help="requests of the built-in task (part 2)"
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
-    ap.add_argument("--device", default="cpu", help="where both sides run: cpu (default) or cuda")
+    ap.add_argument(
+        "--device", default="auto", help="where both sides run: cpu, cuda or auto (cuda if present)"
+    )
     ap.add_argument(
         "--model",
         default="tiny",
@@ -460,6 +462,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.max_new_tokens, args.repeats, args.task_requests = 32, 1, 256
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         folder = hf_model_folder(Path(tmp) / "model", seed=0, name=args.model)

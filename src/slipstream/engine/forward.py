@@ -240,6 +240,7 @@ class DecodeGraph:
         self._out_index = torch.arange(S, device=dev)
         self._capture = capture
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket: (graph, its logits)
+        self._pool: Any = None  # one memory pool for all buckets' graphs (see __call__)
         self.captures = 0  # graphs captured so far (a call that captures is not a step's time)
 
     def bucket(self, span: int) -> int:
@@ -272,8 +273,15 @@ class DecodeGraph:
                 for _ in range(2):
                     self._step(b)
             torch.cuda.current_stream().wait_stream(side)
+            # The graphs share one memory pool: a graph's intermediates may reuse blocks that
+            # another's capture freed, which is safe because replays never overlap (one stream)
+            # and each replay's logits are consumed (sampled) before the next replay; the
+            # logits themselves stay allocated. thread_local: a trainer thread launching work
+            # on the same GPU during a capture is neither captured nor an error.
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 logits = self._step(b)
             self._graphs[b] = (graph, logits)
             self.captures += 1
