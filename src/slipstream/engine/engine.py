@@ -30,8 +30,9 @@ decode capacity they leave idle pays for one prefill (`_admission_due`), so admi
 batches.
 
 A slot freed in step n is refilled in step n+1 (with `defer_prefill`, once the rule says so),
-so the pool never waits for the slowest sequence. Every sampled token records its behaviour log-prob and the engine's `version` when
-it was sampled, so a sequence that spans a weight update carries both versions.
+so the pool never waits for the slowest sequence. Every sampled token records its behaviour
+log-prob and the engine's `version` when it was sampled, so a sequence that spans a weight
+update carries both versions.
 
 Driving it (the asynchronous sampler's loop)::
 
@@ -199,6 +200,7 @@ class Engine:
         self.mixed_prefill = mixed_prefill
         # fixed-shape decode steps, replayed as a CUDA graph on a GPU (engine.forward.DecodeGraph);
         # None: on where it pays, CUDA. On CPU (True) the same fixed-shape step runs eagerly.
+        # Prefill then always runs as its own forward (mixed_prefill does not apply).
         self.decode_graph = p.device.type == "cuda" if decode_graph is None else decode_graph
         self._graph: DecodeGraph | None = None
         # with graphs, a prefill is a separate eager forward whose launch cost dwarfs a decode
@@ -488,10 +490,13 @@ class Engine:
         seconds = time.perf_counter() - t0
         self._account(seconds, dec, n_dec, n_pre)
         if timed and not (n_dec and n_pre):  # a forward of one kind: what admission weighs
-            key = "_prefill_s_ema" if n_pre else "_decode_s_ema"
-            old = getattr(self, key)
-            setattr(self, key, seconds if old == 0.0 else 0.9 * old + 0.1 * seconds)
+            self._note_cost("_prefill_s_ema" if n_pre else "_decode_s_ema", seconds)
         return done
+
+    def _note_cost(self, key: str, seconds: float) -> None:
+        """Fold `seconds` into the moving average `key` (the first value starts it)."""
+        old = getattr(self, key)
+        setattr(self, key, seconds if old == 0.0 else 0.9 * old + 0.1 * seconds)
 
     def _account(self, seconds: float, dec: _Decode | None, n_dec: int, n_pre: int) -> None:
         # a mixed step's time is split by token share: at these model sizes a prompt token
