@@ -224,7 +224,8 @@ def test_logprobs_equal_trainer_recompute_under_one_version(temperature, model_o
     torch.testing.assert_close(logp[mask], batch.behavior_logp[mask], atol=1e-5, rtol=0)
 
 
-def test_refill_hook_tops_up_free_slots_from_the_source():
+@pytest.mark.parametrize("decode_graph", [False, True])
+def test_refill_hook_tops_up_free_slots_from_the_source(decode_graph):
     model = _model()
     source = [
         Request(p, SamplingParams(0.0, max_new_tokens=1 + i % 4))
@@ -238,13 +239,15 @@ def test_refill_hook_tops_up_free_slots_from_the_source():
         del source[:1]
         return take
 
-    engine = _engine(model, slots=3, refill=refill)
+    engine = _engine(model, slots=3, refill=refill, decode_graph=decode_graph)
     done: list[Completion] = []
     for _ in range(40):
         done += engine.step()
         assert engine.num_active <= 3
     assert len(done) == 11 and not source and engine.idle()
     assert all(1 <= n <= 3 for n in asked)
+    for c in done:
+        assert c.tokens == _greedy_reference(model, c.request.prompt_tokens, len(c.tokens))
 
 
 # ---- in-flight weight updates -------------------------------------------------------------
@@ -443,11 +446,12 @@ def test_gumbel_sampling_matches_the_softmax():
 
 
 # ---- abort and groups ---------------------------------------------------------------------
-def test_abort_by_staleness_returns_partial_sequences_and_frees_slots():
+@pytest.mark.parametrize("decode_graph", [False, True])
+def test_abort_by_staleness_returns_partial_sequences_and_frees_slots(decode_graph):
     model, new = _model(0), _model(1)
     params = SamplingParams(1.0, max_new_tokens=12)
     reqs = [Request([2 + i, 3, 4], params, seed=i, key=i) for i in range(4)]
-    engine = Engine(model, eos_id=-1, num_slots=3, max_len=24)  # no early stop
+    engine = Engine(model, -1, 3, 24, decode_graph=decode_graph)  # eos -1: no early stop
     for r in reqs:
         engine.add(r)
     engine.step()
