@@ -94,7 +94,9 @@ def main(argv: list[str]) -> int:
         "| run | kills | restarts | completed | steps | groups generated | trained | lost "
         "| ledger balanced | trained twice | tokens lost | downtime (s) | wall (s) | goodput | final acc |"
     )
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )
     for name, s in results.items():
         print(row(name, s))
     led = chaos.get("ledger", {})
@@ -104,7 +106,8 @@ def main(argv: list[str]) -> int:
         # balanced, and every request issued (re-issues included) came back, was lost, or is
         # still out at the end: none skipped
         "ledger_ok": bool(led.get("balanced"))
-        and chaos.get("groups_issued") == led.get("generated", -1) + chaos.get("groups_unfinished", 0),
+        and chaos.get("groups_issued")
+        == led.get("generated", -1) + chaos.get("groups_unfinished", 0),
         "groups_trained_twice": chaos.get("groups_trained_twice"),
         "goodput": chaos.get("goodput"),
         "goodput_undisturbed": results.get("undisturbed", {}).get("goodput"),

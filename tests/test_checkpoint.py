@@ -32,20 +32,28 @@ def _assert_loadable(ckpt: Path, step: int, model) -> None:
     m, _ = model
     fresh, _ = init_builtin(seed=2)
     ck.load_weights(fresh, ckpt / "model")
-    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), m.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), m.state_dict().values())
+    )
     state = ck.load_trainer_state(ckpt)  # weights_only=True
     assert state["version"] == step and torch.equal(state["t"], torch.ones(3) * step)
 
 
 @pytest.mark.parametrize("fail_in", ["save_pretrained", "torch.save", "_fsync_tree", "os.replace"])
-def test_an_exception_during_a_write_leaves_the_previous_checkpoint(tmp_path, model, monkeypatch, fail_in):
+def test_an_exception_during_a_write_leaves_the_previous_checkpoint(
+    tmp_path, model, monkeypatch, fail_in
+):
     first = _save(tmp_path, 1, model)
 
     def boom(*a, **k):
         raise OSError(f"injected failure in {fail_in}")
 
-    target = {"save_pretrained": (ck, "save_pretrained"), "torch.save": (ck.torch, "save"),
-              "_fsync_tree": (ck, "_fsync_tree"), "os.replace": (ck.os, "replace")}[fail_in]
+    target = {
+        "save_pretrained": (ck, "save_pretrained"),
+        "torch.save": (ck.torch, "save"),
+        "_fsync_tree": (ck, "_fsync_tree"),
+        "os.replace": (ck.os, "replace"),
+    }[fail_in]
     monkeypatch.setattr(*target, boom)
     with pytest.raises(OSError, match="injected"):
         _save(tmp_path, 2, model)

@@ -16,7 +16,10 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
         (["trainer.lrr=3e-4"], "unknown key 'trainer.lrr' (did you mean 'trainer.lr'?)"),
         (["trainr.lr=3e-4"], "unknown key 'trainr'"),
         (["trainer.lr=abc"], "trainer.lr: Input should be a valid number"),
-        (["sampling.group_size=0"], "sampling.group_size: Input should be greater than or equal to 1"),
+        (
+            ["sampling.group_size=0"],
+            "sampling.group_size: Input should be greater than or equal to 1",
+        ),
         (["sampling.top_p=1.5"], "sampling.top_p: Input should be less than or equal to 1"),
         (["trainer.loss=foo"], "trainer.loss: unknown 'foo'; valid: reinforce, ppo, dapo"),
         (["trainer.advantage=bar"], "trainer.advantage: unknown 'bar'; valid: grpo"),

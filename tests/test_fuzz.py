@@ -21,7 +21,21 @@ from slipstream.tasks.jsonl import TaskError, read_rows
 
 KEYS = _all_keys(Config)
 SECTIONS = sorted({k.split(".")[0] for k in KEYS})
-ODD = ["\u202e", "\x00", "\ufeff", "\u2028", "\n", "\r", "é", "日本", "\U0001f600", "\ud800", '"', "'", "="]
+ODD = [
+    "\u202e",
+    "\x00",
+    "\ufeff",
+    "\u2028",
+    "\n",
+    "\r",
+    "é",
+    "日本",
+    "\U0001f600",
+    "\ud800",
+    '"',
+    "'",
+    "=",
+]
 
 # ---- configs ------------------------------------------------------------------------------
 
@@ -35,7 +49,11 @@ def _mutate(key: str, data: st.DataObject) -> str:
     if how == "double":
         return key[:i] + key[i] + key[i:]
     if how == "change":
-        return key[:i] + data.draw(st.sampled_from(string.ascii_lowercase + "._-" + "".join(ODD))) + key[i + 1 :]
+        return (
+            key[:i]
+            + data.draw(st.sampled_from(string.ascii_lowercase + "._-" + "".join(ODD)))
+            + key[i + 1 :]
+        )
     if how == "extra":
         return key + "." + data.draw(st.sampled_from(["x", "", "steps", "0"]))
     if how == "empty":
@@ -43,12 +61,40 @@ def _mutate(key: str, data: st.DataObject) -> str:
     return key.upper()
 
 
-_text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=30) | st.sampled_from(ODD)
-_number = st.integers(-(10**30), 10**30) | st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from(
-    [0, 1, -1, 2**63, -(2**63), 10**400]
+_text = st.text(
+    alphabet=st.characters(codec=None, exclude_categories=()), max_size=30
+) | st.sampled_from(ODD)
+_number = (
+    st.integers(-(10**30), 10**30)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from([0, 1, -1, 2**63, -(2**63), 10**400])
 )
-_literal = st.sampled_from(["nan", "inf", "-inf", "+inf", "true", "false", "[]", "[1, 2]", '["jsonl"]', "{}", "{a = 1}",
-                            "1979-05-27", "0x10", "1_000", "1e999", '""', "''", "[[1]]", "[", '"', "1.", ".5"])
+_literal = st.sampled_from(
+    [
+        "nan",
+        "inf",
+        "-inf",
+        "+inf",
+        "true",
+        "false",
+        "[]",
+        "[1, 2]",
+        '["jsonl"]',
+        "{}",
+        "{a = 1}",
+        "1979-05-27",
+        "0x10",
+        "1_000",
+        "1e999",
+        '""',
+        "''",
+        "[[1]]",
+        "[",
+        '"',
+        "1.",
+        ".5",
+    ]
+)
 
 
 @st.composite
@@ -83,7 +129,9 @@ def _dotted(tree: object, prefix: str = "") -> list[str]:
     return [n for k, v in tree.items() for n in (f"{prefix}{k}", *_dotted(v, f"{prefix}{k}."))]
 
 
-def _names_a_key_or_file(msg: str, overrides: list[str], path: str | None = None, tree: object = None) -> bool:
+def _names_a_key_or_file(
+    msg: str, overrides: list[str], path: str | None = None, tree: object = None
+) -> bool:
     if path is not None and path in msg:
         return True
     given = {o.partition("=")[0].strip() for o in overrides} | set(_dotted(tree))
@@ -109,12 +157,23 @@ def test_fuzzed_overrides_fail_only_with_one_line_config_error(overrides):
 
 
 _scalar = _number | st.booleans() | _text
-_section = st.dictionaries(st.sampled_from([k.split(".")[-1] for k in KEYS]) | _text, _scalar | st.lists(_scalar, max_size=3), max_size=4)
+_section = st.dictionaries(
+    st.sampled_from([k.split(".")[-1] for k in KEYS]) | _text,
+    _scalar | st.lists(_scalar, max_size=3),
+    max_size=4,
+)
 _tree = st.dictionaries(st.sampled_from(SECTIONS) | _text, _section | _scalar, max_size=4)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tree=_tree, fmt=st.sampled_from(["toml", "yaml", "yml"]), garble=st.binary(max_size=20), cut=st.integers(0, 200))
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    tree=_tree,
+    fmt=st.sampled_from(["toml", "yaml", "yml"]),
+    garble=st.binary(max_size=20),
+    cut=st.integers(0, 200),
+)
 def test_fuzzed_config_files_fail_only_with_config_error(tmp_path, tree, fmt, garble, cut):
     path = tmp_path / f"c.{fmt}"
     try:
@@ -129,7 +188,12 @@ def test_fuzzed_config_files_fail_only_with_config_error(tmp_path, tree, fmt, ga
 
 
 @pytest.mark.parametrize(
-    "text", ["[run]\nsteps = " + "[" * 5000 + "]" * 5000, "run: " + "[" * 5000 + "]" * 5000, "\ufeff[run]\nsteps = 2\n"]
+    "text",
+    [
+        "[run]\nsteps = " + "[" * 5000 + "]" * 5000,
+        "run: " + "[" * 5000 + "]" * 5000,
+        "\ufeff[run]\nsteps = 2\n",
+    ],
 )
 @pytest.mark.parametrize("fmt", ["toml", "yaml"])
 def test_deep_or_odd_config_files_are_config_errors(tmp_path, text, fmt):
@@ -148,25 +212,47 @@ def test_config_file_that_is_a_folder_or_binary(tmp_path):
 
 _json_value = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=6,
 )
-_good_row = st.fixed_dictionaries({"prompt": st.text(min_size=1, max_size=20), "answer": st.text(max_size=5) | st.integers()})
-_row = _good_row | st.dictionaries(st.sampled_from(["prompt", "answer", "id"]) | st.text(max_size=5), _json_value, max_size=4)
+_good_row = st.fixed_dictionaries(
+    {"prompt": st.text(min_size=1, max_size=20), "answer": st.text(max_size=5) | st.integers()}
+)
+_row = _good_row | st.dictionaries(
+    st.sampled_from(["prompt", "answer", "id"]) | st.text(max_size=5), _json_value, max_size=4
+)
 
 
 @st.composite
 def jsonl_line(draw: st.DrawFn) -> bytes:
     kind = draw(st.sampled_from(["good", "row", "value", "bad", "odd", "bytes", "blank"]))
     if kind == "good":
-        return json.dumps(draw(_good_row), ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
+        return json.dumps(draw(_good_row), ensure_ascii=draw(st.booleans())).encode(
+            "utf-8", "surrogatepass"
+        )
     if kind == "row":
-        return json.dumps(draw(_row), ensure_ascii=draw(st.booleans())).encode("utf-8", "surrogatepass")
+        return json.dumps(draw(_row), ensure_ascii=draw(st.booleans())).encode(
+            "utf-8", "surrogatepass"
+        )
     if kind == "value":
         return json.dumps(draw(_json_value)).encode()
     if kind == "bad":
-        return draw(st.sampled_from([b"{", b'{"prompt": "a", "answer": }', b"NaN", b"[" * 20000, b"1" * 5000,
-                                     b'{"prompt": "a", "answer": ' + b"9" * 5000 + b"}", b"\x00", b"{'prompt': 1}"]))
+        return draw(
+            st.sampled_from(
+                [
+                    b"{",
+                    b'{"prompt": "a", "answer": }',
+                    b"NaN",
+                    b"[" * 20000,
+                    b"1" * 5000,
+                    b'{"prompt": "a", "answer": ' + b"9" * 5000 + b"}",
+                    b"\x00",
+                    b"{'prompt': 1}",
+                ]
+            )
+        )
     if kind == "odd":
         odd = draw(st.sampled_from([*ODD, "\u2029", "\x85", "\x0c"]))
         return ('{"prompt": "a' + odd + 'b", "answer": "1"}').encode("utf-8", "surrogatepass")
@@ -175,7 +261,9 @@ def jsonl_line(draw: st.DrawFn) -> bytes:
     return draw(st.sampled_from([b"", b"   ", b"\r"]))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(lines=st.lists(jsonl_line(), max_size=6), bom=st.booleans(), crlf=st.booleans())
 def test_fuzzed_jsonl_fails_only_with_task_error_naming_file_and_line(tmp_path, lines, bom, crlf):
     path = tmp_path / "d.jsonl"
@@ -188,7 +276,9 @@ def test_fuzzed_jsonl_fails_only_with_task_error_naming_file_and_line(tmp_path, 
         assert msg.startswith(f"{path}:"), msg
         assert "\n" not in msg, repr(msg)
     else:
-        assert rows and all(isinstance(p.text, str) and p.text and isinstance(p.answer, str) for p in rows)
+        assert rows and all(
+            isinstance(p.text, str) and p.text and isinstance(p.answer, str) for p in rows
+        )
         for p in rows:
             (p.text + p.answer).encode("utf-8")  # a tokenizer can take it: no lone surrogates
 
@@ -196,7 +286,9 @@ def test_fuzzed_jsonl_fails_only_with_task_error_naming_file_and_line(tmp_path, 
 def test_jsonl_line_numbers_count_newlines_only(tmp_path):
     """U+2028 and friends are legal inside a JSON string: they must not split a line."""
     path = tmp_path / "d.jsonl"
-    path.write_text('{"prompt": "a\u2028b\x85c", "answer": "1"}\n{"prompt": "x"}\n', encoding="utf-8")
+    path.write_text(
+        '{"prompt": "a\u2028b\x85c", "answer": "1"}\n{"prompt": "x"}\n', encoding="utf-8"
+    )
     with pytest.raises(TaskError, match=r"d\.jsonl:2: missing field 'answer'"):
         read_rows(path)
 

@@ -49,8 +49,18 @@ CASES = [
     ("llama", {}),
     ("llama", {"tie_word_embeddings": True}),
     ("llama", {"attention_bias": True, "mlp_bias": True}),
-    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    (
+        "llama",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
     ("qwen2", {}),
     ("qwen2", {"tie_word_embeddings": True}),
     ("qwen3", {}),

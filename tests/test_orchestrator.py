@@ -337,7 +337,9 @@ def test_a_group_trained_twice_is_counted_by_prompt_and_seeds():
 
     def group(pid, seeds):
         p = Prompt(pid, "x", None)
-        return Group(p, [Sample(pid, [1], [2], [0.0], [0], FinishReason.STOP, seed=s) for s in seeds])
+        return Group(
+            p, [Sample(pid, [1], [2], [0.0], [0], FinishReason.STOP, seed=s) for s in seeds]
+        )
 
     st = StepStats()
     st.trained_keys([group("a", (1, 2)), group("a", (3, 4)), group("b", (1, 2))])

@@ -195,8 +195,12 @@ def test_sync_on_the_local_runtime_follows_the_in_process_loop(assets, tmp_path,
 
 def test_a_sampler_error_stops_the_run_and_leaves_no_process(assets, tmp_path):
     cfg = _cfg(
-        assets, tmp_path / "err", 'schedule.name="pipeline"', 'task.reward_isolation="inline"',
-        'task.reward_errors="fail"', reward="fails_in_samplers",  # a reward error fails the run
+        assets,
+        tmp_path / "err",
+        'schedule.name="pipeline"',
+        'task.reward_isolation="inline"',
+        'task.reward_errors="fail"',
+        reward="fails_in_samplers",  # a reward error fails the run
     )
     with pytest.raises(RuntimeError, match="injected reward failure"):
         train_async(cfg)
@@ -263,10 +267,18 @@ def test_killed_samplers_are_restarted_and_their_work_issued_again(assets, tmp_p
     up and nothing is trained twice."""
     run_dir = tmp_path / "chaos"
     cfg = _cfg(
-        assets, run_dir, 'schedule.name="pipeline"', "schedule.max_lag=1", "run.steps=150",
-        "runtime.num_samplers=2", "runtime.chaos_kills=20", "runtime.chaos_every_s=0.4",
+        assets,
+        run_dir,
+        'schedule.name="pipeline"',
+        "schedule.max_lag=1",
+        "run.steps=150",
+        "runtime.num_samplers=2",
+        "runtime.chaos_kills=20",
+        "runtime.chaos_every_s=0.4",
         "filters.zero_variance=false",  # the tiny reward is soon learned: keep every window
-        "runtime.max_restarts=20", "sampling.max_new_tokens=64", "eval.every=150",
+        "runtime.max_restarts=20",
+        "sampling.max_new_tokens=64",
+        "eval.every=150",
         "checkpoint.every=150",
     )
     summary = train_async(cfg)
@@ -285,7 +297,9 @@ class Killed(Exception):
     pass
 
 
-def test_async_run_killed_after_a_checkpoint_resumes_with_its_queued_work(assets, tmp_path, monkeypatch, capsys):
+def test_async_run_killed_after_a_checkpoint_resumes_with_its_queued_work(
+    assets, tmp_path, monkeypatch, capsys
+):
     """double_buffer keeps a batch in flight: the step-2 checkpoint holds it; the run dies
     after step 3; `slipstream train --resume` trains steps 3 and 4 from the checkpoint's queued
     work, and the trainer's failure message names the checkpoint to resume from."""
@@ -321,8 +335,14 @@ def test_a_silent_sampler_is_killed_and_replaced(assets, tmp_path):
     `runtime.sampler_timeout_s` it is killed, restarted, and its work issued again."""
     run_dir = tmp_path / "hang"
     cfg = _cfg(
-        assets, run_dir, 'schedule.name="pipeline"', "schedule.max_lag=1", "runtime.num_samplers=2",
-        "runtime.sampler_timeout_s=3", 'task.reward_isolation="inline"', reward="hangs_once",
+        assets,
+        run_dir,
+        'schedule.name="pipeline"',
+        "schedule.max_lag=1",
+        "runtime.num_samplers=2",
+        "runtime.sampler_timeout_s=3",
+        'task.reward_isolation="inline"',
+        reward="hangs_once",
     )
     summary = train_async(cfg)
     ledger = json.loads((run_dir / "ledger.json").read_text())
@@ -335,7 +355,10 @@ def test_a_silent_sampler_is_killed_and_replaced(assets, tmp_path):
 def test_bench_schedules_runs_each_preset_and_writes_its_table(assets, tmp_path, capsys):
     from slipstream.schedule.bench import bench_schedules_main, time_to_target
 
-    curve = [{"step": 4, "heldout_acc": 0.5, "wall_s": 9.0}, {"step": 2, "heldout_acc": 0.3, "wall_s": 4.0}]
+    curve = [
+        {"step": 4, "heldout_acc": 0.5, "wall_s": 9.0},
+        {"step": 2, "heldout_acc": 0.3, "wall_s": 4.0},
+    ]
     assert time_to_target(curve, 0.3) == 4.0 and time_to_target(curve, 0.6) is None
     out = tmp_path / "bench"
     overrides = _cfg_overrides(assets, tmp_path / "unused")

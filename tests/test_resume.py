@@ -20,7 +20,9 @@ class Killed(Exception):
 
 
 def _weights(run_dir, step):
-    return load_file(str(run_dir / "checkpoints" / f"step_{step:06d}" / "model" / "model.safetensors"))
+    return load_file(
+        str(run_dir / "checkpoints" / f"step_{step:06d}" / "model" / "model.safetensors")
+    )
 
 
 @pytest.mark.slow
@@ -44,7 +46,11 @@ def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch):
 
     assert main(["train", "--resume", str(broken)]) == 0
     # the killed run's step-3 rollouts were dropped with its record: each step shows once
-    marks = [line for line in (broken / "rollouts.txt").read_text().splitlines() if line.startswith("#####")]
+    marks = [
+        line
+        for line in (broken / "rollouts.txt").read_text().splitlines()
+        if line.startswith("#####")
+    ]
     assert marks == [f"##### step {i} #####" for i in (1, 2, 3, 4)]
     a, b = read_jsonl(tmp_path / "whole" / "metrics.jsonl"), read_jsonl(broken / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2, 3, 4]
@@ -64,7 +70,7 @@ def test_resume_without_checkpoint_or_config_exits_2(tmp_path, capsys, make):
     run = tmp_path / "run"
     run.mkdir()
     if make == "config_only":
-        (run / "config.toml").write_text('[run]\nquiet = true\n')
+        (run / "config.toml").write_text("[run]\nquiet = true\n")
     assert main(["train", "--resume", str(run)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1

@@ -240,4 +240,6 @@ def test_measure_cpu_replaces_only_the_cpu_presets_peaks():
         torch.set_num_threads(threads)
     cpu = hardware("cpu")
     assert hw.peak_flops > 1e8 and hw.hbm_bandwidth > 1e8  # any machine that runs the tests
-    assert dataclasses.replace(hw, peak_flops=cpu.peak_flops, hbm_bandwidth=cpu.hbm_bandwidth) == cpu
+    assert (
+        dataclasses.replace(hw, peak_flops=cpu.peak_flops, hbm_bandwidth=cpu.hbm_bandwidth) == cpu
+    )

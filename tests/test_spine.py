@@ -35,7 +35,9 @@ def test_engine_logprobs_equal_trainer_recompute(temperature):
     prompts = task.train_prompts()[:12]
     engine = Engine(model, tok.eos_id, num_slots=5, max_len=96)  # fewer slots: continuous refill
     params = SamplingParams(temperature=temperature, max_new_tokens=24)
-    outs = engine.generate(Request(tok.encode(p.text), params, seed=i) for i, p in enumerate(prompts))
+    outs = engine.generate(
+        Request(tok.encode(p.text), params, seed=i) for i, p in enumerate(prompts)
+    )
     samples = [
         Sample(str(i), c.request.prompt_tokens, c.tokens, c.logp, c.versions, c.finish_reason)
         for i, c in enumerate(outs)
@@ -48,14 +50,14 @@ def test_engine_logprobs_equal_trainer_recompute(temperature):
     torch.testing.assert_close(logp[mask], batch.behavior_logp[mask], atol=1e-5, rtol=0)
 
 
-
-
-
 @pytest.mark.slow
 def test_same_seed_same_metrics(tmp_path):
     a = train_sync(tiny_cfg(tmp_path, "a"))
     b = train_sync(tiny_cfg(tmp_path, "b"))
-    ma, mb = read_jsonl(tmp_path / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl")
+    ma, mb = (
+        read_jsonl(tmp_path / "a" / "metrics.jsonl"),
+        read_jsonl(tmp_path / "b" / "metrics.jsonl"),
+    )
     assert len(ma) == 3
     assert steady(ma) == steady(mb)
     assert a["heldout_acc_end"] == b["heldout_acc_end"]
@@ -71,8 +73,16 @@ def test_run_folder_is_complete(tmp_path):
     cfg = tomllib.loads((run / "config.toml").read_text())
     assert cfg["trainer"]["batch_prompts"] == 4
     records = read_jsonl(run / "metrics.jsonl")
-    for key in ("step", "reward_mean", "step_time_s", "train/loss", "train/clip_frac", "train/entropy",
-                "train/grad_norm", "engine/tokens_per_s"):
+    for key in (
+        "step",
+        "reward_mean",
+        "step_time_s",
+        "train/loss",
+        "train/clip_frac",
+        "train/entropy",
+        "train/grad_norm",
+        "engine/tokens_per_s",
+    ):
         assert all(key in r for r in records), key
     assert [r["step"] for r in records if "heldout_acc" in r] == [2, 3]
     for key in ("heldout_acc_start", "heldout_acc_end", "wall_s", "steps"):
@@ -90,7 +100,9 @@ def test_run_folder_is_complete(tmp_path):
 def test_finish_reason_length_is_recorded():
     model, tok = _random_model()
     engine = Engine(model, tok.eos_id, num_slots=2, max_len=40)
-    out = engine.generate([Request(tok.encode("1+2="), SamplingParams(temperature=0.0, max_new_tokens=3))])
+    out = engine.generate(
+        [Request(tok.encode("1+2="), SamplingParams(temperature=0.0, max_new_tokens=3))]
+    )
     assert out[0].finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
     assert len(out[0].tokens) <= 3
 
@@ -101,7 +113,10 @@ def _user_model_and_data(tmp_path):
     model, tok = init_builtin(seed=0)
     save_pretrained(model, tmp_path / "model")
     tok.save(tmp_path / "model")
-    rows = [{"prompt": p.text, "answer": p.answer} for p in RunningSums(num_train=40, num_heldout=4).train_prompts()]
+    rows = [
+        {"prompt": p.text, "answer": p.answer}
+        for p in RunningSums(num_train=40, num_heldout=4).train_prompts()
+    ]
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return tmp_path / "model", data
@@ -110,11 +125,22 @@ def _user_model_and_data(tmp_path):
 @pytest.mark.slow
 def test_jsonl_task_with_user_model_runs(tmp_path):
     model_dir, data = _user_model_and_data(tmp_path)
-    cfg = load_config(None, [
-        f'run.dir="{tmp_path / "run"}"', "run.steps=2", "run.quiet=true", "trainer.batch_prompts=2",
-        "sampling.group_size=2", "sampling.max_new_tokens=8", "filters.zero_variance=false",
-        "task.kind=jsonl", f'task.path="{data}"', "task.reward=exact", f'model.path="{model_dir}"',
-    ])
+    cfg = load_config(
+        None,
+        [
+            f'run.dir="{tmp_path / "run"}"',
+            "run.steps=2",
+            "run.quiet=true",
+            "trainer.batch_prompts=2",
+            "sampling.group_size=2",
+            "sampling.max_new_tokens=8",
+            "filters.zero_variance=false",
+            "task.kind=jsonl",
+            f'task.path="{data}"',
+            "task.reward=exact",
+            f'model.path="{model_dir}"',
+        ],
+    )
     summary = train_sync(cfg)
     assert summary["steps"] == 2 and summary["ledger"]["balanced"]
 
@@ -124,8 +150,16 @@ def test_malformed_jsonl_exits_2_naming_the_line(tmp_path, capsys):
 
     model_dir, data = _user_model_and_data(tmp_path)
     data.write_text(data.read_text() + '{"prompt": "1+2="}\n')
-    code = main(["train", "task.kind=jsonl", f"task.path={data}", f"model.path={model_dir}",
-                 f"run.dir={tmp_path / 'run'}", "run.quiet=true"])
+    code = main(
+        [
+            "train",
+            "task.kind=jsonl",
+            f"task.path={data}",
+            f"model.path={model_dir}",
+            f"run.dir={tmp_path / 'run'}",
+            "run.quiet=true",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert f"{data}:41: missing field 'answer'" in err

@@ -85,7 +85,9 @@ def test_reward_plugin_from_file_and_errors(tmp_path):
 
 def test_jsonl_task_split(tmp_path):
     f = tmp_path / "d.jsonl"
-    f.write_text("\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(50)))
+    f.write_text(
+        "\n".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(50))
+    )
     task = JsonlTask(str(f), load_reward("exact"), heldout_fraction=0.2, seed=1)
     assert len(task.heldout_prompts()) == 10 and len(task.train_prompts()) == 40
     assert not {p.id for p in task.heldout_prompts()} & {p.id for p in task.train_prompts()}

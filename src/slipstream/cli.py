@@ -25,10 +25,15 @@ commands:
 
 
 def _train(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="slipstream train", description="Train with RL on verifiable rewards.")
-    parser.add_argument("items", nargs="*", help="an optional config file, then key=value overrides")
+    parser = argparse.ArgumentParser(
+        prog="slipstream train", description="Train with RL on verifiable rewards."
+    )
     parser.add_argument(
-        "--resume", metavar="RUN_DIR",
+        "items", nargs="*", help="an optional config file, then key=value overrides"
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
         help="continue RUN_DIR from its newest checkpoint with RUN_DIR/config.toml (key=value overrides "
         "still apply, e.g. a larger run.steps)",
     )
@@ -96,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             return sim_main(rest)
         if cmd == "bench":
             if not rest or rest[0] != "schedules":
-                print("slipstream: error: usage: slipstream bench schedules [options]", file=sys.stderr)
+                print(
+                    "slipstream: error: usage: slipstream bench schedules [options]",
+                    file=sys.stderr,
+                )
                 return 2
             from slipstream.schedule.bench import bench_schedules_main
 

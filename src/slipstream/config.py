@@ -397,7 +397,9 @@ class Config(_Section):
         if s.adaptive_group_size and s.group_size_min < 2 and self.trainer.advantage == "rloo":
             raise ValueError("sampling.group_size_min: rloo needs groups of at least 2")
         if f.dynamic_sampling and not f.zero_variance:
-            raise ValueError("filters.dynamic_sampling: needs filters.zero_variance = true (it refills dropped groups)")
+            raise ValueError(
+                "filters.dynamic_sampling: needs filters.zero_variance = true (it refills dropped groups)"
+            )
         if f.overlong == "penalty" and f.overlong_cache > s.max_new_tokens:
             raise ValueError(
                 f"filters.overlong_cache: must be at most sampling.max_new_tokens ({s.max_new_tokens}), got {f.overlong_cache}"
@@ -433,7 +435,9 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     key, _, value = item.partition("=")
     parts = key.strip().split(".")
     if not all(parts) or not is_text(key):
-        raise ConfigError(f"override {item!r}: empty or not valid Unicode key; expected key=value, e.g. trainer.lr=3e-4")
+        raise ConfigError(
+            f"override {item!r}: empty or not valid Unicode key; expected key=value, e.g. trainer.lr=3e-4"
+        )
     node = raw
     for p in parts[:-1]:
         child = node.setdefault(p, {})
@@ -454,7 +458,9 @@ def read_file(path: str | Path) -> dict[str, Any]:
         else:
             data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.').upper() or 'TOML'}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(
+            f"{path}: not valid {path.suffix.lstrip('.').upper() or 'TOML'}: {str(e).splitlines()[0]}"
+        ) from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to parse") from None
     if not isinstance(data, dict):
@@ -486,7 +492,9 @@ def _check_keys(raw: dict[Any, Any], path: Path, prefix: str = "") -> None:
             _check_keys(v, path, f"{name}.")
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
     """Build a `Config` from an optional file and `key=value` overrides; raise `ConfigError`."""
     raw = read_file(path) if path else {}
     for item in overrides:

@@ -91,8 +91,12 @@ class KVCache:
         self, cfg: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype, device: Any = None
     ) -> None:
         shape = (num_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.k = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)
+        ]
+        self.v = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)
+        ]
         self.num_slots = num_slots
         self.max_len = max_len
 
@@ -183,7 +187,10 @@ class Attention(nn.Module):
             k = ck[slots, :span].transpose(1, 2).to(q.dtype)  # [B, nkv, span, hd]
             v = cv[slots, :span].transpose(1, 2).to(q.dtype)
             # each query sees its slot's cache up to its own position
-            mask = torch.arange(span, device=x.device)[None, None, None, :] <= positions[:, None, :, None]
+            mask = (
+                torch.arange(span, device=x.device)[None, None, None, :]
+                <= positions[:, None, :, None]
+            )
             causal = False
         if self.nkv != self.nh:
             rep = self.nh // self.nkv

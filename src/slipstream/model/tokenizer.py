@@ -34,8 +34,10 @@ class Tokenizer:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.inner.save(str(path / "tokenizer.json"))
-        special = {"eos_token": self.inner.id_to_token(self.eos_id),
-                   "pad_token": self.inner.id_to_token(self.pad_id)}
+        special = {
+            "eos_token": self.inner.id_to_token(self.eos_id),
+            "pad_token": self.inner.id_to_token(self.pad_id),
+        }
         if self.bos_id is not None:
             special["bos_token"] = self.inner.id_to_token(self.bos_id)
         cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, **special}
@@ -57,7 +59,11 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     if not file.exists():
         raise FileNotFoundError(f"{path}: no tokenizer.json")
     inner = HFTokenizer.from_file(str(file))
-    tcfg = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+    tcfg = (
+        json.loads((path / "tokenizer_config.json").read_text())
+        if (path / "tokenizer_config.json").exists()
+        else {}
+    )
     mcfg = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
     eos = _special_id(inner, tcfg.get("eos_token"))
     if eos is None:

@@ -89,7 +89,9 @@ def summary_rows(run: RunData, first: RunData | None) -> dict[str, str]:
     )
     rows["ledger balanced"] = {True: "yes", False: "NO"}.get(led.get("balanced"), "–")  # type: ignore[arg-type]
     rows["goodput"] = _f(s.get("goodput"), ".0%")
-    rows["sampler restarts / tokens lost"] = f"{s.get('sampler_restarts', 0)} / {_f(s.get('tokens_lost', 0), ',.0f')}"
+    rows["sampler restarts / tokens lost"] = (
+        f"{s.get('sampler_restarts', 0)} / {_f(s.get('tokens_lost', 0), ',.0f')}"
+    )
     for section, key in (
         ("sampling", "group_size"),
         ("trainer", "batch_prompts"),

@@ -43,8 +43,12 @@ def make_runtime(rc: Any, params: dict[str, torch.Tensor], prompts: int, groups:
     from slipstream.runtime.ray import RayRuntime
 
     return RayRuntime(
-        *args, **kw, weight_transport=rc.weight_transport, call_timeout_s=rc.call_timeout_s,
-        sampler_resources=rc.sampler_resources, startup_timeout_s=rc.startup_timeout_s,
+        *args,
+        **kw,
+        weight_transport=rc.weight_transport,
+        call_timeout_s=rc.call_timeout_s,
+        sampler_resources=rc.sampler_resources,
+        startup_timeout_s=rc.startup_timeout_s,
     )
 
 

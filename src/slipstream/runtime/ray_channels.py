@@ -46,6 +46,8 @@ def get(ref: Any, timeout: float, what: str) -> Any:
 
 # ---- queues -------------------------------------------------------------------------------------
 LONG_POLL_S = 1.0  # a prefetching reader's outstanding get waits this long at the queue actor
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class QueueActor:
     """A bounded FIFO of byte strings; an async actor, so waiting calls do not block others."""

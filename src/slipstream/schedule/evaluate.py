@@ -17,4 +17,6 @@ def heldout_accuracy(
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
     reqs = [Request(tokenizer.encode(p.text), params, key=p) for p in prompts]
     outs = engine.generate(reqs)
-    return sum(task.reward(c.request.key, tokenizer.decode(c.tokens)) for c in outs) / max(len(outs), 1)
+    return sum(task.reward(c.request.key, tokenizer.decode(c.tokens)) for c in outs) / max(
+        len(outs), 1
+    )

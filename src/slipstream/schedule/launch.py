@@ -37,7 +37,11 @@ def train_async(cfg: Any, signals: Any = None, resume: bool = False) -> dict[str
                 return train_async(cfg, Interrupts(), resume)
             cfg.run.dir = str(make_run_dir(cfg).resolve())  # the actor's working folder may differ
             return host_trainer(
-                train_async, (cfg,), {"resume": resume}, Interrupts(), rc.trainer_resources,
+                train_async,
+                (cfg,),
+                {"resume": resume},
+                Interrupts(),
+                rc.trainer_resources,
                 rc.shutdown_timeout_s + 30,
             )
     return _train(cfg, signals or Interrupts(), resume)
@@ -90,7 +94,11 @@ def _train(cfg: Any, signals: Any, resume: bool) -> dict[str, Any]:
     learner.evaluate_deferred()
     curve = sorted(learner.curve, key=lambda c: c["step"])
     run.info.update(
-        orch.summary(), heldout_curve=curve, runtime=rc.kind, sampler_pids=rt.pids(), samplers=rt.num_samplers
+        orch.summary(),
+        heldout_curve=curve,
+        runtime=rc.kind,
+        sampler_pids=rt.pids(),
+        samplers=rt.num_samplers,
     )
     if rc.kind == "ray":
         run.info.update(weight_transport=rc.weight_transport, weight_fallbacks=rt.weights.fallbacks)

@@ -41,7 +41,10 @@ class Ledger:
 
     def flat(self) -> dict[str, int]:
         """`ledger/...` metrics for a step record."""
-        out = {f"ledger/{k}": getattr(self, k) for k in ("generated", "trained", "stale", "aborted", "lost")}
+        out = {
+            f"ledger/{k}": getattr(self, k)
+            for k in ("generated", "trained", "stale", "aborted", "lost")
+        }
         out["ledger/filtered"] = sum(self.filtered.values())
         return out
 

@@ -372,7 +372,9 @@ class Orchestrator:
                 st.out_of_bound += 1  # the new request takes the lost one's place in the bound
         if self.fixed:  # a fixed batch's requests travel as one chunk: a sampler runs it whole
             for b in sorted({r.batch for r in again}):
-                st.reissue.append(sorted((r for r in again if r.batch == b), key=lambda r: r.group_id))
+                st.reissue.append(
+                    sorted((r for r in again if r.batch == b), key=lambda r: r.group_id)
+                )
         else:
             st.reissue.extend([r] for r in sorted(again, key=lambda r: r.group_id))
 
@@ -492,7 +494,9 @@ class Orchestrator:
         st.outstanding = {r.group_id: r for r in reqs}
         st.queue = deque((Prompt(**p), g) for p, g in d["queue"])
         st.window = [(gid, _group_from_json(g)) for gid, g in d["window"]]
-        st.batches = {int(b): [(gid, _group_from_json(g)) for gid, g in v] for b, v in d["batches"].items()}
+        st.batches = {
+            int(b): [(gid, _group_from_json(g)) for gid, g in v] for b, v in d["batches"].items()
+        }
         st.batch_left = {int(b): n for b, n in d["batch_left"].items()}
         if self.fixed:
             for b in sorted({r.batch for r in reqs}):
@@ -541,5 +545,7 @@ def _request_from_json(d: dict[str, Any]) -> PromptRequest:
 
 
 def _group_from_json(d: dict[str, Any]) -> Group:
-    samples = [Sample(**{**s, "finish_reason": FinishReason(s["finish_reason"])}) for s in d["samples"]]
+    samples = [
+        Sample(**{**s, "finish_reason": FinishReason(s["finish_reason"])}) for s in d["samples"]
+    ]
     return Group(Prompt(**d["prompt"]), samples, d.get("advantages_G"))

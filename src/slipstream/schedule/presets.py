@@ -51,7 +51,9 @@ DEFAULT_MAX_LAG = 4
 
 PRESETS: dict[str, ScheduleSpec] = {
     "sync": ScheduleSpec("sync", "between_batches", 0, "fixed", "as_drawn"),
-    "tail_batching": ScheduleSpec("tail_batching", "between_batches", 0, "fixed", "by_expected_length"),
+    "tail_batching": ScheduleSpec(
+        "tail_batching", "between_batches", 0, "fixed", "by_expected_length"
+    ),
     "double_buffer": ScheduleSpec("double_buffer", "between_batches", 1, "fixed", "as_drawn"),
     "async": ScheduleSpec("async", "between_batches", DEFAULT_MAX_LAG, "continuous", "as_drawn"),
     "pipeline": ScheduleSpec("pipeline", "in_flight", DEFAULT_MAX_LAG, "continuous", "as_drawn"),

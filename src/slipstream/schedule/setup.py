@@ -86,14 +86,18 @@ class Run:
         return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
 
     def evaluate(self) -> float:
-        return heldout_accuracy(self.eval_engine, self.tok, self.task, self.heldout, self.cfg.sampling.max_new_tokens)
+        return heldout_accuracy(
+            self.eval_engine, self.tok, self.task, self.heldout, self.cfg.sampling.max_new_tokens
+        )
 
     def requests(self, prompt: Prompt, group_size: int) -> list[Request]:
         """G requests for one prompt, each with its own seed (reproducible, batch-independent)."""
         self.draws += 1
         base = (self.cfg.run.seed * 1_000_003 + self.draws * 4099) & 0x7FFFFFFF
         ids = self.tok.encode(prompt.text)
-        return [Request(ids, self.params, seed=base + g, key=(prompt, g)) for g in range(group_size)]
+        return [
+            Request(ids, self.params, seed=base + g, key=(prompt, g)) for g in range(group_size)
+        ]
 
     def draw(self, n: int) -> list[Prompt]:
         """n prompts; with the pass-rate band on, mastered and hopeless prompts are skipped here,
@@ -106,7 +110,9 @@ class Run:
         while len(out) < n and (refill or tries < n or not out):
             p = self.source.draw()
             tries += 1
-            ok, reason = self.pass_rates.should_draw(p.id) if self.cfg.filters.pass_rate_band else (True, "")
+            ok, reason = (
+                self.pass_rates.should_draw(p.id) if self.cfg.filters.pass_rate_band else (True, "")
+            )
             if ok or tries > 50 * n:  # never spin forever on a fully filtered dataset
                 out.append(p)
             else:
@@ -122,12 +128,16 @@ class Run:
         if not s.adaptive_group_size:
             return [s.group_size] * len(prompts)
         rates = [self.pass_rates.smoothed(p.id) for p in prompts]
-        return allocate_group_sizes(rates, s.group_size * len(prompts), s.group_size_min, s.group_size_max)
+        return allocate_group_sizes(
+            rates, s.group_size * len(prompts), s.group_size_min, s.group_size_max
+        )
 
     def rollout(self, prompts: list[Prompt]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
         sizes = self.group_sizes(prompts)
-        completions = self.engine.generate([r for p, g in zip(prompts, sizes) for r in self.requests(p, g)])
+        completions = self.engine.generate(
+            [r for p, g in zip(prompts, sizes) for r in self.requests(p, g)]
+        )
         groups, start = [], 0
         for p, g in zip(prompts, sizes):
             groups.append(self.score(p, completions[start : start + g]))
@@ -146,7 +156,9 @@ class Run:
         groups = self.rollout(self.draw(n))
         kept = self.settle(groups)
         extra = 0
-        while f.dynamic_sampling and not filters.dynamic_sampling_done(len(kept), n, extra, f.max_extra_draws):
+        while f.dynamic_sampling and not filters.dynamic_sampling_done(
+            len(kept), n, extra, f.max_extra_draws
+        ):
             more = min(n - len(kept), f.max_extra_draws - extra)
             extra += more
             new = self.rollout(self.draw(more))
@@ -159,11 +171,22 @@ class Run:
         texts = [self.tok.decode(c.tokens) for c in completions]
         samples = []
         for c, text, v in zip(completions, texts, score_completions(self.task, prompt, texts)):
-            samples.append(Sample(
-                prompt.id, c.request.prompt_tokens, c.tokens, c.logp, c.versions, c.finish_reason,
-                completion_text=text, reward=v.reward, seed=c.request.seed,
-                t_start=c.t_start, t_end=c.t_end, reward_error=v.error,
-            ))
+            samples.append(
+                Sample(
+                    prompt.id,
+                    c.request.prompt_tokens,
+                    c.tokens,
+                    c.logp,
+                    c.versions,
+                    c.finish_reason,
+                    completion_text=text,
+                    reward=v.reward,
+                    seed=c.request.seed,
+                    t_start=c.t_start,
+                    t_end=c.t_end,
+                    reward_error=v.error,
+                )
+            )
         self.ledger.generated += 1
         return Group(prompt, samples)
 
@@ -186,7 +209,9 @@ class Run:
         """
         kept = []
         for g in groups:
-            self.counters.update(f"reward/errors_{s.reward_error}" for s in g.samples if s.reward_error)
+            self.counters.update(
+                f"reward/errors_{s.reward_error}" for s in g.samples if s.reward_error
+            )
             self.pass_rates.update(g.prompt.id, g.rewards_G)
             if self.replay is not None:
                 self.replay.add(g)
@@ -214,10 +239,14 @@ class Run:
                 g = Group(g.prompt, samples)
                 self.counters["replay/samples"] += n
         rewards_G = self._shaped_rewards(g)
-        reason = filters.group_drop_reason(rewards_G, [filters.ZERO_VARIANCE] if f.zero_variance else [])
+        reason = filters.group_drop_reason(
+            rewards_G, [filters.ZERO_VARIANCE] if f.zero_variance else []
+        )
         if reason:
             return g, reason
-        g.advantages_G = advantages.compute(torch.tensor([rewards_G]), self.cfg.trainer.advantage)[0].tolist()
+        g.advantages_G = advantages.compute(torch.tensor([rewards_G]), self.cfg.trainer.advantage)[
+            0
+        ].tolist()
         return g, None
 
     def _shaped_rewards(self, g: Group) -> list[float]:
@@ -225,7 +254,9 @@ class Run:
         if self.cfg.filters.overlong != "penalty":
             return g.rewards_G
         lens = torch.tensor([s.num_tokens for s in g.samples])
-        pen = filters.overlong_penalty(lens, self.cfg.sampling.max_new_tokens, self.cfg.filters.overlong_cache)
+        pen = filters.overlong_penalty(
+            lens, self.cfg.sampling.max_new_tokens, self.cfg.filters.overlong_cache
+        )
         return [r + p for r, p in zip(g.rewards_G, pen.tolist())]
 
     def _account(self, generated: Group, trained: Group | None) -> None:
@@ -233,9 +264,13 @@ class Run:
         trained samples that were not generated here are replayed."""
         gen_ids = {id(s) for s in generated.samples}
         kept_ids = {id(s) for s in trained.samples} if trained is not None else set()
-        self.counters["tokens/wasted"] += sum(s.num_tokens for s in generated.samples if id(s) not in kept_ids)
+        self.counters["tokens/wasted"] += sum(
+            s.num_tokens for s in generated.samples if id(s) not in kept_ids
+        )
         if trained is not None:
-            self.counters["tokens/replayed"] += sum(s.num_tokens for s in trained.samples if id(s) not in gen_ids)
+            self.counters["tokens/replayed"] += sum(
+                s.num_tokens for s in trained.samples if id(s) not in gen_ids
+            )
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -255,15 +290,27 @@ def build_task(cfg: Config) -> GuardedTask:
         isolation = t.reward_isolation
     if t.kind == "builtin":
         task = RunningSums()
-        return GuardedTask(task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors))
+        return GuardedTask(
+            task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)
+        )
     assert t.path is not None
     guard = RewardGuard(t.reward, isolation, t.reward_timeout_s, t.reward_errors)
-    return GuardedTask(JsonlTask(
-        t.path, guard, t.heldout_path, t.heldout_fraction, t.prompt_template, seed=cfg.run.seed,
-    ), guard)
+    return GuardedTask(
+        JsonlTask(
+            t.path,
+            guard,
+            t.heldout_path,
+            t.heldout_fraction,
+            t.prompt_template,
+            seed=cfg.run.seed,
+        ),
+        guard,
+    )
 
 
-def build_model(cfg: Config, task: Task, view: ProgressView) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
+def build_model(
+    cfg: Config, task: Task, view: ProgressView
+) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
     if cfg.model.path:
         return load_pretrained(cfg.model.path), load_tokenizer(cfg.model.path), {}
     builtin = unguarded(task)
@@ -272,7 +319,9 @@ def build_model(cfg: Config, task: Task, view: ProgressView) -> tuple[CausalLM, 
     max_new = cfg.sampling.max_new_tokens
 
     def evaluate(model: CausalLM, tok: Tokenizer) -> float:
-        engine = Engine(model, tok.eos_id, num_slots=len(heldout), max_len=_max_len(heldout, tok, max_new))
+        engine = Engine(
+            model, tok.eos_id, num_slots=len(heldout), max_len=_max_len(heldout, tok, max_new)
+        )
         return heldout_accuracy(engine, tok, task, heldout, max_new)
 
     def report(step: int, loss: float, acc: float | None) -> None:
@@ -281,7 +330,9 @@ def build_model(cfg: Config, task: Task, view: ProgressView) -> tuple[CausalLM, 
 
     view.log("warm start of the built-in model (cached after the first run)...")
     model, tok, info = warm_start(builtin, cfg.warmstart, cfg.run.seed, evaluate, report)
-    view.log(f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}")
+    view.log(
+        f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
+    )
     return model, tok, {"warmstart": info}
 
 
@@ -293,9 +344,13 @@ def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
     """The pass-rate tracker with the band settings of `cfg.filters`."""
     f = cfg.filters
     return PassRateTracker(
-        f.pass_rate_low, f.pass_rate_high, ema_decay=f.pass_rate_ema_decay,
-        min_attempts=f.pass_rate_min_attempts, retry_after=f.pass_rate_retry_after,
-        skip_prob=f.pass_rate_skip_prob, seed=cfg.run.seed,
+        f.pass_rate_low,
+        f.pass_rate_high,
+        ema_decay=f.pass_rate_ema_decay,
+        min_attempts=f.pass_rate_min_attempts,
+        retry_after=f.pass_rate_retry_after,
+        skip_prob=f.pass_rate_skip_prob,
+        seed=cfg.run.seed,
     )
 
 
@@ -310,15 +365,34 @@ def setup(cfg: Config) -> Run:
     model, tok, info = build_model(cfg, task, view)
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     train = task.train_prompts()[: cfg.task.max_train_prompts]
-    max_len = max(_max_len(train, tok, cfg.sampling.max_new_tokens), _max_len(heldout, tok, cfg.sampling.max_new_tokens)) if heldout else _max_len(train, tok, cfg.sampling.max_new_tokens)
+    max_len = (
+        max(
+            _max_len(train, tok, cfg.sampling.max_new_tokens),
+            _max_len(heldout, tok, cfg.sampling.max_new_tokens),
+        )
+        if heldout
+        else _max_len(train, tok, cfg.sampling.max_new_tokens)
+    )
     slots = cfg.trainer.batch_prompts * cfg.sampling.group_size
     mc = model.config
-    (run_dir / "model_info.json").write_text(json.dumps({
-        "params": mc.num_params(), "layers": mc.num_hidden_layers, "hidden": mc.hidden_size,
-        "kv_heads": mc.num_key_value_heads, "head_dim": mc.head_dim, "vocab": mc.vocab_size,
-    }))
+    (run_dir / "model_info.json").write_text(
+        json.dumps(
+            {
+                "params": mc.num_params(),
+                "layers": mc.num_hidden_layers,
+                "hidden": mc.hidden_size,
+                "kv_heads": mc.num_key_value_heads,
+                "head_dim": mc.head_dim,
+                "vocab": mc.vocab_size,
+            }
+        )
+    )
     return Run(
-        cfg=cfg, dir=run_dir, model=model, tok=tok, task=task,
+        cfg=cfg,
+        dir=run_dir,
+        model=model,
+        tok=tok,
+        task=task,
         source=PromptSource(train, seed=cfg.run.seed),
         engine=Engine(model, tok.eos_id, num_slots=slots, max_len=max_len),
         eval_engine=Engine(model, tok.eos_id, num_slots=max(len(heldout), 1), max_len=max_len),
@@ -326,7 +400,8 @@ def setup(cfg: Config) -> Run:
         sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
-        view=view, heldout=heldout,
+        view=view,
+        heldout=heldout,
         pass_rates=make_pass_rate_tracker(cfg),
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,

@@ -95,7 +95,9 @@ class StepStats:
         """Remember what is trained, by prompt and sample seeds (one draw's identity). The set
         holds a 64-bit hash of each key, not the key: a long run trains millions of groups."""
         for g in groups:
-            key = hash((g.prompt.id, tuple(sorted(-1 if s.seed is None else s.seed for s in g.samples))))
+            key = hash(
+                (g.prompt.id, tuple(sorted(-1 if s.seed is None else s.seed for s in g.samples)))
+            )
             self.trained_twice += key in self._trained
             self._trained.add(key)
 
@@ -213,7 +215,9 @@ class StepStats:
         }
 
 
-def goodput(records: list[dict[str, Any]], wall_s: float, samplers: int, lost_tokens: int = 0) -> dict[str, float]:
+def goodput(
+    records: list[dict[str, Any]], wall_s: float, samplers: int, lost_tokens: int = 0
+) -> dict[str, float]:
     """Useful time over wall time, from a run's step records.
 
     Useful is the trainer's optimizer steps plus the samplers' generation that reached the

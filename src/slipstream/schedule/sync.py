@@ -80,7 +80,12 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
         run.view.update(step, record)
         mark, groups = marks(run), []
         if step % cfg.checkpoint.every == 0 or step == cfg.run.steps:
-            checkpoint(run, heldout_acc_start=acc_start, heldout_acc=acc, wall_s=time.perf_counter() - t_start)
+            checkpoint(
+                run,
+                heldout_acc_start=acc_start,
+                heldout_acc=acc,
+                wall_s=time.perf_counter() - t_start,
+            )
     return finish(run, acc_start, acc, time.perf_counter() - t_start)
 
 
@@ -90,7 +95,9 @@ def marks(run: Run) -> dict[str, float]:
     return {**run.engine.stats.snapshot(), **{k: run.counters[k] for k in COUNTERS}}
 
 
-def step_record(run: Run, groups: list[Group], metrics, mark, t_gen, t_train, t_step, t_start) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def step_record(
+    run: Run, groups: list[Group], metrics, mark, t_gen, t_train, t_step, t_start
+) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     now = marks(run)
     d = {k: now[k] - mark[k] for k in now}
     lens = [s.num_tokens for g in groups for s in g.samples]
@@ -138,14 +145,24 @@ def checkpoint(run: Run, **extra: Any) -> None:
     trainer_state = {**run.trainer.state_dict(), "rng_torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         trainer_state["rng_cuda"] = torch.cuda.get_rng_state_all()
-    save_checkpoint(run.dir, run.trainer.version, run.model, run.tok, trainer_state, state, run.cfg.checkpoint.keep)
+    save_checkpoint(
+        run.dir,
+        run.trainer.version,
+        run.model,
+        run.tok,
+        trainer_state,
+        state,
+        run.cfg.checkpoint.keep,
+    )
 
 
 def latest_checkpoint(run_dir: str | Path | None) -> Path:
     """The newest complete checkpoint of a run folder; `ConfigError` if there is none."""
     ckpts = list_checkpoints(run_dir or ".")
     if not ckpts:
-        raise ConfigError(f"{run_dir}: no checkpoint to resume from (expected checkpoints/step_NNNNNN)")
+        raise ConfigError(
+            f"{run_dir}: no checkpoint to resume from (expected checkpoints/step_NNNNNN)"
+        )
     return ckpts[-1]
 
 
@@ -250,7 +267,11 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
     }
     (run.dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
-    lost = f", {run.ledger.lost} groups ({good['tokens_lost']} tokens) lost to failures" if run.ledger.lost else ""
+    lost = (
+        f", {run.ledger.lost} groups ({good['tokens_lost']} tokens) lost to failures"
+        if run.ledger.lost
+        else ""
+    )
     run.view.log(
         f"done: {summary['steps']} steps in {wall:.0f}s; held-out accuracy {acc_start:.3f} -> {acc_end:.3f}; "
         f"goodput {good['goodput']:.0%}{lost}; ledger {run.ledger.as_dict()}"

@@ -32,7 +32,9 @@ def running_sums(terms: list[int]) -> str:
     return ",".join(out)
 
 
-def draw_terms(rng: random.Random, k_min: int, k_max: int, alpha: float, term_max: int = 9) -> list[int]:
+def draw_terms(
+    rng: random.Random, k_min: int, k_max: int, alpha: float, term_max: int = 9
+) -> list[int]:
     ks = list(range(k_min, k_max + 1))
     k = rng.choices(ks, weights=[kk**-alpha for kk in ks])[0]
     return [rng.randint(0, term_max) for _ in range(k)]
@@ -71,7 +73,9 @@ class RunningSums:
 
     def _make(self, rng: random.Random, pid: str) -> Prompt:
         terms = draw_terms(rng, self.k_min, self.k_max, self.alpha, self.term_max)
-        return Prompt(id=pid, text=format_terms(terms), answer=running_sums(terms), meta={"k": len(terms)})
+        return Prompt(
+            id=pid, text=format_terms(terms), answer=running_sums(terms), meta={"k": len(terms)}
+        )
 
     def train_prompts(self) -> list[Prompt]:
         return self._train

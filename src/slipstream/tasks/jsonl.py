@@ -49,8 +49,14 @@ def read_rows(path: str | Path, template: str = "{prompt}") -> list[Prompt]:
             raise TaskError(f"{path}:{n}: 'answer' must be a string or a number")
         pid = str(row.get("id", f"{path.stem}:{n}"))
         if not is_text(row["prompt"] + str(row["answer"]) + pid):
-            raise TaskError(f"{path}:{n}: a lone surrogate (\\ud800-\\udfff) is not text a tokenizer can take")
-        prompts.append(Prompt(id=pid, text=template.replace("{prompt}", row["prompt"]), answer=str(row["answer"])))
+            raise TaskError(
+                f"{path}:{n}: a lone surrogate (\\ud800-\\udfff) is not text a tokenizer can take"
+            )
+        prompts.append(
+            Prompt(
+                id=pid, text=template.replace("{prompt}", row["prompt"]), answer=str(row["answer"])
+            )
+        )
     if not prompts:
         raise TaskError(f"{path}: no rows")
     return prompts

@@ -39,7 +39,9 @@ def collate(
     )
 
 
-def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    model: torch.nn.Module, batch: Batch, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs `[B, T]` of `batch.targets` under `model` at `temperature`, and entropy `[B, T]`.
 
     The engine records log-probs of the same temperature-scaled distribution, so with identical

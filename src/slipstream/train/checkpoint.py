@@ -71,7 +71,9 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.exists():
         return []
-    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").exists())
+    return sorted(
+        p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").exists()
+    )
 
 
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:

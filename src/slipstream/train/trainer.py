@@ -24,7 +24,12 @@ class Trainer:
     """AdamW on a `CausalLM`, one `step()` per policy version."""
 
     def __init__(
-        self, model: CausalLM, cfg: TrainerConfig, temperature: float, pad_id: int, total_steps: int = 0
+        self,
+        model: CausalLM,
+        cfg: TrainerConfig,
+        temperature: float,
+        pad_id: int,
+        total_steps: int = 0,
     ) -> None:
         self.model = model
         self.total_steps = total_steps
@@ -48,7 +53,9 @@ class Trainer:
             assert group.advantages_G is not None, "advantages must be computed before training"
             rows += [(s, a, g) for s, a in zip(group.samples, group.advantages_G)]
         rows.sort(key=lambda r: len(r[0].prompt_tokens) + r[0].num_tokens)
-        return collate([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], self.pad_id)
+        return collate(
+            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], self.pad_id
+        )
 
     def lr_at(self, version: int) -> float:
         """Learning rate of the step that produces `version + 1`: warm-up, then the schedule."""
@@ -77,14 +84,24 @@ class Trainer:
             batch = full.slice(slice(start, start + mb))
             logp, entropy = token_logprobs(self.model, batch, self.temperature)
             out = losses.compute(
-                self.cfg.loss, logp, batch.behavior_logp, batch.advantages, batch.loss_mask,
-                agg=self.cfg.agg, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len, **self._hp,
+                self.cfg.loss,
+                logp,
+                batch.behavior_logp,
+                batch.advantages,
+                batch.loss_mask,
+                agg=self.cfg.agg,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+                max_len=max_len,
+                **self._hp,
             )
             out.loss.backward()
             total_loss += out.loss.detach()
             parts.append(out.metrics)
             ent_sum += (entropy.detach() * batch.loss_mask).sum()
-            seq_lr.append(staleness.seq_log_ratio(logp.detach(), batch.behavior_logp, batch.loss_mask))
+            seq_lr.append(
+                staleness.seq_log_ratio(logp.detach(), batch.behavior_logp, batch.loss_mask)
+            )
             tok_lr.append((logp.detach() - batch.behavior_logp)[batch.loss_mask])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         lr = self.lr_at(self.version)
@@ -98,24 +115,32 @@ class Trainer:
             self.skipped_steps += 1  # weights and optimizer state untouched
         self.opt.zero_grad(set_to_none=True)
         self.version += 1
-        metrics = {f"train/{k}": v for k, v in losses.to_floats(losses.merge_metrics(parts)).items()}
-        metrics.update({
-            "train/loss": float(total_loss),
-            "train/entropy": float(ent_sum / num_tokens.clamp(min=1)),
-            "train/grad_norm": float(grad_norm),
-            "train/lr": lr * lr_scale,
-            "train/skipped": 0.0 if finite else 1.0,
-            "tokens/trained": float(num_tokens),
-            # how far the data's policy is from this one: 1 on-policy (ALGORITHMS.md, Staleness)
-            "staleness/ess_token": staleness.ess(torch.cat(tok_lr)),
-            "staleness/ess_seq": staleness.ess(torch.cat(seq_lr)),
-        })
+        metrics = {
+            f"train/{k}": v for k, v in losses.to_floats(losses.merge_metrics(parts)).items()
+        }
+        metrics.update(
+            {
+                "train/loss": float(total_loss),
+                "train/entropy": float(ent_sum / num_tokens.clamp(min=1)),
+                "train/grad_norm": float(grad_norm),
+                "train/lr": lr * lr_scale,
+                "train/skipped": 0.0 if finite else 1.0,
+                "tokens/trained": float(num_tokens),
+                # how far the data's policy is from this one: 1 on-policy (ALGORITHMS.md, Staleness)
+                "staleness/ess_token": staleness.ess(torch.cat(tok_lr)),
+                "staleness/ess_seq": staleness.ess(torch.cat(seq_lr)),
+            }
+        )
         if math.isnan(metrics["train/grad_norm"]):
             metrics["train/grad_norm"] = float("inf")
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.opt.state_dict(), "version": self.version, "skipped": self.skipped_steps}
+        return {
+            "optimizer": self.opt.state_dict(),
+            "version": self.version,
+            "skipped": self.skipped_steps,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.opt.load_state_dict(state["optimizer"])

@@ -34,7 +34,9 @@ CACHE_VERSION = "ws-2"
 def cache_root(cfg: WarmstartConfig) -> Path:
     if cfg.cache_dir:
         return Path(cfg.cache_dir)
-    base = os.environ.get("SLIPSTREAM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "slipstream")
+    base = os.environ.get("SLIPSTREAM_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "slipstream"
+    )
     return Path(base)
 
 
@@ -43,7 +45,10 @@ def cache_key(task: RunningSums, cfg: WarmstartConfig, seed: int) -> str:
     spec = {
         "v": CACHE_VERSION,
         "model": asdict(model.config),
-        "task": {k: getattr(task, k) for k in ("num_train", "num_heldout", "k_min", "k_max", "alpha", "seed")},
+        "task": {
+            k: getattr(task, k)
+            for k in ("num_train", "num_heldout", "k_min", "k_max", "alpha", "seed")
+        },
         "ws": cfg.model_dump(exclude={"cache_dir"}),
         "seed": seed,
     }
@@ -53,11 +58,17 @@ def cache_key(task: RunningSums, cfg: WarmstartConfig, seed: int) -> str:
 def supervised_sample(prompt: Prompt, tok: Tokenizer) -> Sample:
     completion = [*tok.encode(prompt.answer), tok.eos_id]
     n = len(completion)
-    return Sample(prompt.id, tok.encode(prompt.text), completion, [0.0] * n, [0] * n, FinishReason.STOP)
+    return Sample(
+        prompt.id, tok.encode(prompt.text), completion, [0.0] * n, [0] * n, FinishReason.STOP
+    )
 
 
 def supervised_step(
-    model: CausalLM, opt: torch.optim.Optimizer, samples: list[Sample], pad_id: int, micro_batch: int = 16
+    model: CausalLM,
+    opt: torch.optim.Optimizer,
+    samples: list[Sample],
+    pad_id: int,
+    micro_batch: int = 16,
 ) -> float:
     """One cross-entropy step on the completion tokens of `samples` (length-sorted micro-batches)."""
     samples = sorted(samples, key=lambda s: len(s.prompt_tokens) + s.num_tokens)
@@ -96,7 +107,12 @@ def warm_start(
     train = task.train_prompts()
     t0, acc, step = time.perf_counter(), 0.0, 0
     for step in range(1, cfg.max_steps + 1):
-        loss = supervised_step(model, opt, [supervised_sample(rng.choice(train), tok) for _ in range(cfg.batch_size)], tok.pad_id)
+        loss = supervised_step(
+            model,
+            opt,
+            [supervised_sample(rng.choice(train), tok) for _ in range(cfg.batch_size)],
+            tok.pad_id,
+        )
         acc_now = evaluate(model, tok) if step % eval_every == 0 else None
         report(step, loss, acc_now)
         if acc_now is not None:
