@@ -25,19 +25,19 @@ from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.replay import ReplayBuffer
+from slipstream.schedule.sampler import score_group
 from slipstream.tasks import JsonlTask, PromptSource, RunningSums, Task
 from slipstream.tasks.guard import (
     ERRORS,
     GuardedTask,
     Isolation,
     RewardGuard,
-    score_completions,
     unguarded,
 )
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
 from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start
-from slipstream.types import FinishReason, Group, Prompt, Sample
+from slipstream.types import FinishReason, Group, Prompt
 
 # Counters of `Run.counters`, cumulative over the run (the sync loop reports per-step deltas).
 COUNTERS = (
@@ -168,27 +168,8 @@ class Run:
         return groups, kept
 
     def score(self, prompt: Prompt, completions: list[Any]) -> Group:
-        texts = [self.tok.decode(c.tokens) for c in completions]
-        samples = []
-        for c, text, v in zip(completions, texts, score_completions(self.task, prompt, texts)):
-            samples.append(
-                Sample(
-                    prompt.id,
-                    c.request.prompt_tokens,
-                    c.tokens,
-                    c.logp,
-                    c.versions,
-                    c.finish_reason,
-                    completion_text=text,
-                    reward=v.reward,
-                    seed=c.request.seed,
-                    t_start=c.t_start,
-                    t_end=c.t_end,
-                    reward_error=v.error,
-                )
-            )
         self.ledger.generated += 1
-        return Group(prompt, samples)
+        return score_group(self.tok, self.task, prompt, completions)
 
     def settle(self, groups: list[Group]) -> list[Group]:
         """Shaping, replay, filters and advantages of freshly generated groups: the groups to
