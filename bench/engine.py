@@ -35,15 +35,15 @@ one, where the engine replays its decode steps as CUDA graphs (`--eager`: it doe
 
 Measured (defaults, 2026-11-30):
 
-- one NVIDIA H200 (four runs on three machines, on the final code the last): engine 69,416
-  tokens/s (0.92 ms a decode step) against transformers 11,190 (5.72 ms):
-  `ratio_vs_transformers` 6.20 (5.90, 4.95 and 5.98 in the other runs); the same engine
-  without graphs 20,785 (1.9x); greedy sequences identical 64/64. `--model qwen2.5-0.5b`:
-  11,384 against 2,770 tokens/s, 4.11x (eager 1.76x), 63/64 greedy sequences identical (float
-  differences flip one argmax in 128 tokens of a random 24-layer model). Continuous vs static
-  1.60x (1.70 to 1.88 in the other runs; 0.89x before prefill was deferred, when every step
-  paid an eager prefill forward). Weight-update pause 0.79 ms (`keep`), 4.87 ms (`recompute`);
-  for the 494M-parameter model 6.8 and 66.7 ms.
+- one NVIDIA H200 (five runs on four machines, the last on the final code, quoted): engine
+  68,277 tokens/s (0.94 ms a decode step) against transformers 11,737 (5.45 ms):
+  `ratio_vs_transformers` 5.82 (4.95 to 6.20 over the five runs, median 5.90); the same engine
+  without graphs 18,364 (1.56x); greedy sequences identical 64/64. `--model qwen2.5-0.5b`:
+  11,703 against 2,830 tokens/s, 4.14x (4.11 in an earlier run; eager 1.77x), 63/64 greedy
+  sequences identical (float differences flip one argmax in 128 tokens of a random 24-layer
+  model). Continuous vs static 1.71x (1.60 to 1.88 over four runs; 0.89x before prefill was
+  deferred, when every step paid an eager prefill forward). Weight-update pause 1.03 ms
+  (`keep`), 5.95 ms (`recompute`); for the 494M-parameter model 6.9 and 66.1 ms.
 - this 2-core CPU, one thread: engine 6,350 tokens/s (10.08 ms a step) against transformers
   4,247 (15.07 ms): 1.50x (1.46 to 1.82 over earlier runs); continuous vs static 1.65x;
   weight-update pause 9.6 ms (`keep`), 285 ms (`recompute`). The kernel floor is 5.26 ms a
