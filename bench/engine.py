@@ -44,15 +44,16 @@ Measured (defaults, 2026-11-30):
   model). Continuous vs static 1.71x (1.60 to 1.88 over four runs; 0.89x before prefill was
   deferred, when every step paid an eager prefill forward). Weight-update pause 1.03 ms
   (`keep`), 5.95 ms (`recompute`); for the 494M-parameter model 6.9 and 66.1 ms.
-- this 2-core CPU, one thread: engine 6,350 tokens/s (10.08 ms a step) against transformers
-  4,247 (15.07 ms): 1.50x (1.46 to 1.82 over earlier runs); continuous vs static 1.65x;
-  weight-update pause 9.6 ms (`keep`), 285 ms (`recompute`). The kernel floor is 5.26 ms a
-  step: an engine with no overhead at all would reach 15.07 / 5.26 = 2.9x, so 3x is out of
-  reach of float32 MKL and SDPA kernels here; the rest of the engine's step is norms, rotary
-  embeddings, cache writes, sampling, and a cost of this machine (an operation that follows a
-  large one runs several times slower than alone: a 64 x 128 multiply takes 3 us alone, 28 us
-  right after an attention call). An earlier version of the floor timed each kernel alone in
-  a warm loop (3.5 ms), with its weights in cache; a step reads them from memory.
+- this 2-core CPU, one thread (final code): engine 5,855 tokens/s (10.93 ms a step) against
+  transformers 3,810 (16.80 ms): 1.54x (1.46 to 1.82 over earlier runs, 1.50 earlier the same
+  day); continuous vs static 1.70x; weight-update pause 12.3 ms (`keep`), 301 ms
+  (`recompute`). The kernel floor is 5.91 ms a step (5.26 in the earlier run): an engine with
+  no overhead at all would reach 16.80 / 5.91 = 2.8x (2.9x), so 3x is out of reach of float32
+  MKL and SDPA kernels here; the rest of the engine's step is norms, rotary embeddings, cache
+  writes, sampling, and a cost of this machine (an operation that follows a large one runs
+  several times slower than alone: a 64 x 128 multiply takes 3 us alone, 28 us right after an
+  attention call). An earlier version of the floor timed each kernel alone in a warm loop
+  (3.5 ms), with its weights in cache; a step reads them from memory.
 
 Threads: `--threads 1` by default so that CPU figures are stable on a shared machine; both
 sides always run with the same number.
