@@ -174,10 +174,11 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(2, 512, (B, PROMPT_LEN), generator=g)
     dev = torch.device(args.device)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    dtype = getattr(torch, args.dtype)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     hf = hf.eval().to(dev)
     hf.generation_config.eos_token_id = None
-    ours = load_pretrained(folder).to(dev)
+    ours = load_pretrained(folder).to(dev, dtype)
     graph = None if not args.eager else False
     engine = Engine(ours, NO_STOP, num_slots=B, max_len=PROMPT_LEN + N, decode_graph=graph)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=N)
@@ -219,7 +220,7 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         where = torch.cuda.get_device_name(dev)
     print(
         f"1. Generation, batch {B}, {PROMPT_LEN}-token prompts, {N} new tokens each, greedy "
-        f"({describe(args.model)}; {where}; median of {args.repeats})"
+        f"({describe(args.model)}, {args.dtype}; {where}; median of {args.repeats})"
     )
     print(f"   {'':30s}{'tokens/s':>10s}{'wall s':>9s}{'CPU s':>8s}{'ms/step':>9s}")
     rows = [("transformers generate", "hf"), ("slipstream engine", "ours")]
@@ -239,7 +240,7 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         same_eager = sum(a == b for a, b in zip(t["eager"].result, our_tokens))  # type: ignore[call-overload]
         print(f"   greedy sequences identical, graph vs eager engine: {same_eager}/{B}")
         res["graph_vs_eager_identical"] = same_eager
-    if dev.type == "cpu":
+    if dev.type == "cpu" and args.dtype == "float32":
         floor = kernel_floor(ours.config, B, PROMPT_LEN, N)
         res["kernel_floor_ms_per_step"] = floor * 1e3
         print(
@@ -405,7 +406,9 @@ def continuous_vs_static(args: argparse.Namespace) -> dict[str, float]:
 # ---- 3. weight update pause ------------------------------------------------------------------
 def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     B = args.batch
-    ours, new = load_pretrained(folder).to(args.device), load_pretrained(folder).to(args.device)
+    dtype = getattr(torch, args.dtype)
+    ours = load_pretrained(folder).to(args.device, dtype)
+    new = load_pretrained(folder).to(args.device, dtype)
     with torch.no_grad():
         for p in new.parameters():
             p.add_(0.01)
@@ -470,6 +473,12 @@ def main() -> None:
         help="part 1's model shape (random weights)",
     )
     ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="parts 1 and 3: the model's dtype, both sides",
+    )
+    ap.add_argument(
         "--eager", action="store_true", help="no CUDA graphs for the engine's decode steps"
     )
     ap.add_argument("--quick", action="store_true", help="a fast smoke run: small sizes, 1 repeat")
@@ -485,7 +494,7 @@ def main() -> None:
         res |= continuous_vs_static(args)
         res |= weight_pause(args, folder)
     res |= {"batch": args.batch, "max_new_tokens": args.max_new_tokens, "threads": args.threads}
-    res["device"], res["model"] = args.device, args.model
+    res["device"], res["model"], res["dtype"] = args.device, args.model, args.dtype
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}))
 
 

@@ -25,7 +25,9 @@ def _one_thread():
 
 
 def _args(**over) -> argparse.Namespace:
-    kw = dict(batch=4, max_new_tokens=6, repeats=1, threads=1, device="cpu", eager=False)
+    kw = dict(
+        batch=4, max_new_tokens=6, repeats=1, threads=1, device="cpu", eager=False, dtype="float32"
+    )
     return argparse.Namespace(**{**kw, "task_requests": 24, "model": "tiny", **over})
 
 
