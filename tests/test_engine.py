@@ -148,9 +148,9 @@ def test_mixed_and_separate_prefill_give_the_same_tokens():
 
 @pytest.mark.parametrize("kv_mode", ["keep", "recompute"])
 def test_fixed_shape_decode_step_gives_the_ragged_steps_tokens(kv_mode):
-    """`decode_graph` (replayed as a CUDA graph on a GPU; eager here) runs every slot over the
-    whole cache each decode step: the same tokens and log-probs as the ragged step, through
-    refills, free slots and a weight swap mid-sequence."""
+    """`decode_graph` (replayed as a CUDA graph on a GPU; eager here) runs every slot over a
+    fixed bucket of cache positions each decode step: the same tokens and log-probs as the
+    ragged step, through refills, free slots and a weight swap mid-sequence."""
     reqs = [
         Request(p, SamplingParams(1.0, max_new_tokens=1 + (5 * i) % 17), seed=i)
         for i, p in enumerate(_prompts(12, seed=6))
