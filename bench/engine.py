@@ -41,7 +41,7 @@ Measured (defaults, 2026-11-30):
   without graphs 18,364 (1.56x); greedy sequences identical 64/64. `--model qwen2.5-0.5b`:
   11,703 against 2,830 tokens/s, 4.14x (4.11 in an earlier run; eager 1.77x), 63/64 greedy
   sequences identical (float differences flip one argmax in 128 tokens of a random 24-layer
-  model). Continuous vs static 1.71x (1.60 to 1.88 over four runs; 0.89x before prefill was
+  model). Continuous vs static 1.71x (1.60 to 1.88 over seven runs; 0.89x before prefill was
   deferred, when every step paid an eager prefill forward). Weight-update pause 1.03 ms
   (`keep`), 5.95 ms (`recompute`); for the 494M-parameter model 6.9 and 66.1 ms.
   `--model qwen2.5-0.5b --dtype bfloat16`: 17,690 against 3,000 tokens/s, 5.90x (graph and
