@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.sim.cost import (
@@ -41,6 +41,9 @@ finite = st.floats(-10, 10, allow_nan=False)
 
 @settings(max_examples=200, deadline=None)
 @given(finite, finite, finite, finite, st.integers(0, 60))
+@example(0.0, 0.0, 1.0, -2.225073858507e-311, 5)  # a subnormal slope: the root overflows
+@example(0.0, 0.0, 1.0, 2.225073858507e-311, 5)
+@example(1.0, 0.0, 0.0, 2.225073858507e-311, 5)
 def test_sum_max_linear_matches_naive_sum(
     a1: float, b1: float, a2: float, b2: float, k: int
 ) -> None:

@@ -183,7 +183,9 @@ def sum_max_linear(a1: float, b1: float, a2: float, b2: float, k: int) -> float:
     da, db = a1 - a2, b1 - b2
     if db == 0:
         return total + k * max(da, 0.0)
-    root = -da / db
+    # the root, clamped to [-1, k] (a tiny slope sends it out of range, even to infinity):
+    # where it lies outside 0..k-1 only which side matters
+    root = min(max(-da / db, -1.0), float(k))
     if db > 0:  # positive for x > root
         lo = max(0, math.floor(root) + 1)
         hi = k - 1
@@ -279,8 +281,9 @@ def sum_max_linear_np(
     k = k.astype(np.float64)
     total = k * a2 + b2 * k * (k - 1) / 2
     da, db = a1 - a2, b1 - b2
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         root = np.where(db != 0, -da / np.where(db != 0, db, 1.0), 0.0)
+    root = np.clip(root, -1.0, k)  # as in sum_max_linear: only the side matters out of range
     lo = np.where(db > 0, np.maximum(0.0, np.floor(root) + 1), 0.0)
     hi = np.where(db > 0, k - 1, np.minimum(k - 1, np.ceil(root) - 1))
     count = np.where(db == 0, np.where(da > 0, k, 0.0), np.maximum(hi - lo + 1, 0.0))
