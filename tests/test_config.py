@@ -72,6 +72,14 @@ def test_unknown_key_in_file(tmp_path):
         load_config(f)
 
 
+@pytest.mark.parametrize(("text", "shown"), [("?", "None"), ("sampling:\n  1: 4\n", "sampling.1")])
+def test_yaml_keys_that_are_not_strings_are_named(tmp_path, text, shown):
+    f = tmp_path / "run.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=rf"run.yaml: key '{shown}' is not text"):
+        load_config(f)
+
+
 def test_resolved_config_round_trips():
     cfg = load_config(None, ["trainer.lr=3e-4", 'run.dir="x"'])
     again = Config.model_validate(tomllib.loads(dump_config(cfg)))

@@ -483,10 +483,15 @@ def _explain(err: ValidationError) -> str:
 
 
 def _check_keys(raw: dict[Any, Any], path: Path, prefix: str = "") -> None:
-    """Empty keys and keys that are not text (a lone surrogate): pydantic cannot name them."""
+    """Empty keys, keys that are not text (a lone surrogate) and keys that are not strings at all
+    (YAML reads `?`, `1:` or `true:` as None, 1, True): pydantic cannot name them."""
     for k, v in raw.items():
         name = f"{prefix}{k}"
-        if isinstance(k, str) and (not k or not is_text(k)):
+        if not isinstance(k, str):
+            raise ConfigError(
+                f"{path}: key {name!r} is not text (read as {type(k).__name__}); quote it"
+            )
+        if not k or not is_text(k):
             raise ConfigError(f"{path}: key {name!r} is empty or not valid Unicode text")
         if isinstance(v, dict):
             _check_keys(v, path, f"{name}.")
