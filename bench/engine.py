@@ -1,10 +1,11 @@
 """Generation throughput of slipstream's engine: against `transformers`, and continuous
 batching against static batches on the heavy-tailed built-in task.
 
-Run: python bench/engine.py [--device auto|cpu|cuda] [--model tiny|qwen2.5-0.5b] [--batch 64]
-[--max-new-tokens 128] [--repeats 3] [--eager] [--quick]. Prints three readable tables, then one
-JSON line with the headline figures. `--device auto` (the default) runs on a GPU when there is
-one, where the engine replays its decode steps as CUDA graphs (`--eager`: it does not).
+Run: python bench/engine.py [--device auto|cpu|cuda] [--model tiny|qwen2.5-0.5b]
+[--dtype float32|bfloat16] [--batch 64] [--max-new-tokens 128] [--repeats 3] [--eager] [--quick].
+Prints three readable tables, then one JSON line with the headline figures. `--device auto`
+(the default) runs on a GPU when there is one, where the engine replays its decode steps as CUDA
+graphs (`--eager`: it does not).
 
 1. Engine vs `transformers.generate`. A random model (`--model`: `tiny`, a Llama of hidden 256,
    4 layers, vocab 512, the default; or `qwen2.5-0.5b`, Qwen2.5-0.5B's shape, 494M parameters)
@@ -96,6 +97,11 @@ class Timing:
     result: object  # what the last run returned
 
 
+def graph_setting(args: argparse.Namespace) -> bool | None:
+    """The engines' `decode_graph`: their default (graphs on a GPU) unless `--eager`."""
+    return False if args.eager else None
+
+
 def side_by_side(contenders: dict[str, Callable[[], object]], repeats: int) -> dict[str, Timing]:
     """Median wall and CPU time of each contender, after one warm-up call of each.
 
@@ -185,8 +191,7 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     hf = hf.eval().to(dev)
     hf.generation_config.eos_token_id = None
     ours = load_pretrained(folder).to(dev, dtype)
-    graph = None if not args.eager else False
-    engine = Engine(ours, NO_STOP, num_slots=B, max_len=PROMPT_LEN + N, decode_graph=graph)
+    engine = Engine(ours, NO_STOP, B, PROMPT_LEN + N, decode_graph=graph_setting(args))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=N)
     hf_prompts = prompts.to(dev)
 
@@ -222,8 +227,7 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         "greedy_sequences_identical": same,
     }
     where = f"{args.threads} CPU thread(s)" if dev.type == "cpu" else str(dev)
-    if dev.type == "cuda":
-        where = torch.cuda.get_device_name(dev)
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else where
     print(
         f"1. Generation, batch {B}, {PROMPT_LEN}-token prompts, {N} new tokens each, greedy "
         f"({describe(args.model)}, {args.dtype}; {where}; median of {args.repeats})"
@@ -338,7 +342,7 @@ def continuous_vs_static(args: argparse.Namespace) -> dict[str, float]:
             B,
             max_len,
             mixed_prefill=mixed,
-            decode_graph=False if args.eager else None,
+            decode_graph=graph_setting(args),
         )
         for name, mixed in (("static", True), ("mixed=True", True), ("mixed=False", False))
     }
@@ -431,7 +435,7 @@ def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
             B,
             PROMPT_LEN + 64,
             kv_mode=mode,
-            decode_graph=False if args.eager else None,  # type: ignore[arg-type]
+            decode_graph=graph_setting(args),  # type: ignore[arg-type]
         )
         for i in range(B):
             engine.add(

@@ -15,6 +15,7 @@ from slipstream.engine import (
     SamplingParams,
     rates,
 )
+from slipstream.engine.admission import PrefillAdmission
 from slipstream.engine.sampling import filter_logits, sample
 from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.train.batch import collate, token_logprobs
@@ -191,9 +192,8 @@ def test_deferred_prefill_batches_admissions_and_keeps_the_tokens():
     assert deferred.stats.prefill_steps < plain.stats.prefill_steps
     # the rule by hand: 2 of 4 slots free waste half a decode step (1 s) per step; a prefill
     # costs 2 s, so the 4th step admits, and the count starts over
-    e = _engine(_model(0), slots=4)
-    e._decode_s_ema, e._prefill_s_ema = 1.0, 2.0
-    assert [e._admission_due(2) for _ in range(5)] == [False, False, False, True, False]
+    rule = PrefillAdmission(decode_s=1.0, prefill_s=2.0)
+    assert [rule.due(2, num_slots=4) for _ in range(5)] == [False, False, False, True, False]
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ kernels, not by running them, so a decode step is a fixed-shape forward over eve
 captured once per span bucket as a CUDA graph and replayed (engine.forward.DecodeGraph; the
 same tokens as the ragged step). Prefill stays eager and runs as its own forward, which then
 costs several decode steps; `defer_prefill` (on with graphs) lets free slots wait until the
-decode capacity they leave idle pays for one prefill (`_admission_due`), so admissions come in
+decode capacity they leave idle pays for one prefill (engine.admission), so admissions come in
 batches.
 
 A slot freed in step n is refilled in step n+1 (with `defer_prefill`, once the rule says so),
@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 import torch
 
+from slipstream.engine.admission import PrefillAdmission
 from slipstream.engine.forward import (
     DecodeGraph,
     PartRows,
@@ -204,15 +205,10 @@ class Engine:
         self.decode_graph = p.device.type == "cuda" if decode_graph is None else decode_graph
         self._graph: DecodeGraph | None = None
         # with graphs, a prefill is a separate eager forward whose launch cost dwarfs a decode
-        # step's: batch admissions (see `_admission_due`). None: on where graphs are captured
-        self.defer_prefill = (
-            self.decode_graph and p.device.type == "cuda"
-            if defer_prefill is None
-            else defer_prefill
-        )
-        self._idle_cost = 0.0  # seconds of decode capacity left idle since the last admission
-        self._decode_s_ema = 0.0  # seconds per decode-only forward
-        self._prefill_s_ema = 0.0  # seconds per prefill-only forward
+        # step's: batch admissions (engine.admission). None: on where graphs are captured
+        if defer_prefill is None:
+            defer_prefill = self.decode_graph and p.device.type == "cuda"
+        self.admission = PrefillAdmission() if defer_prefill else None
         self.stats = EngineStats()
         self._trace = trace
         self._num_active = 0
@@ -287,6 +283,10 @@ class Engine:
         return self._packed
 
     @property
+    def defer_prefill(self) -> bool:
+        return self.admission is not None
+
+    @property
     def _decode_step(self) -> DecodeGraph:
         """The fixed-shape decode step over all slots (`decode_graph`), built at first use."""
         if self._graph is None:
@@ -357,7 +357,7 @@ class Engine:
         self._weights.sync()  # no-op unless the model changed in place since the last step
         live = [i for i, s in enumerate(self.slots) if s is not None]
         dec = self._decode_rows(live) if live else None
-        admitted = self._admit(defer=dec is not None and self.defer_prefill)
+        admitted = self._admit(decoding=dec is not None)
         finished: list[Completion] = []
         if dec is not None and admitted and (self.decode_graph or not self.mixed_prefill):
             finished = self._run(dec, []) + self._run(None, admitted)  # exact times apart
@@ -380,18 +380,25 @@ class Engine:
             rows = slot_ids = torch.tensor(live, device=dev)
             order = list(live)
             self.stats.sparse_decode_steps += 1
-        live_rows = self._live[rows].clone()  # a copy: admission changes _live
+        # a copy, since admission changes _live; with graphs, into the graph's input in place
+        live_rows = (
+            self._graph_live.copy_(self._live) if self.decode_graph else self._live[rows].clone()
+        )
         return _Decode(rows, slot_ids, live_rows, order, len(live))
 
-    def _admit(self, defer: bool = False) -> list[int]:
-        """Top up the waiting line from `refill`; move waiting requests into free slots (with
-        `defer`, only once `_admission_due`)."""
+    def _admit(self, decoding: bool = False) -> list[int]:
+        """Top up the waiting line from `refill`; move waiting requests into free slots (while
+        slots are `decoding`, with `defer_prefill`, only once the admission rule says so)."""
         free = self.num_slots - self._num_active
         if self.refill is not None and len(self.waiting) < free:
             for r in self.refill(free - len(self.waiting)):
                 self.add(r)
         admitted: list[int] = []
-        if not free or not self.waiting or (defer and not self._admission_due(free)):
+        if not free or not self.waiting:
+            return admitted
+        rule = self.admission
+        if decoding and rule is not None and not rule.due(free, self.num_slots):
+            self.stats.deferred_admissions += 1
             return admitted
         now = time.time()
         for i, s in enumerate(self.slots):  # lowest free slots first: keeps the live range dense
@@ -405,18 +412,6 @@ class Engine:
         self._num_active += len(admitted)
         self._live[admitted] = 1
         return admitted
-
-    def _admission_due(self, free: int) -> bool:
-        """Whether to prefill now, while `free` slots wait: once the decode capacity they have
-        left idle since the last admission (each step, `free / num_slots` of a decode step)
-        adds up to the cost of one prefill forward. The break-even rule of ski rental: never more
-        than twice the cost of the best schedule in hindsight, whatever the arrivals."""
-        self._idle_cost += free / self.num_slots * self._decode_s_ema
-        if self._idle_cost < self._prefill_s_ema:
-            self.stats.deferred_admissions += 1
-            return False
-        self._idle_cost = 0.0
-        return True
 
     def _prefill_part(self, idx: list[int], seqs: list[list[int]]) -> tuple[torch.Tensor, PartRows]:
         """Flat token ids `[N]` and the prefill part writing `seqs` into slots `idx` from 0."""
@@ -458,9 +453,9 @@ class Engine:
             plan = make_plan(self.cache, _cat(ids), parts, out_index)
             logits = forward(self._weights, self.cache, plan)
         else:  # a decode step alone, with decode_graph (step() never mixes prefill into it)
-            assert dec is not None
-            self._graph_live.copy_(dec.live)
-            span = max(len(s.request.prompt_tokens) + len(s.tokens) for s in self._live_slots())
+            assert dec is not None  # dec.live is the graph's input (_decode_rows)
+            live = (self._slot(i) for i in dec.order if i is not None)
+            span = max(len(s.request.prompt_tokens) + len(s.tokens) for s in live)
             captures = self._decode_step.captures
             logits = self._decode_step(span)
             timed = self._decode_step.captures == captures  # no capture in this step's time
@@ -489,14 +484,9 @@ class Engine:
         done = self._record(order, got)
         seconds = time.perf_counter() - t0
         self._account(seconds, dec, n_dec, n_pre)
-        if timed and not (n_dec and n_pre):  # a forward of one kind: what admission weighs
-            self._note_cost("_prefill_s_ema" if n_pre else "_decode_s_ema", seconds)
+        if self.admission is not None and timed and not (n_dec and n_pre):  # one kind of forward
+            self.admission.observe(prefill=n_pre > 0, seconds=seconds)
         return done
-
-    def _note_cost(self, key: str, seconds: float) -> None:
-        """Fold `seconds` into the moving average `key` (the first value starts it)."""
-        old = getattr(self, key)
-        setattr(self, key, seconds if old == 0.0 else 0.9 * old + 0.1 * seconds)
 
     def _account(self, seconds: float, dec: _Decode | None, n_dec: int, n_pre: int) -> None:
         # a mixed step's time is split by token share: at these model sizes a prompt token
@@ -536,9 +526,6 @@ class Engine:
         self.stats.tokens_generated += n
         self.stats.finished += len(done)
         return done
-
-    def _live_slots(self) -> Iterable[_Slot]:
-        return (s for s in self.slots if s is not None)
 
     def _slot(self, i: int) -> _Slot:
         s = self.slots[i]

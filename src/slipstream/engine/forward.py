@@ -236,8 +236,7 @@ class DecodeGraph:
         self.w, self.cache, self.last, self.pos, self.live = weights, cache, last, pos, live
         S, L, dev = cache.num_slots, cache.max_len, pos.device
         self.buckets = sorted({min(1 << k, L) for k in range(4, max(L, 16).bit_length() + 1)})
-        self._slot_ids = torch.arange(S, device=dev)
-        self._out_index = torch.arange(S, device=dev)
+        self._rows = torch.arange(S, device=dev)  # slot ids, and the rows to logit: all
         self._capture = capture
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket: (graph, its logits)
         self._pool: Any = None  # one memory pool for all buckets' graphs (see __call__)
@@ -251,11 +250,11 @@ class DecodeGraph:
 
     def _step(self, span: int) -> torch.Tensor:
         cache, pos, S = self.cache, self.pos, self.cache.num_slots
-        write_slot = torch.where(self.live.bool(), self._slot_ids, cache.scratch)
+        write_slot = torch.where(self.live.bool(), self._rows, cache.scratch)
         mask = (torch.arange(span, device=pos.device)[None, :] <= pos[:, None])[:, None, None, :]
         part = Part(slice(0, S), S, 1, S, None, mask, span)
         write_at = (write_slot[:, None], cache.heads, pos[:, None])
-        logits = forward(self.w, cache, Plan(self.last, pos, write_at, [part], self._out_index))
+        logits = forward(self.w, cache, Plan(self.last, pos, write_at, [part], self._rows))
         assert logits is not None
         return logits
 
