@@ -1,0 +1,183 @@
+"""The whole `Config`, and loading it from a TOML or YAML file plus dotted overrides."""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from slipstream.config.base import ConfigError, _Section
+from slipstream.config.data import (
+    EvalConfig,
+    ModelSection,
+    SamplingConfig,
+    TaskConfig,
+    WarmstartConfig,
+)
+from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
+from slipstream.config.train import FilterConfig, ReplayConfig, TrainerConfig
+from slipstream.text import is_text, read_text
+
+
+class Config(_Section):
+    """Everything a run needs. Sections mirror the TOML tables."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelSection = Field(default_factory=ModelSection)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    filters: FilterConfig = Field(default_factory=FilterConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.task.kind == "jsonl" and not self.task.path:
+            raise ValueError("task.path: required when task.kind = 'jsonl'")
+        if self.filters.pass_rate_low >= self.filters.pass_rate_high:
+            raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
+        return self
+
+    @model_validator(mode="after")
+    def _algorithms_consistent(self) -> Config:
+        s, f = self.sampling, self.filters
+        if s.adaptive_group_size and not s.group_size_min <= s.group_size <= s.group_size_max:
+            raise ValueError(
+                f"sampling.group_size_min: adaptive group size needs group_size_min <= group_size <= "
+                f"group_size_max, got {s.group_size_min} <= {s.group_size} <= {s.group_size_max}"
+            )
+        if s.adaptive_group_size and s.group_size_min < 2 and self.trainer.advantage == "rloo":
+            raise ValueError("sampling.group_size_min: rloo needs groups of at least 2")
+        if f.dynamic_sampling and not f.zero_variance:
+            raise ValueError(
+                "filters.dynamic_sampling: needs filters.zero_variance = true (it refills dropped groups)"
+            )
+        if f.overlong == "penalty" and f.overlong_cache > s.max_new_tokens:
+            raise ValueError(
+                f"filters.overlong_cache: must be at most sampling.max_new_tokens ({s.max_new_tokens}), got {f.overlong_cache}"
+            )
+        return self
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+
+def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _all_keys(ann, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value: TOML literal if it parses as one (3e-4, true, "x", [1, 2]), else text."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.lr=3e-4")
+    key, _, value = item.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts) or not is_text(key):
+        raise ConfigError(
+            f"override {item!r}: empty or not valid Unicode key; expected key=value, e.g. trainer.lr=3e-4"
+        )
+    node = raw
+    for p in parts[:-1]:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key.strip()!r}: {p!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = parse_value(value.strip())
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    text = read_text(path, ConfigError)
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text) or {}
+        else:
+            data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(
+            f"{path}: not valid {path.suffix.lstrip('.').upper() or 'TOML'}: {str(e).splitlines()[0]}"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to parse") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table of sections at the top level")
+    _check_keys(data, path)
+    return data
+
+
+def _explain(err: ValidationError) -> str:
+    e = err.errors()[0]
+    key = ".".join(str(x) for x in e["loc"])
+    if e["type"] == "extra_forbidden":
+        near = difflib.get_close_matches(key, _all_keys(Config), n=1, cutoff=0.5)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        return f"unknown key {key!r}{hint}"
+    msg = e["msg"].removeprefix("Value error, ")
+    if not key or msg.startswith(f"{key}."):  # a model-level validator names the key itself
+        return msg
+    return f"{key}: {msg} (got {e.get('input')!r})"
+
+
+def _check_keys(raw: dict[Any, Any], path: Path, prefix: str = "") -> None:
+    """Empty keys, keys that are not text (a lone surrogate) and keys that are not strings at all
+    (YAML reads `?`, `1:` or `true:` as None, 1, True): pydantic cannot name them."""
+    for k, v in raw.items():
+        name = f"{prefix}{k}"
+        if not isinstance(k, str):
+            raise ConfigError(
+                f"{path}: key {name!r} is not text (read as {type(k).__name__}); quote it"
+            )
+        if not k or not is_text(k):
+            raise ConfigError(f"{path}: key {name!r} is empty or not valid Unicode text")
+        if isinstance(v, dict):
+            _check_keys(v, path, f"{name}.")
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> Config:
+    """Build a `Config` from an optional file and `key=value` overrides; raise `ConfigError`."""
+    raw = read_file(path) if path else {}
+    for item in overrides:
+        apply_override(raw, item)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_explain(err)) from None
+
+
+def _drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    return d
+
+
+def dump_config(cfg: Config) -> str:
+    """The resolved config as TOML (None values, which TOML cannot hold, are left out)."""
+    return tomli_w.dumps(_drop_none(cfg.model_dump()))

@@ -1,0 +1,140 @@
+"""Config sections of how a run is laid out and kept: run, schedule, runtime, checkpoints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from slipstream.config.base import _check_name, _Section
+from slipstream.schedule.presets import PRESETS
+
+
+class RunConfig(_Section):
+    dir: str | None = None
+    """Run folder (metrics, checkpoints, summary). Default: runs/<UTC timestamp>."""
+    seed: int = 0
+    """Seed of everything random: prompt order, sampling, initialisation."""
+    steps: int = Field(200, ge=1)
+    """Optimizer steps (policy versions) to train."""
+    quiet: bool = False
+    """No live display: one plain line per evaluation, for logs and CI."""
+    threads: int = Field(0, ge=0)
+    """torch intra-op threads; 0 uses every core."""
+    sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
+    """Metrics sinks; JSONL is always written. tensorboard -> RUN_DIR/tensorboard; wandb runs
+    offline (upload later with `wandb sync`)."""
+    rollouts_per_step: int = Field(4, ge=0)
+    """Samples per step written as text to rollouts.txt (best and worst of a few groups)."""
+
+
+class ScheduleConfig(_Section):
+    name: str = "sync"
+    """One of sync, tail_batching, double_buffer, async, pipeline."""
+    max_lag: int | None = Field(None, ge=0)
+    """K, the largest lag the trainer accepts; None uses the preset's."""
+    lag_policy: Literal["drop", "abort", "keep"] = "drop"
+    """A group whose oldest token is more than K versions behind the trainer: `drop` it when
+    it arrives (ledger: stale), `abort` it in the sampler as soon as it crosses the bound
+    (ledger: aborted; arrivals still beyond K are dropped), or `keep` it and train on it with
+    the importance-ratio correction of the loss (its lag then exceeds K)."""
+    redundant: int = Field(0, ge=0)
+    """r: start G + r samples of each group, keep the first G to finish and cancel the rest
+    (RollArt). Cuts the wait for stragglers, costs the cancelled tokens (`tokens/cancelled`),
+    and biases groups toward short completions: the G kept are the fastest, not a random G."""
+    tail_pool: int = Field(4, ge=1)
+    """tail_batching: prompts are drawn this many batches at a time and issued sorted by
+    expected completion length, so short prompts share a batch and long ones another."""
+
+    @model_validator(mode="after")
+    def _known(self) -> ScheduleConfig:
+        _check_name("schedule.name", self.name, PRESETS)
+        return self
+
+    @model_validator(mode="after")
+    def _lag_allowed(self) -> ScheduleConfig:
+        if self.max_lag is not None and self.name in PRESETS:
+            try:
+                PRESETS[self.name].with_max_lag(self.max_lag)
+            except ValueError as e:
+                raise ValueError(f"schedule.max_lag: {e}") from None
+        return self
+
+
+class RuntimeConfig(_Section):
+    kind: Literal["inprocess", "local", "ray"] = "inprocess"
+    """`inprocess`: the synchronous loop in one process (schedule `sync`; the other schedules
+    always run on `local`). `local`: one trainer process and `num_samplers` sampler processes.
+    `ray`: the same trainer and samplers as Ray actors, on this machine or a cluster."""
+    address: str | None = None
+    """Ray only: the cluster to join (`auto`: the one `ray start` runs on this node,
+    `HOST:6379`, `ray://HOST:10001`). None starts a private Ray on this machine (all its cores,
+    no dashboard, loopback only) and stops it after the run."""
+    weight_transport: Literal["object_store", "broadcast"] = "object_store"
+    """Ray only: how published weights reach the samplers. `object_store`: one `ray.put` per
+    publish, each sampler fetches the latest when it loads. `broadcast`: a torch.distributed
+    broadcast from the trainer (rank 0) to every sampler (gloo on CPU, NCCL with CUDA); the
+    first weights, a restarted sampler and every publish after a sampler died go through the
+    object store (a broadcast group cannot take a new member)."""
+    call_timeout_s: float = Field(60.0, gt=0.0)
+    """Ray only: the longest wait for any remote call beyond its own timeout (a queue put or
+    get, a weight fetch, a sampler's answer to a ping); longer is an error naming the actor."""
+    trainer_actor: bool = True
+    """Ray only: host the trainer (orchestrator, model, optimizer, run folder writes) in a Ray
+    actor, placed by `trainer_resources`, so the driver can be a laptop. False: the trainer
+    runs in the driver process."""
+    trainer_resources: dict[str, float] = Field(default_factory=dict)
+    """Ray only: resources the trainer actor asks for (`{GPU = 1}`; `CPU`, `GPU`, custom).
+    Empty: none, so it fits anywhere (on one machine)."""
+    sampler_resources: dict[str, float] = Field(default_factory=dict)
+    """Ray only: resources each sampler actor asks for; on a cluster, `{GPU = 1}` spreads the
+    samplers one per GPU. Empty: none."""
+    num_samplers: int = Field(1, ge=1)
+    """Sampler processes (local runtime) or actors (Ray)."""
+    threads_per_sampler: int = Field(0, ge=0)
+    """torch threads in each sampler process; 0 splits the cores between the trainer and the
+    samplers (at least 1 each)."""
+    trainer_threads: int = Field(0, ge=0)
+    """torch threads in the trainer process; 0 splits the cores as above."""
+    sampler_slots: int = Field(0, ge=0)
+    """Sequences each sampler's engine decodes at once; 0: B x (G + r)."""
+    queue_size: int = Field(0, ge=0)
+    """Bound of the queue of finished groups; 0: 2 x B. A full queue blocks the samplers."""
+    poll_s: float = Field(0.05, gt=0.0, le=5.0)
+    """Longest single wait on a queue; stop requests are noticed within it."""
+    startup_timeout_s: float = Field(600.0, gt=0.0)
+    """Samplers must be built and holding the first weights within this time."""
+    stall_timeout_s: float = Field(600.0, gt=0.0)
+    """Fail if no group arrives for this long while groups are in flight."""
+    shutdown_timeout_s: float = Field(10.0, gt=0.0)
+    """Wait this long for samplers to exit before terminating them."""
+    max_restarts: int = Field(3, ge=0)
+    """A sampler that dies (killed, crashed) is restarted with the latest weights at most this
+    many times; its in-flight prompts are issued again and counted `lost` in the ledger."""
+    sampler_timeout_s: float = Field(300.0, gt=0.0)
+    """A sampler holding work that sends nothing (not even its counters, sent every 0.5 s
+    while busy) for this long is killed and restarted."""
+    chaos_kills: int = Field(0, ge=0)
+    """Fault injection, to test recovery on your own setup: SIGKILL a random sampler (one that
+    holds work, if any does) this many times during the run, one every `chaos_every_s` seconds
+    (set `max_restarts` to match)."""
+    chaos_every_s: float = Field(5.0, gt=0.0)
+    """Seconds between injected sampler kills."""
+    defer_eval: bool = False
+    """Snapshot the weights at evaluation steps and evaluate them after the run, so that
+    evaluation takes no time from training (benchmarks: time to a target accuracy)."""
+
+    @model_validator(mode="after")
+    def _resources(self) -> RuntimeConfig:
+        for key in ("trainer_resources", "sampler_resources"):
+            for name, amount in getattr(self, key).items():
+                if amount < 0:
+                    raise ValueError(f"{key}.{name}: must be >= 0, got {amount}")
+        return self
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(50, ge=1)
+    """Save a checkpoint (HF folder + optimizer state) every this many steps and at the end."""
+    keep: int = Field(2, ge=1)
+    """Checkpoints kept; older ones are deleted."""

@@ -1,0 +1,126 @@
+"""Config sections of the optimizer step: trainer, filters, replay."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from slipstream.algo import advantages, losses
+from slipstream.config.base import _check_name, _Section
+
+
+class TrainerConfig(_Section):
+    batch_prompts: int = Field(64, ge=1)
+    """B: prompts per optimizer step (B x G samples)."""
+    lr: float = Field(6e-4, gt=0.0, lt=1.0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW weight decay."""
+    warmup_steps: int = Field(10, ge=0)
+    """Linear learning-rate warm-up steps."""
+    lr_schedule: Literal["constant", "cosine"] = "cosine"
+    """After warm-up: constant, or cosine decay to `lr * lr_min_ratio` at `run.steps`. The decay
+    keeps late steps from undoing early gains on small models (noisy RL gradients)."""
+    lr_min_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """Final learning rate as a fraction of `lr` (cosine schedule)."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value."""
+    micro_batch_size: int = Field(16, ge=1)
+    """Samples per forward/backward; the loss normaliser is the whole step's token count, so
+    this never changes the gradient."""
+    advantage: str = "grpo"
+    """Advantage estimator: one of slipstream.algo.advantages.METHODS."""
+    loss: str = "ppo"
+    """Policy loss: one of slipstream.algo.losses.METHODS."""
+    agg: str | None = "seq-mean-token-mean"
+    """Loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum, token-sum-norm);
+    None uses the loss's own default. The default weighs each sequence equally: on the
+    built-in task token-mean lets long failed traces dominate and was less stable."""
+    eps_low: float | None = Field(None, ge=0.0)
+    """PPO-family lower clip; None uses the loss's default."""
+    eps_high: float | None = Field(None, ge=0.0)
+    """PPO-family upper clip (clip-higher, DAPO); None uses the loss's default."""
+    vcpo: bool = False
+    """Scale each step's learning rate by the ESS of its sequence weights (VCPO)."""
+
+    @model_validator(mode="after")
+    def _known_methods(self) -> TrainerConfig:
+        _check_name("trainer.advantage", self.advantage, advantages.METHODS)
+        _check_name("trainer.loss", self.loss, losses.METHODS)
+        if self.agg is not None:
+            _check_name("trainer.agg", self.agg, losses.AGGS)
+        return self
+
+
+class FilterConfig(_Section):
+    zero_variance: bool = True
+    """Drop groups whose rewards are all equal: they carry no gradient."""
+    pass_rate_band: bool = False
+    """Stop drawing prompts whose running pass rate is <= low or >= high (saves generation)."""
+    pass_rate_low: float = Field(0.05, ge=0.0, le=1.0)
+    """Lower bound of the pass-rate band: prompts at or below it (hopeless) are not drawn."""
+    pass_rate_high: float = Field(0.9, ge=0.0, le=1.0)
+    """Upper bound of the pass-rate band: prompts at or above it (mastered) are not drawn."""
+    pass_rate_min_attempts: int = Field(16, ge=1)
+    """Scored samples a prompt needs before the band may exclude it (below, it is always drawn).
+    The default is two groups of the default `sampling.group_size` = 8: one group of 8 failures
+    happens by chance to 43 % of prompts with a true pass rate of 0.1 (0.9^8), two to 19 %, so
+    one group is too little evidence to drop a prompt for good. This is the practice of
+    difficulty filtering in DAPO-style training (Skywork-OR1, Polaris): a prompt is judged
+    hopeless or mastered from several rollouts' pass rate (16 or more), not from one group;
+    DAPO's own dynamic sampling (§3.2) only drops a group, never the prompt."""
+    pass_rate_ema_decay: float | None = Field(None, ge=0.0, lt=1.0)
+    """None: the band judges the all-time pass rate (passes / attempts). A decay `a`: an
+    exponential moving average over groups, `p <- a p + (1 - a) q`, so a prompt that the
+    policy has learned leaves the band sooner (a prompt already excluded gets no new groups
+    unless `pass_rate_retry_after` re-admits it)."""
+    pass_rate_retry_after: int = Field(0, ge=0)
+    """Re-admit an excluded prompt: after the band skipped it this many times since its last
+    group, it is drawn once more (reason `retry`), so a prompt excluded by chance or since
+    learned can come back (as GRESO re-samples skipped prompts with some probability). With
+    prompts drawn once per epoch, N means one group every N + 1 epochs. 0: never (excluded
+    for the rest of the run)."""
+    pass_rate_skip_prob: float = Field(1.0, ge=0.0, le=1.0)
+    """s: how surely the band skips a prompt outside it. 1 (default): always, the hard band. Below
+    1, the selective-rollout rule of GRESO (Zheng et al. 2025): a prompt outside the band whose
+    last z groups each had a pass rate outside it (with G = 8: all failed or all passed, the
+    zero-variance groups GRESO counts) is skipped with probability
+    `1 - (1 - s)^z` and drawn otherwise, so the longer its uninformative streak, the rarer its
+    groups, yet it is never excluded for good: once the policy can solve some of a hopeless
+    prompt (or fail a mastered one) its next group ends the streak and it is drawn again. With
+    s = 0.5: drawn 1/2 of the time after one such group, 1/8 after three."""
+    pass_rate_refill: bool = True
+    """What takes a skipped prompt's place in the step. True: the next prompt of the dataset,
+    so every step still generates B groups (more of them informative) and epochs end sooner.
+    False: nothing, as if its group had been generated and dropped by `zero_variance`: each
+    step takes the same B prompts of the dataset as without the band and generates only the
+    ones the band lets through (at least one), so the band saves exactly the generation of the
+    groups it predicts to be uninformative. Only the `sync` schedule honours False; the other
+    schedules issue prompts until a step holds B groups, which refills."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling (§3.2): after filtering, draw more prompts until the step holds B
+    informative groups or `max_extra_draws` extra prompts were drawn. Each refill draws only
+    the missing number of prompts, so a step never holds more than B groups. Needs
+    `zero_variance` (it refills what the filters drop)."""
+    max_extra_draws: int = Field(32, ge=0)
+    """Bound of dynamic sampling: prompts drawn in one step beyond the first B."""
+    overlong: Literal["off", "mask", "penalty"] = "off"
+    """Truncated completions (DAPO §3.4). `mask`: a completion cut at max_new_tokens is taken
+    out of its group before advantages (its tokens count as tokens/wasted; a group left with
+    fewer than 2 samples is dropped, reason `overlong`). `penalty`: add the soft length
+    penalty, 0 up to max_new_tokens - overlong_cache, then linear down to -1, to the reward
+    used for advantages (the verifier's reward is still what is logged and tracked)."""
+    overlong_cache: int = Field(16, ge=0)
+    """L_cache of the overlong penalty, in tokens (at most sampling.max_new_tokens)."""
+
+
+class ReplayConfig(_Section):
+    enabled: bool = False
+    """Keep past successes of each prompt and replace up to `per_group` samples of a group that
+    has no success with stored ones (RePO / RLEP). A replayed sample keeps its behaviour
+    log-probs and versions, so the loss's importance ratio corrects for its age."""
+    capacity_per_prompt: int = Field(4, ge=1)
+    """Successes stored per prompt; the newest are kept."""
+    per_group: int = Field(1, ge=1)
+    """k: stored successes mixed into one group with no success (at most its size)."""
