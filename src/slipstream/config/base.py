@@ -18,3 +18,12 @@ def _check_name(key: str, value: str, valid: Any) -> None:
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def check_device_name(value: str) -> str:
+    """`cpu`, `cuda` or `cuda:N`: the devices slipstream places models on (availability is
+    checked when a run starts, runtime.placement)."""
+    kind, _, index = value.partition(":")
+    if value == "cpu" or (kind == "cuda" and (not index or index.isdigit())):
+        return value
+    raise ValueError(f"expected cpu, cuda or cuda:N, got {value!r}")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from slipstream.algo import advantages, losses
-from slipstream.config.base import _check_name, _Section
+from slipstream.config.base import _check_name, _Section, check_device_name
 
 
 class TrainerConfig(_Section):
@@ -29,6 +29,21 @@ class TrainerConfig(_Section):
     micro_batch_size: int = Field(16, ge=1)
     """Samples per forward/backward; the loss normaliser is the whole step's token count, so
     this never changes the gradient."""
+    micro_batch_tokens: int = Field(0, ge=0)
+    """Token budget of a micro-batch: rows x padded width at most this (a longer row goes
+    alone); with `micro_batch_size` still the row bound. 0: rows only. Like the row bound it
+    never changes the gradient (train.microbatch); it bounds the activation memory."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping
+    them: activation memory falls from all layers' to about one layer's plus the layer
+    inputs, for about a third more compute."""
+    packing: bool = False
+    """Padding-free micro-batches: the rows of a micro-batch are packed end to end into one
+    row, each attending only within itself, so no compute goes to padding. Its attention mask
+    is `[tokens, tokens]`, so keep `micro_batch_tokens` to a few thousand with it."""
+    device: str = "cpu"
+    """Where the trainer's model and optimizer live: `cpu`, `cuda` or `cuda:N`. A CUDA device
+    on a machine without one is a configuration error."""
     advantage: str = "grpo"
     """Advantage estimator: one of slipstream.algo.advantages.METHODS."""
     loss: str = "ppo"
@@ -43,6 +58,11 @@ class TrainerConfig(_Section):
     """PPO-family upper clip (clip-higher, DAPO); None uses the loss's default."""
     vcpo: bool = False
     """Scale each step's learning rate by the ESS of its sequence weights (VCPO)."""
+
+    @field_validator("device")
+    @classmethod
+    def _device_syntax(cls, v: str) -> str:
+        return check_device_name(v)
 
     @model_validator(mode="after")
     def _known_methods(self) -> TrainerConfig:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -162,7 +163,9 @@ class Attention(nn.Module):
         positions: torch.Tensor,
         cache: KVCache | None,
         slots: torch.Tensor | None,
+        doc_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`doc_mask [B, 1, T, T]` (no cache): which keys each query sees, for packed rows."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.nh, self.hd)
         k = self.k_proj(x).view(B, T, self.nkv, self.hd)
@@ -175,8 +178,8 @@ class Attention(nn.Module):
         q = q.transpose(1, 2)  # [B, nh, T, hd]
         if cache is None:
             k, v = k.transpose(1, 2), v.transpose(1, 2)
-            mask = None
-            causal = True
+            mask = doc_mask
+            causal = doc_mask is None
         else:
             assert slots is not None
             ck, cv = cache.k[self.layer], cache.v[self.layer]
@@ -220,8 +223,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, positions, cache, slots):  # type: ignore[no-untyped-def]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, slots)
+    def forward(self, x, cos, sin, positions, cache, slots, mask=None):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, slots, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -244,6 +247,7 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.activation_checkpointing = False  # see `hidden`
 
     def forward(
         self,
@@ -259,6 +263,25 @@ class CausalLM(nn.Module):
         and `positions [B, T]` where its tokens go; each token attends to its slot's cache
         up to its own position.
         """
+        return self.lm_head(self.hidden(input_ids, positions, cache, slots))
+
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        slots: torch.Tensor | None = None,
+        doc_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Final hidden states `[B, T, hidden]` (after the last norm), before the LM head.
+
+        The trainer scores only completion positions, in chunks (train.logprobs), so it never
+        needs the `[B, T, V]` logits of `forward`. `doc_ids [B, T]` (no cache): several
+        sequences packed into one row, each attending only within itself (positions then
+        restart per sequence). With `activation_checkpointing` set and gradients on, each
+        layer's activations are recomputed in the backward pass instead of kept (Chen et al.
+        2016): memory per layer falls to its input, for about one more forward.
+        """
         B, T = input_ids.shape
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -266,9 +289,21 @@ class CausalLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         x = self.model.embed_tokens(input_ids)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        mask = None
+        if doc_ids is not None:
+            assert cache is None, "packed rows are a training input, never cached"
+            same = doc_ids[:, :, None] == doc_ids[:, None, :]
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            mask = (same & causal)[:, None]  # [B, 1, T, T]
+        ckpt = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.model.layers:
-            x = layer(x, cos, sin, positions, cache, slots)
-        return self.lm_head(self.model.norm(x))
+            if ckpt:
+                x = checkpoint(
+                    layer, x, cos, sin, positions, cache, slots, mask, use_reentrant=False
+                )
+            else:
+                x = layer(x, cos, sin, positions, cache, slots, mask)
+        return self.model.norm(x)
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight

@@ -16,7 +16,10 @@ import torch
 from slipstream.algo import losses, staleness
 from slipstream.config import TrainerConfig
 from slipstream.model.llama import CausalLM
-from slipstream.train.batch import collate, token_logprobs
+from slipstream.train import precision
+from slipstream.train.batch import collate
+from slipstream.train.logprobs import completion_logprobs
+from slipstream.train.microbatch import plan_micro_batches, row_widths, to_device
 from slipstream.types import Batch, Group
 
 
@@ -30,17 +33,19 @@ class Trainer:
         temperature: float,
         pad_id: int,
         total_steps: int = 0,
+        compute_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.model = model
+        self.model.activation_checkpointing = cfg.activation_checkpointing
+        self.device = model.lm_head.weight.device
+        self.compute_dtype = compute_dtype  # float32 master weights, products in this dtype
         self.total_steps = total_steps
         self.cfg = cfg
         self.temperature = temperature
         self.pad_id = pad_id
         self.version = 0
         self.skipped_steps = 0
-        self.opt = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99)
-        )
+        self.opt = precision.make_adamw(model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.99))
         self._hp: dict[str, Any] = {
             k: v for k, v in (("eps_low", cfg.eps_low), ("eps_high", cfg.eps_high)) if v is not None
         }
@@ -72,17 +77,16 @@ class Trainer:
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on `groups`; bump the version. Skips (and counts) a non-finite step."""
         self.model.train()
-        full = self.batch(groups)
+        full = to_device(self.batch(groups), self.device)
         num_tokens = full.loss_mask.sum()
         num_seqs = full.loss_mask.any(dim=1).sum()
         max_len = full.loss_mask.shape[1]
-        parts, ent_sum, seq_lr, tok_lr = [], torch.zeros(()), [], []
+        parts, ent_sum, seq_lr, tok_lr = [], full.advantages.new_zeros(()), [], []
         self.opt.zero_grad(set_to_none=True)
-        mb = self.cfg.micro_batch_size
-        total_loss = torch.zeros(())
-        for start in range(0, len(full.advantages), mb):
-            batch = full.slice(slice(start, start + mb))
-            logp, entropy = token_logprobs(self.model, batch, self.temperature)
+        total_loss = full.advantages.new_zeros(())
+        for rows in self.micro_batches(full):
+            batch = full.slice(rows)
+            logp, entropy = self.logprobs(batch)
             out = losses.compute(
                 self.cfg.loss,
                 logp,
@@ -134,6 +138,19 @@ class Trainer:
         if math.isnan(metrics["train/grad_norm"]):
             metrics["train/grad_norm"] = float("inf")
         return metrics
+
+    def micro_batches(self, full: Batch) -> list[slice]:
+        """Row ranges of `full` (length-sorted): `micro_batch_size` rows and at most
+        `micro_batch_tokens` padded tokens each (train.microbatch)."""
+        c = self.cfg
+        return plan_micro_batches(
+            row_widths(full.loss_mask), c.micro_batch_size, c.micro_batch_tokens
+        )
+
+    def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropy `[B, T]` of a micro-batch, in the compute dtype, chunked."""
+        with precision.autocast(self.device, self.compute_dtype):
+            return completion_logprobs(self.model, batch, self.temperature, packed=self.cfg.packing)
 
     def state_dict(self) -> dict[str, Any]:
         return {
