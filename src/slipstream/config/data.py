@@ -13,6 +13,11 @@ class ModelSection(_Section):
     path: str | None = None
     """Hugging Face model folder (config.json, *.safetensors, tokenizer.json). None: the
     built-in tiny model, warm-started on the built-in task and cached."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype. `bfloat16`: the trainer keeps float32 master weights and AdamW state
+    and runs its products in bfloat16 (train.precision); samplers hold bfloat16 weights;
+    checkpoints are written in bfloat16. Their log-probs then differ slightly from the
+    trainer's: the behaviour weight and `mismatch/kl` of the loss account for it."""
 
 
 class TaskConfig(_Section):

@@ -19,7 +19,13 @@ from slipstream.config.data import (
     TaskConfig,
     WarmstartConfig,
 )
-from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
+from slipstream.config.system import (
+    CheckpointConfig,
+    EngineConfig,
+    RunConfig,
+    RuntimeConfig,
+    ScheduleConfig,
+)
 from slipstream.config.train import FilterConfig, ReplayConfig, TrainerConfig
 from slipstream.text import is_text, read_text
 
@@ -39,6 +45,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from slipstream.config.base import _check_name, _Section
+from slipstream.config.base import _check_name, _Section, check_device_name
 from slipstream.schedule.presets import PRESETS
 
 
@@ -91,6 +91,10 @@ class RuntimeConfig(_Section):
     samplers one per GPU. Empty: none."""
     num_samplers: int = Field(1, ge=1)
     """Sampler processes (local runtime) or actors (Ray)."""
+    sampler_devices: Literal["auto"] | list[str] = "auto"
+    """One device per sampler (`cpu`, `cuda:N`), or `auto`: the trainer's device kind, spread
+    over the GPUs the trainer does not use; on one GPU, colocated with the trainer
+    (runtime.placement). Each sampler process sees only its own GPU."""
     threads_per_sampler: int = Field(0, ge=0)
     """torch threads in each sampler process; 0 splits the cores between the trainer and the
     samplers (at least 1 each)."""
@@ -125,12 +129,38 @@ class RuntimeConfig(_Section):
     evaluation takes no time from training (benchmarks: time to a target accuracy)."""
 
     @model_validator(mode="after")
+    def _devices(self) -> RuntimeConfig:
+        if isinstance(self.sampler_devices, list):
+            for i, d in enumerate(self.sampler_devices):
+                try:
+                    check_device_name(d)
+                except ValueError as e:
+                    raise ValueError(f"runtime.sampler_devices[{i}]: {e}") from None
+        return self
+
+    @model_validator(mode="after")
     def _resources(self) -> RuntimeConfig:
         for key in ("trainer_resources", "sampler_resources"):
             for name, amount in getattr(self, key).items():
                 if amount < 0:
                     raise ValueError(f"{key}.{name}: must be >= 0, got {amount}")
         return self
+
+
+class EngineConfig(_Section):
+    memory_fraction: float = Field(0.0, ge=0.0, le=0.95)
+    """On a GPU: the share of the device's free memory (measured once the model is loaded)
+    the engine's KV cache may take; it bounds the cache's tokens, and with them how many
+    sequences run at once (`runtime.sampler_slots` is then an upper bound). Colocated with
+    the trainer, leave the trainer room (0.3-0.5). 0: no memory bound."""
+    max_tokens: int = Field(0, ge=0)
+    """The KV cache's tokens, all slots together (wins over `memory_fraction`). 0: no bound
+    beyond `memory_fraction`; on the CPU, slots x the longest sequence."""
+    max_len: int = Field(0, ge=0)
+    """Longest sequence (prompt + completion) the engine holds; a prompt that cannot fit
+    with `sampling.max_new_tokens` is skipped before generation and counted
+    (`prompts/skipped_too_long`). 0: the longest prompt of the task plus max_new_tokens,
+    at most the model's `max_position_embeddings`."""
 
 
 class CheckpointConfig(_Section):

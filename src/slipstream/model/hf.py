@@ -38,7 +38,7 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     out = {k: v for k, v in asdict(cfg).items() if k != "extra"}
     out = {**cfg.extra, **out}
     out["architectures"] = [ARCHITECTURES[cfg.model_type]]
-    out["torch_dtype"] = "float32"
+    out["torch_dtype"] = "float32"  # save_pretrained writes the weights' own dtype
     if out["rope_scaling"] is None:
         del out["rope_scaling"]
     return out
@@ -61,8 +61,16 @@ def _weight_files(path: Path) -> list[Path]:
     return found
 
 
-def load_pretrained(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> CausalLM:
-    """Load a Llama/Qwen2/Qwen3 checkpoint folder into a slipstream `CausalLM`."""
+def load_pretrained(
+    path: str | os.PathLike[str],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> CausalLM:
+    """Load a Llama/Qwen2/Qwen3 checkpoint folder into a slipstream `CausalLM` on `device`.
+
+    The model is built on the meta device (no random initialisation) and its parameters are
+    the checkpoint's tensors, read by safetensors straight onto `device` and cast to `dtype`.
+    """
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
@@ -72,7 +80,7 @@ def load_pretrained(path: str | os.PathLike[str], dtype: torch.dtype = torch.flo
         model = CausalLM(cfg)
     state: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
-        state.update(load_file(str(f)))
+        state.update(load_file(str(f), device=str(device)))
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     expected = set(model.state_dict().keys())
@@ -92,18 +100,25 @@ def load_pretrained(path: str | os.PathLike[str], dtype: torch.dtype = torch.flo
     # the rotary buffer was built on meta: rebuild it for real
     from slipstream.model.llama import rope_inv_freq
 
-    model.inv_freq = rope_inv_freq(cfg)
+    model.inv_freq = rope_inv_freq(cfg).to(device)
     return model.eval()
 
 
 def save_pretrained(
-    model: CausalLM, path: str | os.PathLike[str], max_shard_bytes: int = 5 * 2**30
+    model: CausalLM,
+    path: str | os.PathLike[str],
+    max_shard_bytes: int = 5 * 2**30,
+    dtype: torch.dtype | None = None,
 ) -> None:
-    """Write `config.json` and safetensors weights (sharded above `max_shard_bytes`)."""
+    """Write `config.json` and safetensors weights (sharded above `max_shard_bytes`), cast to
+    `dtype` (None: the model's own); config.json's `torch_dtype` names the dtype written."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = {
+        k: v.detach().to("cpu", dtype or v.dtype).contiguous()
+        for k, v in model.state_dict().items()
+    }
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -126,4 +141,8 @@ def save_pretrained(
         total = sum(t.numel() * t.element_size() for t in state.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (path / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
+    out = config_to_dict(cfg)
+    written = {t.dtype for t in state.values() if t.is_floating_point()}
+    if len(written) == 1:
+        out["torch_dtype"] = str(written.pop()).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(out, indent=2))

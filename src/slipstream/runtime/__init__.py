@@ -26,9 +26,18 @@ from slipstream.runtime.channels import (
 )
 
 
-def make_runtime(rc: Any, params: dict[str, torch.Tensor], prompts: int, groups: int) -> Any:
+def make_runtime(
+    rc: Any,
+    params: dict[str, torch.Tensor],
+    prompts: int,
+    groups: int,
+    sampler_env: list[dict[str, str]] | None = None,
+) -> Any:
     """The runtime `rc.kind` names (not started): `prompts` bounds each sampler's inbox,
-    `groups` the finished groups (unless `runtime.queue_size` is set)."""
+    `groups` the finished groups (unless `runtime.queue_size` is set). `params` shapes the
+    weight channel (names, shapes, dtypes; meta tensors do). `sampler_env`: environment
+    variables of each local sampler process (`CUDA_VISIBLE_DEVICES`, runtime.placement);
+    on Ray the actors' GPUs are Ray's to assign (`sampler_resources`)."""
     from slipstream.runtime.local import LocalRuntime, default_threads
 
     args = (params, rc.num_samplers, rc.threads_per_sampler or default_threads(rc.num_samplers))
@@ -39,7 +48,7 @@ def make_runtime(rc: Any, params: dict[str, torch.Tensor], prompts: int, groups:
         max_restarts=rc.max_restarts,
     )
     if rc.kind != "ray":
-        return LocalRuntime(*args, **kw)
+        return LocalRuntime(*args, **kw, sampler_env=sampler_env)
     from slipstream.runtime.ray import RayRuntime
 
     return RayRuntime(

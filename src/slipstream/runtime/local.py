@@ -125,8 +125,16 @@ class LocalStop:
         self._parent = mp.parent_process()
 
 
-def _child_main(factory: WorkerFactory, sampler_id: int, channels: Channels, threads: int) -> None:
-    """Entry point of a sampler process: build the worker, run it, report a failure."""
+def _child_main(
+    factory: WorkerFactory,
+    sampler_id: int,
+    channels: Channels,
+    threads: int,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Entry point of a sampler process: build the worker, run it, report a failure. `env`
+    is set before anything touches CUDA (`CUDA_VISIBLE_DEVICES`: only its own GPU)."""
+    os.environ.update(env or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns shutdown
     torch.set_num_threads(threads)
     assert isinstance(channels.stop, LocalStop)
@@ -224,8 +232,10 @@ class LocalRuntime:
         group_queue: int,
         shutdown_timeout_s: float = 10.0,
         max_restarts: int = 3,
+        sampler_env: list[dict[str, str]] | None = None,
     ) -> None:
         self.ctx = mp.get_context("spawn")
+        self.sampler_env = sampler_env  # per sampler, set in its process (runtime.placement)
         self.num_samplers = num_samplers
         self.threads = threads_per_sampler
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -250,7 +260,13 @@ class LocalRuntime:
         ch = replace(self.channels, prompts=self.inboxes[i], groups=self.outboxes[i])
         p = self.ctx.Process(
             target=_child_main,
-            args=(self.factory, i, ch, self.threads),
+            args=(
+                self.factory,
+                i,
+                ch,
+                self.threads,
+                self.sampler_env[i] if self.sampler_env else None,
+            ),
             name=f"slipstream-sampler{i}",
             daemon=True,
         )

@@ -114,13 +114,20 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
     from slipstream.schedule.presets import preset
     from slipstream.schedule.sampler import SamplerSpec
     from slipstream.schedule.setup import setup
+    from slipstream.train.precision import channel_layout, parse_dtype
 
     spec = preset(cfg.schedule.name, cfg.schedule.max_lag)
     rc, sc = cfg.runtime, cfg.schedule
     B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, sc.redundant
     run = setup(cfg)
     torch.set_num_threads(rc.trainer_threads or default_threads(rc.num_samplers))
-    rt = make_runtime(rc, dict(run.model.named_parameters()), (spec.max_lag + 2) * B, 2 * B)
+    rt = make_runtime(
+        rc,
+        channel_layout(run.model, parse_dtype(cfg.model.dtype)),
+        (spec.max_lag + 2) * B,
+        2 * B,
+        sampler_env=[run.placement.sampler_env(i) for i in range(len(run.placement.samplers))],
+    )
     learner = RunLearner(run, rc.defer_eval, run.timeline)
     f = cfg.filters
     opts = Options(
@@ -140,7 +147,9 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
         chaos_seed=cfg.run.seed,
     )
     orch = Orchestrator(spec, opts, learner, rt.channels, timeline=run.timeline, runtime=rt)
-    dtype = run.model.lm_head.weight.dtype
+    dtype = parse_dtype(cfg.model.dtype)  # samplers hold the compute dtype, not the fp32 master
     slots = rc.sampler_slots or B * (G + r)
-    sampler = SamplerSpec(cfg, run.model.config, dtype, run.tok, spec, slots, run.engine.max_len)
+    sampler = SamplerSpec(
+        cfg, run.model.config, dtype, run.tok, spec, slots, run.engine.max_len, run.placement
+    )
     return run, rt, learner, orch, sampler

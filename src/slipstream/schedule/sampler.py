@@ -29,9 +29,11 @@ from typing import Any
 import torch
 
 from slipstream.config import Config
-from slipstream.engine import Completion, Engine, Request, SamplingParams
-from slipstream.model import CausalLM, ModelConfig, Tokenizer
+from slipstream.engine import Completion, Engine, Request, SamplingParams, capacity
+from slipstream.model import ModelConfig, Tokenizer
+from slipstream.model.meta import empty_model
 from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
+from slipstream.runtime.placement import Placement
 from slipstream.schedule.presets import ScheduleSpec
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import score_completions
@@ -79,13 +81,24 @@ class SamplerSpec:
     schedule: ScheduleSpec
     num_slots: int
     max_len: int
+    placement: Placement | None = None  # None: every sampler on the CPU
 
     def __call__(self, sampler_id: int) -> SamplerWorker:
         from slipstream.schedule.setup import build_task
 
-        model = CausalLM(self.model_config).to(self.dtype)  # weights arrive through the channel
+        p = self.placement
+        device = torch.device(p.local_sampler_device(sampler_id) if p else "cpu")
+        # built on meta, allocated once on its device: the weights arrive through the channel
+        # before the first step (model.meta), so no random initialisation ever runs
+        model = empty_model(self.model_config, device, self.dtype)
+        e = self.cfg.engine
+        free = capacity.free_device_bytes(device)
+        budget = capacity.cache_tokens(
+            self.model_config, self.dtype, e.max_tokens, e.memory_fraction, free
+        )
+        slots = capacity.fit_slots(self.num_slots, self.max_len, budget)
         engine = Engine(
-            model, self.tokenizer.eos_id, num_slots=self.num_slots, max_len=self.max_len, version=-1
+            model, self.tokenizer.eos_id, num_slots=slots, max_len=self.max_len, version=-1
         )
         return SamplerWorker(self, sampler_id, engine, build_task(self.cfg))
 

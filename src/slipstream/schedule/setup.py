@@ -13,13 +13,15 @@ from typing import Any
 import torch
 
 from slipstream.algo import advantages, filters
-from slipstream.config import Config, dump_config
-from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.config import Config, ConfigError, dump_config
+from slipstream.engine import Engine, Request, SamplingParams, capacity
+from slipstream.engine.stats import EngineStats
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
 from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
+from slipstream.runtime import placement
 from slipstream.schedule.evaluate import heldout_accuracy
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
@@ -35,6 +37,7 @@ from slipstream.tasks.guard import (
     unguarded,
 )
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
+from slipstream.train.precision import parse_dtype
 from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start
 from slipstream.types import FinishReason, Group, Prompt
@@ -47,6 +50,7 @@ COUNTERS = (
     "filters/overlong_masked",  # truncated samples taken out of their group (overlong = mask)
     "filters/extra_draws",  # prompts drawn beyond B by dynamic sampling
     "filters/prompts_skipped",  # prompts the pass-rate band did not draw (nothing generated)
+    "prompts/skipped_too_long",  # prompts longer than the engine holds with a whole completion
     # samples whose reward raised, was not a finite number, timed out or crashed its worker, and
     # were scored 0 (tasks.guard); counted as groups are settled, so every runtime reports them
     *(f"reward/errors_{kind}" for kind in ERRORS),
@@ -79,6 +83,9 @@ class Run:
     replay: ReplayBuffer | None = None  # with replay.enabled
     rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
     counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
+    placement: placement.Placement = field(
+        default_factory=lambda: placement.Placement("cpu", ("cpu",))
+    )
 
     @property
     def params(self) -> SamplingParams:
@@ -86,9 +93,17 @@ class Run:
         return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
 
     def evaluate(self) -> float:
-        return heldout_accuracy(
-            self.eval_engine, self.tok, self.task, self.heldout, self.cfg.sampling.max_new_tokens
-        )
+        """Greedy held-out accuracy on the trainer's own weights: `eval_engine` is the run's
+        engine (one packed copy of the weights and one KV cache in the trainer process, never
+        a second model); its counters are set aside so evaluation never counts as rollout."""
+        e = self.eval_engine
+        saved, e.stats = e.stats, EngineStats()
+        try:
+            return heldout_accuracy(
+                e, self.tok, self.task, self.heldout, self.cfg.sampling.max_new_tokens
+            )
+        finally:
+            e.stats = saved
 
     def requests(self, prompt: Prompt, group_size: int) -> list[Request]:
         """G requests for one prompt, each with its own seed (reproducible, batch-independent)."""
@@ -110,6 +125,12 @@ class Run:
         while len(out) < n and (refill or tries < n or not out):
             p = self.source.draw()
             tries += 1
+            if not self.fits(p):  # setup checked that some prompts fit
+                self.prompts_skipped["too_long"] += (
+                    1  # the engine cannot hold it: nothing generated
+                )
+                self.counters["prompts/skipped_too_long"] += 1
+                continue
             ok, reason = (
                 self.pass_rates.should_draw(p.id) if self.cfg.filters.pass_rate_band else (True, "")
             )
@@ -119,6 +140,11 @@ class Run:
                 self.prompts_skipped[reason] += 1  # nothing generated: not a ledger entry
                 self.counters["filters/prompts_skipped"] += 1
         return out
+
+    def fits(self, prompt: Prompt) -> bool:
+        """The prompt and a whole completion fit the engine's longest sequence."""
+        n = len(self.tok.encode(prompt.text))
+        return capacity.fits(n, self.cfg.sampling.max_new_tokens, self.engine.max_len)
 
     def group_sizes(self, prompts: list[Prompt]) -> list[int]:
         """G of each prompt `[B]`: `group_size` each, or with `adaptive_group_size` the split
@@ -290,10 +316,14 @@ def build_task(cfg: Config) -> GuardedTask:
 
 
 def build_model(
-    cfg: Config, task: Task, view: ProgressView
+    cfg: Config, task: Task, view: ProgressView, device: str = "cpu"
 ) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
+    """The trainer's model on `device` in float32 (master weights; `model.dtype` is the
+    compute dtype), and its tokenizer. A checkpoint is built on meta and loaded straight
+    onto `device` (no random initialisation)."""
     if cfg.model.path:
-        return load_pretrained(cfg.model.path), load_tokenizer(cfg.model.path), {}
+        model = load_pretrained(cfg.model.path, device=device)
+        return model, load_tokenizer(cfg.model.path), {}
     builtin = unguarded(task)
     assert isinstance(builtin, RunningSums), "the built-in model only knows the built-in task"
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
@@ -314,7 +344,7 @@ def build_model(
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
     )
-    return model, tok, {"warmstart": info}
+    return model.to(device), tok, {"warmstart": info}
 
 
 def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
@@ -335,7 +365,38 @@ def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
     )
 
 
+def resolve_placement(cfg: Config) -> placement.Placement:
+    """Devices of the trainer and the samplers; ConfigError (exit 2) if the machine lacks one."""
+    rc = cfg.runtime
+    n = rc.num_samplers if rc.kind != "inprocess" else 1
+    return placement.resolve(
+        cfg.trainer.device, rc.sampler_devices, n, placement.cuda_device_count()
+    )
+
+
+def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -> tuple[int, int]:
+    """`(slots, max_len)` of an engine for `model` on its device: `max_len` from the prompt
+    lengths (`engine.max_len` caps it), slots at most `slots` within the KV budget
+    (engine.capacity). ConfigError when no prompt fits or the budget holds no sequence."""
+    e, new = cfg.engine, cfg.sampling.max_new_tokens
+    max_len = capacity.engine_max_len(max(lengths), new, model.config, e.max_len)
+    if not any(capacity.fits(n, new, max_len) for n in lengths):
+        raise ConfigError(
+            f"engine.max_len: {max_len} tokens hold no prompt with sampling.max_new_tokens = {new} "
+            f"(shortest prompt: {min(lengths)} tokens)"
+        )
+    p = model.lm_head.weight
+    dtype = parse_dtype(cfg.model.dtype)
+    free = capacity.free_device_bytes(p.device)
+    budget = capacity.cache_tokens(model.config, dtype, e.max_tokens, e.memory_fraction, free)
+    try:
+        return capacity.fit_slots(slots, max_len, budget), max_len
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def setup(cfg: Config) -> Run:
+    where = resolve_placement(cfg)  # before anything is written: a bad device is exit 2
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
@@ -343,18 +404,15 @@ def setup(cfg: Config) -> Run:
     run_dir = make_run_dir(cfg)
     view = ProgressView(cfg.run.steps, "slipstream train", quiet=cfg.run.quiet)
     task = build_task(cfg)
-    model, tok, info = build_model(cfg, task, view)
+    model, tok, info = build_model(cfg, task, view, where.trainer)
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     train = task.train_prompts()[: cfg.task.max_train_prompts]
-    max_len = (
-        max(
-            _max_len(train, tok, cfg.sampling.max_new_tokens),
-            _max_len(heldout, tok, cfg.sampling.max_new_tokens),
-        )
-        if heldout
-        else _max_len(train, tok, cfg.sampling.max_new_tokens)
+    lengths = [len(tok.encode(p.text)) for p in train + heldout]
+    slots, max_len = engine_shape(
+        cfg, model, lengths, cfg.trainer.batch_prompts * cfg.sampling.group_size
     )
-    slots = cfg.trainer.batch_prompts * cfg.sampling.group_size
+    engine = Engine(model, tok.eos_id, num_slots=slots, max_len=max_len)
+    compute = parse_dtype(cfg.model.dtype)
     mc = model.config
     (run_dir / "model_info.json").write_text(
         json.dumps(
@@ -375,9 +433,11 @@ def setup(cfg: Config) -> Run:
         tok=tok,
         task=task,
         source=PromptSource(train, seed=cfg.run.seed),
-        engine=Engine(model, tok.eos_id, num_slots=slots, max_len=max_len),
-        eval_engine=Engine(model, tok.eos_id, num_slots=max(len(heldout), 1), max_len=max_len),
-        trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps),
+        engine=engine,
+        eval_engine=engine,  # the trainer's own weights, never a second model (Run.evaluate)
+        trainer=Trainer(
+            model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps, compute
+        ),
         sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
@@ -387,4 +447,5 @@ def setup(cfg: Config) -> Run:
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
+        placement=where,
     )

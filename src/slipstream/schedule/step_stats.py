@@ -166,6 +166,9 @@ class StepStats:
             "runtime/trainer_wait": self.wait_s / max(step_s, 1e-9),
             "runtime/weight_sync_s": publish_s + d["weight_sync_s"] / n,
             "runtime/weight_publish_s": publish_s,
+            # the trainer's time to publish, and each sampler's mean pause to take the weights in
+            "weights/publish_s": publish_s,
+            "weights/pause_s": d["weight_sync_s"] / n,
             "time/generate_s": d["busy_s"] / n,
             "time/train_s": t_train,
             "tokens/generated": d["tokens_generated"],

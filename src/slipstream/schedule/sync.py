@@ -27,6 +27,7 @@ from slipstream.train.checkpoint import (
     load_weights,
     save_checkpoint,
 )
+from slipstream.train.precision import parse_dtype
 from slipstream.types import Group
 
 
@@ -153,6 +154,7 @@ def checkpoint(run: Run, **extra: Any) -> None:
         trainer_state,
         state,
         run.cfg.checkpoint.keep,
+        dtype=parse_dtype(run.cfg.model.dtype),
     )
 
 

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, save_pretrained
 
 PREFIX = "step_"
+MASTER = "master.safetensors"  # float32 master weights, when the model folder is narrower
 
 
 def _fsync_tree(path: Path) -> None:
@@ -41,8 +43,14 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     state: dict[str, Any],
     keep: int = 2,
+    dtype: torch.dtype | None = None,
 ) -> Path:
-    """Write `checkpoints/step_NNNNNN` atomically and delete all but the newest `keep`."""
+    """Write `checkpoints/step_NNNNNN` atomically and delete all but the newest `keep`.
+
+    The model folder holds the weights in `dtype` (the dtype trained; None: the model's own),
+    loadable in `transformers` as it is. When that is narrower than the model's float32
+    master weights, these go beside it (`master.safetensors`), so a resumed run continues
+    from exactly the weights it stopped at, not from their bfloat16 rounding."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # a write that a crash interrupted (one writer per run)
@@ -50,7 +58,12 @@ def save_checkpoint(
     final = root / f"{PREFIX}{step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     try:
-        save_pretrained(model, tmp / "model")
+        save_pretrained(model, tmp / "model", dtype=dtype)
+        if dtype is not None and dtype != model.lm_head.weight.dtype:
+            master = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+            if model.config.tie_word_embeddings:
+                master.pop("lm_head.weight", None)
+            save_file(master, str(tmp / MASTER), metadata={"format": "pt"})
         tokenizer.save(tmp / "model")
         torch.save(trainer_state, tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
@@ -82,6 +95,12 @@ def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
 
 def load_weights(model: CausalLM, folder: str | Path) -> None:
     """Copy a checkpoint's safetensors weights into `model` in place, so that everything that
-    holds its parameters (the optimizer, the engines) sees them."""
+    holds its parameters (the optimizer, the engines) sees them: the float32 master weights
+    when the checkpoint has them (`master.safetensors` beside the model folder)."""
+    master = Path(folder).parent / MASTER
+    dev = model.lm_head.weight.device
     with torch.no_grad():
-        model.load_state_dict(load_pretrained(folder).state_dict())
+        if master.exists():
+            model.load_state_dict(load_file(str(master), device=str(dev)), strict=False)
+        else:
+            model.load_state_dict(load_pretrained(folder, device=dev).state_dict())

@@ -43,6 +43,16 @@ def autocast(device: torch.device, compute_dtype: torch.dtype) -> Iterator[None]
         yield
 
 
+def channel_layout(model: CausalLM, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """What the weight channel carries: each parameter's name and shape, floating ones in
+    the compute `dtype` (meta tensors: a layout, no memory). A bfloat16 run publishes half
+    the bytes of its float32 master weights, cast once in the copy into the channel."""
+    return {
+        n: torch.empty(p.shape, dtype=dtype if p.is_floating_point() else p.dtype, device="meta")
+        for n, p in model.named_parameters()
+    }
+
+
 def make_adamw(
     model: CausalLM, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.99)
 ) -> torch.optim.AdamW:

@@ -1,0 +1,77 @@
+"""How many tokens, sequences and how long a sequence the engine's KV cache may hold.
+
+The KV cache is `[slots, max_len]` per layer (engine.forward.SlotKV). Its size follows from
+the memory the engine is given, never the other way round: `engine.max_tokens`, or
+`engine.memory_fraction` of the device's free memory once the model is on it, divided by
+the bytes one token takes (keys and values of every layer), is the cache's token budget;
+the slots are what that budget holds at `max_len` tokens each (at most the slots asked for).
+A prompt that cannot fit `max_len` with its completion is skipped before generation and
+counted, never an error in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slipstream.model.llama import ModelConfig
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of one token's keys and values over all layers:
+    2 x layers x kv_heads x head_dim x itemsize (Qwen2.5-1.5B, bf16: 2 x 28 x 2 x 128 x 2 =
+    28 KiB)."""
+    assert cfg.head_dim is not None
+    item = torch.empty((), dtype=dtype).element_size()
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * item
+
+
+def cache_tokens(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    max_tokens: int = 0,
+    memory_fraction: float = 0.0,
+    free_bytes: int | None = None,
+) -> int | None:
+    """The KV cache's token budget: `max_tokens` if set, else `memory_fraction` of
+    `free_bytes` over `kv_bytes_per_token`; None when neither bounds it."""
+    if max_tokens > 0:
+        return max_tokens
+    if memory_fraction > 0 and free_bytes is not None:
+        return int(memory_fraction * free_bytes) // kv_bytes_per_token(cfg, dtype)
+    return None
+
+
+def fit_slots(requested: int, max_len: int, budget_tokens: int | None) -> int:
+    """Slots of `max_len` tokens within `budget_tokens` (at most `requested`, at least 1).
+
+    ValueError when the budget cannot hold even one sequence of `max_len`: the engine could
+    generate nothing, which a user must hear at start-up, not as a stall.
+    """
+    if budget_tokens is None:
+        return requested
+    if budget_tokens < max_len:
+        raise ValueError(
+            f"engine: a KV cache of {budget_tokens} tokens cannot hold one sequence of "
+            f"{max_len} tokens; raise engine.max_tokens / engine.memory_fraction or lower engine.max_len"
+        )
+    return max(1, min(requested, budget_tokens // max_len))
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA device (None on the CPU: no bound from memory there)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def engine_max_len(longest_prompt: int, max_new_tokens: int, cfg: ModelConfig, cap: int = 0) -> int:
+    """Longest sequence the engine holds: `cap` if set, else the longest prompt plus
+    `max_new_tokens`, never beyond the model's `max_position_embeddings`."""
+    want = cap if cap > 0 else longest_prompt + max_new_tokens
+    return max(2, min(want, cfg.max_position_embeddings))
+
+
+def fits(prompt_len: int, max_new_tokens: int, max_len: int) -> bool:
+    """A prompt of `prompt_len` tokens fits the engine with room for its whole completion."""
+    return prompt_len + max_new_tokens <= max_len

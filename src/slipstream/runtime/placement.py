@@ -1,0 +1,106 @@
+"""Which device the trainer and each sampler use, checked against the machine.
+
+`resolve` is pure (it takes the machine's CUDA device count), so every rule is tested on a
+CPU. Rules:
+
+- `trainer.device` names `cpu`, `cuda` (= `cuda:0`) or `cuda:N`; a CUDA device the machine
+  does not have is a `ConfigError` (exit 2), never a crash later in a sampler.
+- `runtime.sampler_devices = "auto"`: with the trainer on the CPU, every sampler too; with the
+  trainer on GPU k, the samplers round-robin over the other GPUs, and on a one-GPU machine
+  they share GPU k with it (colocated: the engine and the trainer split its memory,
+  `engine.memory_fraction`). A list names one device per sampler.
+- A sampler process sees only its own GPU: it is started with `CUDA_VISIBLE_DEVICES` set to
+  that GPU (the parent's own `CUDA_VISIBLE_DEVICES` numbering respected), so inside it the
+  device is `cuda:0` and nothing it does can touch another GPU's memory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from slipstream.config.base import ConfigError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Resolved devices: the trainer's and one per sampler (`cpu` or `cuda:N`, parent numbering)."""
+
+    trainer: str
+    samplers: tuple[str, ...]
+
+    def colocated(self, i: int) -> bool:
+        """Sampler `i` shares the trainer's GPU."""
+        return self.samplers[i] == self.trainer and self.trainer != "cpu"
+
+    def sampler_env(self, i: int, parent_visible: str | None = None) -> dict[str, str]:
+        """Environment of sampler `i`'s process: only its GPU visible (nothing for the CPU,
+        where `CUDA_VISIBLE_DEVICES=""` hides every GPU so the engine cannot pick one up)."""
+        dev = self.samplers[i]
+        if dev == "cpu":
+            return {"CUDA_VISIBLE_DEVICES": ""}
+        index = int(dev.partition(":")[2])
+        visible = (
+            parent_visible if parent_visible is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
+        if visible:
+            return {"CUDA_VISIBLE_DEVICES": visible.split(",")[index].strip()}
+        return {"CUDA_VISIBLE_DEVICES": str(index)}
+
+    def local_sampler_device(self, i: int) -> str:
+        """Sampler `i`'s device as its own process names it (`cuda:0`: the only one it sees)."""
+        return "cpu" if self.samplers[i] == "cpu" else "cuda:0"
+
+
+def _canonical(key: str, name: str, cuda_count: int) -> str:
+    """`cuda` -> `cuda:0`; a CUDA device beyond `cuda_count` is a ConfigError naming `key`."""
+    if name == "cpu":
+        return name
+    kind, _, index = name.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ConfigError(f"{key}: expected cpu, cuda or cuda:N, got {name!r}")
+    i = int(index or 0)
+    if cuda_count == 0:
+        raise ConfigError(
+            f"{key}: {name!r} asked for, but this machine has no CUDA device "
+            "(install the CUDA build of torch, or use cpu)"
+        )
+    if i >= cuda_count:
+        raise ConfigError(
+            f"{key}: {name!r} asked for, but this machine has {cuda_count} CUDA device(s)"
+        )
+    return f"cuda:{i}"
+
+
+def resolve(
+    trainer_device: str, sampler_devices: str | list[str], num_samplers: int, cuda_count: int
+) -> Placement:
+    """The placement of a run; ConfigError (one line, naming the key) when it cannot be."""
+    trainer = _canonical("trainer.device", trainer_device, cuda_count)
+    if isinstance(sampler_devices, str):
+        if sampler_devices != "auto":
+            raise ConfigError(
+                f"runtime.sampler_devices: expected 'auto' or a list of devices, got {sampler_devices!r}"
+            )
+        if trainer == "cpu":
+            return Placement(trainer, ("cpu",) * num_samplers)
+        mine = int(trainer.partition(":")[2])
+        free = [f"cuda:{i}" for i in range(cuda_count) if i != mine] or [trainer]
+        return Placement(trainer, tuple(free[i % len(free)] for i in range(num_samplers)))
+    if len(sampler_devices) != num_samplers:
+        raise ConfigError(
+            f"runtime.sampler_devices: {len(sampler_devices)} device(s) for "
+            f"runtime.num_samplers = {num_samplers}; give one per sampler or 'auto'"
+        )
+    samplers = tuple(
+        _canonical(f"runtime.sampler_devices[{i}]", d, cuda_count)
+        for i, d in enumerate(sampler_devices)
+    )
+    return Placement(trainer, samplers)
+
+
+def cuda_device_count() -> int:
+    """CUDA devices this process sees (0 with a CPU-only torch)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
