@@ -83,6 +83,7 @@ class Run:
     replay: ReplayBuffer | None = None  # with replay.enabled
     rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
     counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
+    max_len: int = 0  # longest prompt + completion the engine holds; 0: no bound (see `fits`)
     placement: placement.Placement = field(
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
     )
@@ -143,8 +144,10 @@ class Run:
 
     def fits(self, prompt: Prompt) -> bool:
         """The prompt and a whole completion fit the engine's longest sequence."""
+        if not self.max_len:
+            return True
         n = len(self.tok.encode(prompt.text))
-        return capacity.fits(n, self.cfg.sampling.max_new_tokens, self.engine.max_len)
+        return capacity.fits(n, self.cfg.sampling.max_new_tokens, self.max_len)
 
     def group_sizes(self, prompts: list[Prompt]) -> list[int]:
         """G of each prompt `[B]`: `group_size` each, or with `adaptive_group_size` the split
@@ -448,4 +451,5 @@ def setup(cfg: Config) -> Run:
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
         placement=where,
+        max_len=max_len,
     )

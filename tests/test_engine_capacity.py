@@ -1,0 +1,58 @@
+"""The engine's KV cache sized from memory; prompts it cannot hold skipped and counted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slipstream.engine import capacity
+from slipstream.model.llama import ModelConfig
+from slipstream.types import Prompt
+
+# Qwen2.5-1.5B: 28 layers, 2 KV heads of 128
+QWEN_1_5B = ModelConfig(
+    model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+    num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+)  # fmt: skip
+
+
+def test_kv_bytes_per_token_golden():
+    # 2 (k, v) x 28 layers x 2 heads x 128 dims x 2 bytes = 28,672
+    assert capacity.kv_bytes_per_token(QWEN_1_5B, torch.bfloat16) == 28672
+    assert capacity.kv_bytes_per_token(QWEN_1_5B, torch.float32) == 2 * 28672
+
+
+def test_cache_budget_from_tokens_or_memory():
+    assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, max_tokens=5000) == 5000
+    # half of 10 GiB over 28,672 B a token: 5 x 2^30 / 28672 = 187,245.7 -> 187,245
+    got = capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, free_bytes=10 * 2**30)
+    assert got == 187245
+    assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, free_bytes=None) is None
+    assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16) is None
+
+
+def test_slots_are_what_the_budget_holds():
+    assert capacity.fit_slots(256, 4096, None) == 256  # no bound
+    assert capacity.fit_slots(256, 4096, 187245) == 45  # 187245 // 4096
+    assert capacity.fit_slots(8, 4096, 187245) == 8  # never more than asked
+    with pytest.raises(ValueError, match="cannot hold one sequence of 4096"):
+        capacity.fit_slots(8, 4096, 4000)
+
+
+def test_max_len_capped_by_setting_and_positions():
+    assert capacity.engine_max_len(100, 64, QWEN_1_5B) == 164
+    assert capacity.engine_max_len(100, 64, QWEN_1_5B, cap=128) == 128
+    small = ModelConfig(max_position_embeddings=96)
+    assert capacity.engine_max_len(100, 64, small) == 96
+    assert capacity.fits(64, 64, 128) and not capacity.fits(65, 64, 128)
+
+
+def test_prompts_too_long_for_the_engine_are_skipped_and_counted():
+    from test_algo_integration import MIXED, _prompt, _run
+
+    long = Prompt("long" * 10, "x" * 40 + "=", "1", {"outs": MIXED})
+    run = _run([_prompt("a", *MIXED), long, _prompt("b", *MIXED)], "sampling.max_new_tokens=8")
+    run.max_len = 16  # "a=" + 8 fits; 41 + 8 does not
+    drawn = run.draw(4)
+    assert [p.id for p in drawn] == ["a", "b", "a", "b"]
+    assert run.prompts_skipped["too_long"] == 2 and run.counters["prompts/skipped_too_long"] == 2
