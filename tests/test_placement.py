@@ -67,13 +67,13 @@ def test_train_with_cuda_on_a_cpu_machine_exits_2_before_writing(tmp_path, capsy
 
 def test_sampler_process_sees_only_its_gpu():
     p = resolve("cuda:0", "auto", 2, 3)
-    assert p.sampler_env(0, parent_visible=None) == {"CUDA_VISIBLE_DEVICES": "1"}
-    assert p.sampler_env(1, parent_visible="4,6,7") == {"CUDA_VISIBLE_DEVICES": "7"}
+    assert p.sampler_env(0, parent_visible="")["CUDA_VISIBLE_DEVICES"] == "1"
+    # the parent's own CUDA_VISIBLE_DEVICES numbering: its cuda:2 is physical GPU 7
+    assert p.sampler_env(1, parent_visible="4,6,7")["CUDA_VISIBLE_DEVICES"] == "7"
     assert p.local_sampler_device(1) == "cuda:0"
     cpu = resolve("cpu", "auto", 1, 0)
-    assert (
-        cpu.sampler_env(0) == {"CUDA_VISIBLE_DEVICES": ""} and cpu.local_sampler_device(0) == "cpu"
-    )
+    assert cpu.sampler_env(0)["CUDA_VISIBLE_DEVICES"] == ""  # hides every GPU
+    assert cpu.local_sampler_device(0) == "cpu"
 
 
 def _cfg(tied: bool = True) -> ModelConfig:

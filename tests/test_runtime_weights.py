@@ -49,6 +49,9 @@ def test_seqlock_never_yields_a_torn_read():
     writer = ctx.Process(target=_writer, args=(w, 2.0), daemon=True)
     writer.start()
     try:
+        start = time.monotonic() + 120.0  # a spawned interpreter imports torch first
+        while w.version() < 0 and writer.is_alive() and time.monotonic() < start:
+            time.sleep(0.01)
         seen: set[int] = set()
         end = time.monotonic() + 6.0
         last = 0

@@ -32,12 +32,14 @@ def make_runtime(
     prompts: int,
     groups: int,
     sampler_env: list[dict[str, str]] | None = None,
+    weight_devices: list[str] | None = None,
 ) -> Any:
     """The runtime `rc.kind` names (not started): `prompts` bounds each sampler's inbox,
     `groups` the finished groups (unless `runtime.queue_size` is set). `params` shapes the
     weight channel (names, shapes, dtypes; meta tensors do). `sampler_env`: environment
     variables of each local sampler process (`CUDA_VISIBLE_DEVICES`, runtime.placement);
-    on Ray the actors' GPUs are Ray's to assign (`sampler_resources`)."""
+    on Ray the actors' GPUs are Ray's to assign (`sampler_resources`). `weight_devices`:
+    each local sampler's device; with a GPU among them the weights go by CUDA IPC."""
     from slipstream.runtime.local import LocalRuntime, default_threads
 
     args = (params, rc.num_samplers, rc.threads_per_sampler or default_threads(rc.num_samplers))
@@ -48,7 +50,7 @@ def make_runtime(
         max_restarts=rc.max_restarts,
     )
     if rc.kind != "ray":
-        return LocalRuntime(*args, **kw, sampler_env=sampler_env)
+        return LocalRuntime(*args, **kw, sampler_env=sampler_env, weight_devices=weight_devices)
     from slipstream.runtime.ray import RayRuntime
 
     return RayRuntime(

@@ -42,6 +42,7 @@ from slipstream.runtime.channels import (
     PromptRequest,
     Router,
     SamplerMessage,
+    WeightChannel,
 )
 from slipstream.runtime.weights import SharedWeights
 
@@ -213,6 +214,18 @@ class MergedGroups(ChannelEnd):
         self._closed.set()
 
 
+def _weight_channel(
+    params: Mapping[str, torch.Tensor], ctx: Any, devices: list[str] | None
+) -> WeightChannel:
+    """Shared host memory, or with any sampler on a GPU the CUDA IPC channel with one
+    buffer per sampler GPU (runtime.cuda_weights): weights never pass through the host."""
+    if devices and any(d.startswith("cuda") for d in devices):
+        from slipstream.runtime.cuda_weights import CudaIpcWeights
+
+        return CudaIpcWeights(params, ctx, devices)
+    return SharedWeights(params, ctx)
+
+
 class LocalRuntime:
     """N sampler processes; `channels` is the trainer's end of the queues and weights.
 
@@ -233,6 +246,7 @@ class LocalRuntime:
         shutdown_timeout_s: float = 10.0,
         max_restarts: int = 3,
         sampler_env: list[dict[str, str]] | None = None,
+        weight_devices: list[str] | None = None,
     ) -> None:
         self.ctx = mp.get_context("spawn")
         self.sampler_env = sampler_env  # per sampler, set in its process (runtime.placement)
@@ -247,7 +261,7 @@ class LocalRuntime:
         self.channels = Channels(
             prompts=Router(list(self.inboxes)),
             groups=self.merged,
-            weights=SharedWeights(params, self.ctx),
+            weights=_weight_channel(params, self.ctx, weight_devices),
             stop=LocalStop(self.ctx.Event()),
             num_samplers=num_samplers,
         )

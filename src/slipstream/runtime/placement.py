@@ -34,18 +34,20 @@ class Placement:
         return self.samplers[i] == self.trainer and self.trainer != "cpu"
 
     def sampler_env(self, i: int, parent_visible: str | None = None) -> dict[str, str]:
-        """Environment of sampler `i`'s process: only its GPU visible (nothing for the CPU,
-        where `CUDA_VISIBLE_DEVICES=""` hides every GPU so the engine cannot pick one up)."""
+        """Environment of sampler `i`'s process: only its GPU visible (for the CPU
+        `CUDA_VISIBLE_DEVICES=""` hides every GPU so the engine cannot pick one up), and
+        which buffer of the weight channel is its own (runtime.cuda_weights)."""
         dev = self.samplers[i]
+        env = {"SLIPSTREAM_WEIGHTS_DEVICE": dev}  # its buffer of the weight channel
         if dev == "cpu":
-            return {"CUDA_VISIBLE_DEVICES": ""}
+            return {"CUDA_VISIBLE_DEVICES": "", **env}
         index = int(dev.partition(":")[2])
         visible = (
             parent_visible if parent_visible is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
         )
         if visible:
-            return {"CUDA_VISIBLE_DEVICES": visible.split(",")[index].strip()}
-        return {"CUDA_VISIBLE_DEVICES": str(index)}
+            return {"CUDA_VISIBLE_DEVICES": visible.split(",")[index].strip(), **env}
+        return {"CUDA_VISIBLE_DEVICES": str(index), **env}
 
     def local_sampler_device(self, i: int) -> str:
         """Sampler `i`'s device as its own process names it (`cuda:0`: the only one it sees)."""

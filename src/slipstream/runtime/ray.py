@@ -67,6 +67,7 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import ActorDiedError, RayActorError
 
+from slipstream.runtime.buckets import broadcast_buckets
 from slipstream.runtime.channels import Channels, Router, SamplerMessage
 from slipstream.runtime.ray_channels import (
     FlatLayout,
@@ -184,11 +185,14 @@ class SamplerHost:
         )
 
     def recv_broadcast(self, version: int) -> None:
+        """Take part in the broadcast of `version`: buckets received in place into fresh
+        buffers on this actor's GPU (NCCL) or the CPU (gloo), each under
+        `call_timeout_s`; with NCCL they stay on the GPU for the engine to copy from."""
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         flats = self.weights.layout.empty(device)  # fresh: readers may hold the last one
-        for dtype in self.weights.layout.sizes:
-            dist.broadcast(flats[dtype], src=0)
-        self.weights.offer(version, {k: v.cpu() for k, v in flats.items()})
+        what = f"sampler {self.id}: broadcast of v{version}"
+        broadcast_buckets(flats, self.weights.call_timeout_s, what)
+        self.weights.offer(version, flats)
 
     def stop(self) -> None:
         self.stopped.set()

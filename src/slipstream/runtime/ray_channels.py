@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from slipstream.runtime.buckets import CollectiveTimeout, broadcast_buckets
 from slipstream.runtime.channels import ChannelEnd
 
 
@@ -277,9 +278,12 @@ class FlatLayout:
             self.entries.append((name, p.dtype, off, p.numel(), tuple(p.shape)))
             self.sizes[p.dtype] = off + p.numel()
 
-    def flatten(self, params: Mapping[str, torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
-        """A fresh uint8 buffer per dtype holding `params` (on the CPU)."""
-        flats = {dt: torch.empty(n, dtype=dt) for dt, n in self.sizes.items()}
+    def flatten(
+        self, params: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"
+    ) -> dict[torch.dtype, torch.Tensor]:
+        """A fresh uint8 buffer per dtype holding `params`, on `device` (a GPU for NCCL:
+        the copy is device to device), each parameter cast to the layout's dtype."""
+        flats = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in self.sizes.items()}
         with torch.no_grad():
             for name, dtype, off, n, _ in self.entries:
                 flats[dtype][off : off + n].copy_(params[name].detach().reshape(-1))
@@ -336,6 +340,17 @@ class SamplerWeights:
         raise TypeError("a sampler's end of the weight channel is read-only")
 
 
+def _failed(ref: Any) -> bool:
+    """The remote call behind `ref` has finished with an error."""
+    if not ray.wait([ref], timeout=0)[0]:
+        return False
+    try:
+        ray.get(ref, timeout=0)
+    except Exception:  # any failure of the call is what we are asking about
+        return True
+    return False
+
+
 class TrainerWeights:
     """The trainer's end of the weight channel (`publish`, `version`); `RayRuntime` attaches
     the sampler actors (and the broadcast group) once they exist."""
@@ -358,7 +373,9 @@ class TrainerWeights:
 
     def publish(self, params: Mapping[str, torch.Tensor], version: int) -> float:
         t0 = time.perf_counter()
-        self._flats = self.layout.flatten(params)
+        nccl = self.broadcasting and dist.get_backend() == "nccl"
+        device = next(iter(params.values())).device if nccl else "cpu"
+        self._flats = self.layout.flatten(params, device)
         self._version, self.ref = version, None
         if self.broadcasting:
             try:
@@ -384,11 +401,19 @@ class TrainerWeights:
             a.offer.remote(self._version, box)
 
     def _broadcast(self, version: int) -> None:
+        """Every sampler receives `version` in buckets (runtime.buckets), each collective under
+        `call_timeout_s`; a sampler that fails or stalls is named in the error."""
         refs = [a.recv_broadcast.remote(version) for a in self.actors]
-        cuda = dist.get_backend() == "nccl"  # NCCL moves CUDA tensors only
-        for dtype in self.layout.sizes:
-            dist.broadcast(self._flats[dtype].cuda() if cuda else self._flats[dtype], src=0)
-        get(refs, self.call_timeout_s, f"broadcast of v{version} to the samplers")
+        flats = self._flats
+        if dist.get_backend() == "nccl":  # NCCL moves CUDA tensors only (flattened there)
+            flats = {k: v if v.is_cuda else v.cuda() for k, v in flats.items()}
+        try:
+            broadcast_buckets(flats, self.call_timeout_s, f"trainer: broadcast of v{version}")
+        except CollectiveTimeout as e:
+            failed = [f"sampler {i}" for i, r in enumerate(refs) if _failed(r)]
+            raise CollectiveTimeout(f"{e} (failed: {', '.join(failed) or 'none yet'})") from None
+        for i, ref in enumerate(refs):
+            get(ref, self.call_timeout_s, f"sampler {i}: broadcast of v{version}")
 
     def fall_back(self, why: str) -> None:
         if self.broadcasting:

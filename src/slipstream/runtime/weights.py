@@ -20,10 +20,44 @@ weakly ordered CPU this relies on the syscalls and locks around each publish act
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+
+
+def seqlock_publish(seq: Any, version_cell: Any, version: int, copy_in: Callable[[], None]) -> None:
+    """The writer's half of the protocol: `copy_in` runs while the count is odd. `copy_in`
+    must return only once its data is visible to readers (a device copy synchronised)."""
+    seq.value += 1  # odd: a copy is in progress
+    copy_in()
+    version_cell.value = version
+    seq.value += 1  # even: consistent again
+
+
+def seqlock_read(
+    seq: Any,
+    version_cell: Any,
+    copy_out: Callable[[], None],
+    timeout: float,
+    on_torn: Callable[[], None] = lambda: None,
+) -> int:
+    """The reader's half: run `copy_out` (into the reader's own staging) until one copy
+    overlapped no publish; returns the version copied. `copy_out` must have finished
+    (device copies synchronised) when it returns, or the second look at the count would
+    not cover it. TimeoutError when no consistent copy succeeds within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s1 = seq.value
+        if not s1 & 1:
+            version = int(version_cell.value)
+            copy_out()
+            if seq.value == s1:
+                return version
+            on_torn()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"weight channel: no consistent read within {timeout:.1f}s")
+        time.sleep(0.0005)  # a publish is in progress: let the writer finish
 
 
 class SharedWeights:
@@ -71,12 +105,13 @@ class SharedWeights:
 
     def publish(self, params: Mapping[str, torch.Tensor], version: int) -> float:
         t0 = time.perf_counter()
-        self._seq.value += 1  # odd: a copy is in progress
-        with torch.no_grad():
-            for name, view in self._views.items():
-                view.copy_(params[name].detach())
-        self._version.value = version
-        self._seq.value += 1  # even: consistent again
+
+        def copy_in() -> None:
+            with torch.no_grad():
+                for name, view in self._views.items():
+                    view.copy_(params[name].detach())  # casts to the channel's dtype
+
+        seqlock_publish(self._seq, self._version, version, copy_in)
         return time.perf_counter() - t0
 
     def version(self) -> int:
@@ -87,16 +122,14 @@ class SharedWeights:
             return None
         if self._staging is None:
             self._staging = {dt: torch.empty_like(f) for dt, f in self._flat.items()}
-        deadline = time.monotonic() + timeout
-        while True:
-            s1 = self._seq.value
-            if not s1 & 1:
-                version = int(self._version.value)
-                for dt, src in self._flat.items():
-                    self._staging[dt].copy_(src)
-                if self._seq.value == s1:
-                    return self._make_views(self._staging), version
-                self.torn_reads += 1
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"weight channel: no consistent read within {timeout:.1f}s")
-            time.sleep(0.0005)  # a publish is in progress: let the writer finish
+        staging = self._staging
+
+        def copy_out() -> None:
+            for dt, src in self._flat.items():
+                staging[dt].copy_(src)
+
+        version = seqlock_read(self._seq, self._version, copy_out, timeout, self._count_torn)
+        return self._make_views(staging), version
+
+    def _count_torn(self) -> None:
+        self.torn_reads += 1

@@ -127,6 +127,7 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
         (spec.max_lag + 2) * B,
         2 * B,
         sampler_env=[run.placement.sampler_env(i) for i in range(len(run.placement.samplers))],
+        weight_devices=list(run.placement.samplers),
     )
     learner = RunLearner(run, rc.defer_eval, run.timeline)
     f = cfg.filters
