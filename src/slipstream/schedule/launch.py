@@ -99,7 +99,13 @@ def _train(cfg: Any, signals: Any, resume: bool) -> dict[str, Any]:
         runtime=rc.kind,
         sampler_pids=rt.pids(),
         samplers=rt.num_samplers,
+        weight_channel=type(rt.channels.weights).__name__,  # CudaIpcWeights: device to device
+        placement={"trainer": run.placement.trainer, "samplers": list(run.placement.samplers)},
     )
+    if torch.cuda.is_available() and run.placement.trainer != "cpu":
+        run.info["trainer_peak_gib"] = (
+            torch.cuda.max_memory_allocated(run.placement.trainer) / 2**30
+        )
     if rc.kind == "ray":
         run.info.update(weight_transport=rc.weight_transport, weight_fallbacks=rt.weights.fallbacks)
     acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start

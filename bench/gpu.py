@@ -1,0 +1,352 @@
+"""slipstream on one GPU node: trainer MFU, sampler roofline share, weight publish and pause,
+and sync against pipeline end to end, for Qwen2.5-0.5B and 1.5B shapes in bfloat16.
+
+Run (on a GPU machine): python bench/gpu.py [--shapes qwen2.5-0.5b,qwen2.5-1.5b]
+[--peak-tflops 989] [--bandwidth-gbs 4800] [--steps 5]. Smoke run on a CPU:
+python bench/gpu.py --device cpu --tiny. Prints a table per part, then one JSON line with
+`trainer_mfu`, `sampler_roofline_share`, `publish_s`, `pause_s`, `pipeline_over_sync` (the
+headline figures at the largest shape measured; every figure per shape is in the line too).
+
+Random weights of the real shapes (normal(0, 0.02), made on the device: nothing is loaded).
+
+1. Trainer: `Trainer.step` on synthetic groups (B prompts x G samples, prompt `--prompt-len`,
+   completion `--completion-len` tokens), `model.dtype = bfloat16` (float32 master weights,
+   fused AdamW), chunked log-probs, `--micro-batch-tokens` per micro-batch. Tokens/s counts
+   prompt + completion tokens through the model. MFU = model FLOPs / (time x peak), model
+   FLOPs per token = 6 N (N: parameters in products, i.e. all but the input embedding) +
+   6 L d T_mean for causal attention (forward 2, backward 4; T_mean = half the sequence);
+   recompute of activation checkpointing is not counted (it is overhead, not model work).
+   Target on an H200: 0.30 at the 1.5B shape.
+2. Sampler: the engine in bfloat16 with CUDA graphs, temperature 0.6, `--slots` sequences
+   (64 and 256) decoding `--sampler-new` tokens each from 64-token prompts, no stop token.
+   Roofline share = (bytes a decode step must read / bandwidth) / measured decode step time,
+   bytes = the weights in products + the KV cache of every live sequence at its mean length.
+   Target: 0.25 at 256 slots.
+3. Weights: one publish of the bfloat16 weights into the channel a sampler on this GPU uses
+   (CUDA IPC buffers; shared memory on the CPU) and the engine's pause to take them in with
+   its pool full (`Engine.load_weights` then one step). Target: pause <= 1 % of a sampler's
+   time between publishes.
+4. End to end: `slipstream train` on the built-in task (rewards near 0 for a random model, so
+   zero-variance filtering is off and every group trains), `sync` in one process against
+   `pipeline` with one sampler process on the same GPU (colocated; on a second GPU where there
+   is one), `--steps` steps each (at least 2); steps/s between the first and last step records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slipstream.config import TrainerConfig, load_config
+from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.model.builtin import builtin_tokenizer
+from slipstream.model.hf import save_pretrained
+from slipstream.model.llama import CausalLM, ModelConfig
+from slipstream.model.meta import empty_model
+from slipstream.train.trainer import Trainer
+from slipstream.types import FinishReason, Group, Prompt, Sample
+
+SHAPES = {
+    "tiny": dict(
+        model_type="qwen2", vocab_size=512, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    ),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+        num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+        num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True,
+    ),
+}  # fmt: skip
+
+
+def random_model(name: str, device: torch.device, dtype: torch.dtype) -> CausalLM:
+    """A model of shape `name` with normal(0, 0.02) weights made on `device` (norms at 1)."""
+    cfg = ModelConfig(**SHAPES[name], max_position_embeddings=4096)  # type: ignore[arg-type]
+    model = empty_model(cfg, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.02, generator=gen)
+            else:
+                p.fill_(1.0 if "norm" in n else 0.0)
+    return model
+
+
+def product_params(cfg: ModelConfig) -> int:
+    """Parameters that take part in matrix products: all but the input embedding (a lookup);
+    a tied LM head counts once, as the product it is."""
+    return cfg.num_params() - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+
+
+def train_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """6 N + 12 L d T_mean with T_mean = seq_len / 2: weights (forward 2, backward 4 FLOPs per
+    parameter) and causal attention (scores and values: 4 L d T_ctx forward, x 3 with the
+    backward), = 6 N + 6 L d seq_len."""
+    assert cfg.head_dim is not None
+    d_attn = cfg.num_attention_heads * cfg.head_dim
+    return 6 * product_params(cfg) + 6 * cfg.num_hidden_layers * d_attn * seq_len
+
+
+def _groups(args: argparse.Namespace, vocab: int) -> list[Group]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for b in range(args.prompts):
+        prompt = Prompt(f"p{b}", "", "")
+        ids = torch.randint(2, vocab, (args.prompt_len,), generator=g).tolist()
+        samples = []
+        for _ in range(args.group):
+            c = args.completion_len
+            toks = torch.randint(2, vocab, (c,), generator=g).tolist()
+            samples.append(Sample(prompt.id, ids, toks, [-5.0] * c, [0] * c, FinishReason.LENGTH))
+        adv = [float(i % 2) * 2 - 1 for i in range(args.group)]
+        out.append(Group(prompt, samples, advantages_G=adv))
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def trainer_part(args: argparse.Namespace, name: str, device: torch.device) -> dict[str, float]:
+    """Median step time of `Trainer.step` (after one warm-up), tokens/s and MFU."""
+    model = random_model(name, device, torch.float32)
+    cfg = TrainerConfig(
+        micro_batch_size=10**6,
+        micro_batch_tokens=args.micro_batch_tokens,
+        activation_checkpointing=args.checkpointing,
+        lr=1e-5,
+        warmup_steps=0,
+    )
+    trainer = Trainer(model, cfg, 0.6, pad_id=0, compute_dtype=torch.bfloat16)
+    groups = _groups(args, model.config.vocab_size)
+    tokens = args.prompts * args.group * (args.prompt_len + args.completion_len)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for i in range(args.repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        trainer.step(groups)
+        _sync(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    flops = train_flops_per_token(model.config, args.prompt_len + args.completion_len) * tokens
+    out = {
+        "tokens_per_s": tokens / step_s,
+        "step_s": step_s,
+        "mfu": flops / step_s / (args.peak_tflops * 1e12),
+    }
+    if device.type == "cuda":
+        out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    print(
+        f"  trainer  {name:14s} {tokens:8d} tok/step  {out['tokens_per_s']:12,.0f} tok/s  MFU {out['mfu']:.3f}"
+    )
+    return out
+
+
+def _fill(engine: Engine, slots: int, new: int, vocab: int) -> None:
+    for i in range(slots):
+        ids = [2 + (i * 7 + j) % (vocab - 2) for j in range(64)]
+        engine.add(Request(ids, SamplingParams(0.6, max_new_tokens=new), seed=i))
+
+
+def sampler_part(
+    args: argparse.Namespace, name: str, device: torch.device, slots: int
+) -> dict[str, float]:
+    """Decode tokens/s with `slots` sequences and the share of the bandwidth roofline."""
+    from slipstream.engine.capacity import kv_bytes_per_token
+
+    model = random_model(name, device, torch.bfloat16)
+    cfg = model.config
+    new = args.sampler_new
+    stop = cfg.vocab_size  # never sampled: every sequence runs to max_new_tokens
+    engine = Engine(model, stop, slots, 64 + new)
+    _fill(engine, min(slots, 8), 4, cfg.vocab_size)  # warm-up: graphs captured, kernels loaded
+    while engine.step():
+        pass
+    engine.stats = type(engine.stats)()
+    _fill(engine, slots, new, cfg.vocab_size)
+    _sync(device)
+    t0 = time.perf_counter()
+    while engine.step():
+        pass
+    _sync(device)
+    wall = time.perf_counter() - t0
+    st = engine.stats
+    step_s = st.decode_s / max(st.decode_steps, 1)
+    weights = product_params(cfg) * 2  # bf16 bytes of every matrix a step multiplies with
+    kv = slots * (64 + new / 2) * kv_bytes_per_token(cfg, torch.bfloat16)
+    floor_s = (weights + kv) / (args.bandwidth_gbs * 1e9)
+    out = {
+        "tokens_per_s": st.tokens_generated / wall,
+        "decode_step_s": step_s,
+        "roofline_share": floor_s / step_s if step_s > 0 else 0.0,
+    }
+    print(
+        f"  sampler  {name:14s} {slots:4d} slots  {out['tokens_per_s']:12,.0f} tok/s  "
+        f"step {step_s * 1e3:7.2f} ms  roofline share {out['roofline_share']:.3f}"
+    )
+    return out
+
+
+def weights_part(args: argparse.Namespace, name: str, device: torch.device) -> dict[str, float]:
+    """Median publish time into the channel and the engine's pause to take the weights in."""
+    import torch.multiprocessing as mp
+
+    from slipstream.runtime.cuda_weights import CudaIpcWeights
+    from slipstream.runtime.weights import SharedWeights
+    from slipstream.train.precision import channel_layout
+
+    master = random_model(name, device, torch.float32)
+    layout = channel_layout(master, torch.bfloat16)
+    ctx = mp.get_context("spawn")
+    ch: Any = (
+        CudaIpcWeights(layout, ctx, [str(device)])
+        if device.type == "cuda"
+        else SharedWeights(layout, ctx)
+    )
+    params = dict(master.named_parameters())
+    sampler = random_model(name, device, torch.bfloat16)
+    engine = Engine(sampler, sampler.config.vocab_size, args.slots_list[-1], 64 + 64)
+    _fill(engine, args.slots_list[-1], 64, sampler.config.vocab_size)
+    for _ in range(8):
+        engine.step()
+    publish, pause = [], []
+    for v in range(1, args.repeats + 2):
+        publish.append(ch.publish(params, v))
+        state, version = ch.read(v - 1, timeout=60.0)
+        before = engine.stats.weight_update_s
+        engine.load_weights(state, version)
+        engine.step()
+        _sync(device)
+        pause.append(engine.stats.weight_update_s - before)
+    out = {"publish_s": statistics.median(publish[1:]), "pause_s": statistics.median(pause[1:])}
+    print(
+        f"  weights  {name:14s} publish {out['publish_s'] * 1e3:8.2f} ms  pause {out['pause_s'] * 1e3:8.2f} ms"
+    )
+    return out
+
+
+def steady_steps_per_s(metrics: Path) -> float:
+    """Steps per second between the first and the last step record (start-up, warm start and
+    sampler spawn excluded: they are paid once per run)."""
+    walls = [
+        r["wall_s"] for r in map(json.loads, metrics.read_text().splitlines()) if "wall_s" in r
+    ]
+    if len(walls) < 2 or walls[-1] <= walls[0]:
+        return math.nan
+    return (len(walls) - 1) / (walls[-1] - walls[0])
+
+
+def e2e_part(args: argparse.Namespace, name: str, device: torch.device) -> dict[str, float]:
+    """Steps per second of `sync` and `pipeline` on the same model folder."""
+    from slipstream.schedule.launch import train_async
+    from slipstream.schedule.sync import train_sync
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "model"
+        model = random_model(name, device, torch.float32)
+        model.config.eos_token_id, model.config.pad_token_id = 1, 0
+        save_pretrained(model, folder)
+        builtin_tokenizer().save(folder)
+        del model
+        n_gpu = torch.cuda.device_count() if device.type == "cuda" else 0
+        common = [
+            f'model.path="{folder}"', "model.dtype=bfloat16", f'trainer.device="{device}"',
+            f"run.steps={args.steps}", "run.quiet=true", "filters.zero_variance=false",
+            f"trainer.batch_prompts={args.prompts}", f"sampling.group_size={args.group}",
+            f"sampling.max_new_tokens={args.completion_len}", f"eval.every={10**6}",
+            "eval.num_prompts=1", f"checkpoint.every={10**6}", "trainer.warmup_steps=0",
+        ]  # fmt: skip
+        for sched in ("sync", "pipeline"):
+            extra = [f'schedule.name="{sched}"', f'run.dir="{Path(tmp) / sched}"']
+            if sched == "pipeline":
+                devs = '["cuda:1"]' if n_gpu > 1 else f'["{device}"]'
+                extra += ['runtime.kind="local"', f"runtime.sampler_devices={devs}"]
+            cfg = load_config(None, [*common, *extra])
+            (train_sync if sched == "sync" else train_async)(cfg)
+            out[f"{sched}_steps_per_s"] = steady_steps_per_s(Path(tmp) / sched / "metrics.jsonl")
+            print(f"  e2e      {name:14s} {sched:9s} {out[f'{sched}_steps_per_s']:8.3f} steps/s")
+    out["pipeline_over_sync"] = out["pipeline_steps_per_s"] / out["sync_steps_per_s"]
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every part for every shape; the headline keys from the last (largest) shape."""
+    device = torch.device(args.device)
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    }
+    for name in args.shapes:
+        print(f"{name} ({ModelConfig(**SHAPES[name]).num_params() / 1e6:.0f}M parameters)")  # type: ignore[arg-type]
+        r: dict[str, Any] = {"trainer": trainer_part(args, name, device)}
+        r["sampler"] = {s: sampler_part(args, name, device, s) for s in args.slots_list}
+        r["weights"] = weights_part(args, name, device)
+        if not args.skip_e2e:
+            r["e2e"] = e2e_part(args, name, device)
+        result[name] = r
+    last = result[args.shapes[-1]]
+    result.update(
+        trainer_mfu=last["trainer"]["mfu"],
+        sampler_roofline_share=last["sampler"][args.slots_list[-1]]["roofline_share"],
+        publish_s=last["weights"]["publish_s"],
+        pause_s=last["weights"]["pause_s"],
+        pipeline_over_sync=last.get("e2e", {}).get("pipeline_over_sync", math.nan),
+    )
+    return result
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="smoke run: tiny shape, small sizes")
+    ap.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989)")
+    ap.add_argument(
+        "--bandwidth-gbs", type=float, default=4800.0, help="HBM bandwidth (H200: 4800)"
+    )
+    ap.add_argument("--prompts", type=int, default=32, help="B of the trainer step")
+    ap.add_argument("--group", type=int, default=8, help="G of the trainer step")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--completion-len", type=int, default=768)
+    ap.add_argument("--micro-batch-tokens", type=int, default=16384)
+    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing")
+    ap.add_argument("--slots", default="64,256", help="sampler slot counts")
+    ap.add_argument("--sampler-new", type=int, default=256, help="tokens each sequence decodes")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5, help="end-to-end steps per schedule")
+    ap.add_argument("--skip-e2e", action="store_true")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.shapes, args.prompts, args.group, args.prompt_len = "tiny", 2, 2, 8
+        args.completion_len, args.micro_batch_tokens, args.slots = 8, 32, "4,8"
+        args.sampler_new, args.repeats, args.steps, args.peak_tflops = 8, 1, 2, 1.0
+        args.bandwidth_gbs = 20.0
+    args.shapes = args.shapes.split(",")
+    args.slots_list = [int(s) for s in args.slots.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    result = run(args)
+    print(json.dumps(result, default=float))
+
+
+if __name__ == "__main__":
+    main()
