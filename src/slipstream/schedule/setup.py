@@ -372,9 +372,13 @@ def resolve_placement(cfg: Config) -> placement.Placement:
     """Devices of the trainer and the samplers; ConfigError (exit 2) if the machine lacks one."""
     rc = cfg.runtime
     n = rc.num_samplers if rc.kind != "inprocess" else 1
-    return placement.resolve(
+    where = placement.resolve(
         cfg.trainer.device, rc.sampler_devices, n, placement.cuda_device_count()
     )
+    if rc.kind == "ray":  # Ray places sampler actors (`sampler_resources`) and sets their GPU
+        gpu = rc.sampler_resources.get("GPU", 0) > 0
+        where = placement.Placement(where.trainer, ("cuda:0" if gpu else "cpu",) * n)
+    return where
 
 
 def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -> tuple[int, int]:
