@@ -159,7 +159,9 @@ class CudaIpcWeights:
                 for views in self._views.values():
                     for name, view in views.items():
                         view.copy_(params[name].detach(), non_blocking=True)
-                for d in self._bufs:
+                # done on every device involved before the count turns even: the buffers'
+                # and the source's (a cross-device copy is queued on either side's stream)
+                for d in {*self._bufs, *(str(p.device) for p in params.values())}:
                     _sync(torch.device(d))
 
         seqlock_publish(self._seq, self._version, version, copy_in)
