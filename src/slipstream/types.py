@@ -32,6 +32,10 @@ class Prompt:
     text: str
     answer: Any
     meta: dict[str, Any] = field(default_factory=dict)
+    # the conversation `text` is the chat template's rendering of (generation prompt opened),
+    # which holds its own special tokens; None: `text` is plain text, encoded with the
+    # tokenizer's BOS/EOS (model.tokenizer)
+    messages: list[dict[str, Any]] | None = None
 
 
 @dataclass

@@ -63,6 +63,12 @@ class SamplingConfig(_Section):
     """Keep only the k most likely tokens; 0 keeps all."""
     max_new_tokens: int = Field(64, ge=1)
     """Longest completion; longer ones are cut and marked `length`."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end a completion besides the model's own stop tokens (every
+    `eos_token_id` of generation_config.json and config.json, tokenizer_config.json's
+    `eos_token`). Like a stop token, the string's tokens stay in the trained completion (so the
+    model learns to stop) and are cut from the text the reward sees. A string of several
+    tokens matches its own tokenization only."""
     adaptive_group_size: bool = False
     """Vary G per prompt within the same budget of B x `group_size` samples: prompts with a low
     running pass rate get more samples than easy ones, so that hard prompts still get a group

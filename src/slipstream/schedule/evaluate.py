@@ -15,7 +15,7 @@ def heldout_accuracy(
 ) -> float:
     """Mean reward of greedy completions of `prompts` (temperature 0)."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    reqs = [Request(tokenizer.encode(p.text), params, key=p) for p in prompts]
+    reqs = [Request(tokenizer.encode_prompt(p), params, key=p) for p in prompts]
     outs = engine.generate(reqs)
     return sum(task.reward(c.request.key, tokenizer.decode(c.tokens)) for c in outs) / max(
         len(outs), 1

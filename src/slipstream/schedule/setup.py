@@ -94,7 +94,7 @@ class Run:
         """G requests for one prompt, each with its own seed (reproducible, batch-independent)."""
         self.draws += 1
         base = (self.cfg.run.seed * 1_000_003 + self.draws * 4099) & 0x7FFFFFFF
-        ids = self.tok.encode(prompt.text)
+        ids = self.tok.encode_prompt(prompt)
         return [
             Request(ids, self.params, seed=base + g, key=(prompt, g)) for g in range(group_size)
         ]
@@ -293,16 +293,15 @@ def build_model(
     cfg: Config, task: Task, view: ProgressView
 ) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
     if cfg.model.path:
-        return load_pretrained(cfg.model.path), load_tokenizer(cfg.model.path), {}
+        tok = load_tokenizer(cfg.model.path).with_stop_strings(cfg.sampling.stop)
+        return load_pretrained(cfg.model.path), tok, {}
     builtin = unguarded(task)
     assert isinstance(builtin, RunningSums), "the built-in model only knows the built-in task"
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     max_new = cfg.sampling.max_new_tokens
 
     def evaluate(model: CausalLM, tok: Tokenizer) -> float:
-        engine = Engine(
-            model, tok.eos_id, num_slots=len(heldout), max_len=_max_len(heldout, tok, max_new)
-        )
+        engine = make_engine(model, tok, len(heldout), _max_len(heldout, tok, max_new))
         return heldout_accuracy(engine, tok, task, heldout, max_new)
 
     def report(step: int, loss: float, acc: float | None) -> None:
@@ -311,14 +310,22 @@ def build_model(
 
     view.log("warm start of the built-in model (cached after the first run)...")
     model, tok, info = warm_start(builtin, cfg.warmstart, cfg.run.seed, evaluate, report)
+    tok = tok.with_stop_strings(cfg.sampling.stop)
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
     )
     return model, tok, {"warmstart": info}
 
 
+def make_engine(model: CausalLM, tok: Tokenizer, num_slots: int, max_len: int, **kw: Any) -> Engine:
+    """An engine that stops at every stop id and stop sequence of `tok`."""
+    engine = Engine(model, tok.stop_ids, num_slots=num_slots, max_len=max_len, **kw)
+    engine.stop_sequences = tok.stop_sequences
+    return engine
+
+
 def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
-    return max(len(tok.encode(p.text)) for p in prompts) + max_new
+    return max(len(tok.encode_prompt(p)) for p in prompts) + max_new
 
 
 def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
@@ -375,8 +382,8 @@ def setup(cfg: Config) -> Run:
         tok=tok,
         task=task,
         source=PromptSource(train, seed=cfg.run.seed),
-        engine=Engine(model, tok.eos_id, num_slots=slots, max_len=max_len),
-        eval_engine=Engine(model, tok.eos_id, num_slots=max(len(heldout), 1), max_len=max_len),
+        engine=make_engine(model, tok, slots, max_len),
+        eval_engine=make_engine(model, tok, max(len(heldout), 1), max_len),
         trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps),
         sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
