@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.config import Config, ConfigError, _all_keys, load_config, read_file
-from slipstream.tasks.jsonl import TaskError, read_rows
+from slipstream.tasks.jsonl import TaskError
+from slipstream.tasks.rows import read_rows
 
 KEYS = _all_keys(Config)
 SECTIONS = sorted({k.split(".")[0] for k in KEYS})

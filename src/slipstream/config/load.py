@@ -17,6 +17,7 @@ from slipstream.config.data import (
     ModelSection,
     SamplingConfig,
     TaskConfig,
+    WandbConfig,
     WarmstartConfig,
 )
 from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
@@ -39,11 +40,12 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
-        if self.task.kind == "jsonl" and not self.task.path:
-            raise ValueError("task.path: required when task.kind = 'jsonl'")
+        if self.task.system_prompt and self.task.chat_template == "none":
+            raise ValueError("task.system_prompt: needs a chat template (task.chat_template)")
         if self.filters.pass_rate_low >= self.filters.pass_rate_high:
             raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
         return self
@@ -175,6 +177,8 @@ def load_config(
 def _drop_none(d: Any) -> Any:
     if isinstance(d, dict):
         return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, list):  # an array of tables (task.rewards)
+        return [_drop_none(v) for v in d]
     return d
 
 

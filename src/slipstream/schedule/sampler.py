@@ -58,6 +58,7 @@ def score_group(
                 completion_text=text,
                 reward=v.reward,
                 reward_error=v.error,
+                reward_parts=v.parts,
                 sampler_id=sampler_id,
                 seed=c.request.seed,
                 t_start=c.t_start,

@@ -16,6 +16,7 @@ from slipstream.algo import advantages, filters
 from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
+from slipstream.model.chat import ChatTemplateError, load_chat_template
 from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
@@ -26,7 +27,7 @@ from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
-from slipstream.tasks import JsonlTask, PromptSource, RunningSums, Task
+from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
 from slipstream.tasks.guard import (
     ERRORS,
     GuardedTask,
@@ -35,6 +36,8 @@ from slipstream.tasks.guard import (
     unguarded,
 )
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
+from slipstream.tasks.rewards import CombinedReward, RewardPart
+from slipstream.tasks.rows import read_prompts
 from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start
 from slipstream.types import FinishReason, Group, Prompt
@@ -265,28 +268,55 @@ def make_run_dir(cfg: Config) -> Path:
 def build_task(cfg: Config) -> GuardedTask:
     """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
     t = cfg.task
-    trusted = t.kind == "builtin" or t.reward in BUILTIN_REWARDS  # inline under `auto`
-    isolation: Isolation = "inline" if trusted else "process"
-    if t.reward_isolation != "auto":
-        isolation = t.reward_isolation
     if t.kind == "builtin":
         task = RunningSums()
+        isolation: Isolation = "inline" if t.reward_isolation == "auto" else t.reward_isolation
         return GuardedTask(
             task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)
         )
     assert t.path is not None
-    guard = RewardGuard(t.reward, isolation, t.reward_timeout_s, t.reward_errors)
-    return GuardedTask(
-        JsonlTask(
-            t.path,
-            guard,
-            t.heldout_path,
-            t.heldout_fraction,
-            t.prompt_template,
-            seed=cfg.run.seed,
-        ),
-        guard,
+    reward = CombinedReward(
+        tuple(RewardPart(e.fn, e.weight, e.name or "", e.shape) for e in t.reward_entries())
     )
+    isolation = "inline" if reward.trusted else "process"  # trusted: inline under `auto`
+    if t.reward_isolation != "auto":
+        isolation = t.reward_isolation
+    # a lone built-in is given by name: the guard then names it so in messages
+    target = reward.parts[0].spec if reward.trusted and reward.plain else reward
+    guard = RewardGuard(target, isolation, t.reward_timeout_s, t.reward_errors)
+    task = DatasetTask(
+        t.path,
+        guard,
+        t.heldout_path,
+        t.heldout_fraction,
+        seed=t.heldout_seed,
+        fmt=row_format(cfg, need_answer=any(p.spec in BUILTIN_REWARDS for p in reward.parts)),
+        split=t.split,
+    )
+    return GuardedTask(task, guard)
+
+
+def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
+    """How `cfg`'s dataset rows become prompts: columns, template, the model's chat template."""
+    t = cfg.task
+    try:
+        chat = load_chat_template(t.chat_template, cfg.model.path)
+    except ChatTemplateError as e:
+        raise TaskError(str(e)) from None
+    if t.system_prompt and chat is None:
+        raise TaskError("task.system_prompt: needs a chat template, and the model has none")
+    return RowFormat(t.columns, t.prompt_template, chat, t.system_prompt, need_answer)
+
+
+def eval_sets(cfg: Config) -> dict[str, list[Prompt]]:
+    """The named held-out sets of `eval.sets`, read and rendered as the task's rows are."""
+    if not cfg.eval.sets:
+        return {}
+    fmt = row_format(cfg, need_answer=False)
+    return {
+        name: read_prompts(path, fmt, cfg.task.split)[: cfg.eval.num_prompts]
+        for name, path in cfg.eval.sets.items()
+    }
 
 
 def build_model(

@@ -21,6 +21,7 @@ from slipstream.config import Config, ConfigError
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.schedule.setup import COUNTERS, Run, setup
 from slipstream.schedule.step_stats import goodput
+from slipstream.tasks.rewards import part_means
 from slipstream.train.checkpoint import (
     list_checkpoints,
     load_trainer_state,
@@ -109,6 +110,7 @@ def step_record(
         "wall_s": time.perf_counter() - t_start,
         "step_time_s": t_step,
         "reward_mean": sum(rewards) / len(rewards),
+        **part_means(groups),  # reward/<name> of each reward function (tasks.rewards)
         **metrics,
         "time/generate_s": t_gen,
         "time/train_s": t_train,
