@@ -139,12 +139,12 @@ class CombinedReward:
         """The reward of one sample: a number, or `{"score": total, "reward/<name>": ...}`."""
         fns = self.load()._fns
         assert fns is not None
-        if self.plain and self.parts[0].shape != "trl":
-            return fns[0](prompt, completion)
+        values = [fn(prompt, completion) for fn in fns]
+        if self.plain and not isinstance(values[0], dict | list | tuple) and values[0] is not None:
+            return values[0]  # the guard checks it is a finite number
         out: dict[str, Any] = {}
         total = 0.0
-        for part, fn in zip(self.parts, fns):
-            value = fn(prompt, completion)
+        for part, value in zip(self.parts, values):
             if value is None:  # TRL: this function does not apply to the sample
                 continue
             if isinstance(value, dict):
