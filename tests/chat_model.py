@@ -22,6 +22,14 @@ from tokenizers import (
     trainers,
 )
 
+# the tokenizer files a chat model folder here has (a checkpoint copies them verbatim)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
+
 TEXTS = [
     "What is 2+3? The answer is 5.",
     "Add 12 and 30. Answer: 42",
