@@ -39,6 +39,8 @@ def test_chat_model_trains_on_messages_parquet_and_reloads_in_transformers(tmp_p
         f"run.dir={run}", "run.steps=3", "run.quiet=true", "run.threads=1",
         "trainer.batch_prompts=2", "sampling.group_size=2", "sampling.max_new_tokens=8",
         "filters.zero_variance=false", "eval.num_prompts=2", "eval.every=3", "checkpoint.every=3",
+        "eval.samples_per_prompt=3", "eval.temperature=1.0", f'eval.sets={{extra="{data}"}}',
+        "eval.pass_threshold=0.5",
     ])  # fmt: skip
     train_sync(cfg)
     # the prompt the model saw is the template's rendering, default system turn included
@@ -53,6 +55,11 @@ def test_chat_model_trains_on_messages_parquet_and_reloads_in_transformers(tmp_p
         "reward/compute_score" in r and "reward/compute_score/has_digit" in r for r in records
     )
     assert any("reward/short_answer" in r for r in records)  # None where kind == "free"
+    final = records[-1]
+    for key in ("heldout/mean@3", "heldout/pass@1", "heldout/pass@3", "heldout/extra/pass@3"):
+        assert 0.0 <= final[key] <= 2.5, key  # rewards here are at most 1 + 2 x 1
+    assert final["heldout_acc"] == final["heldout/mean@3"]
+    assert final["heldout/pass@1"] <= final["heldout/pass@3"]
     # the checkpoint carries the source's tokenizer files verbatim and says its dtype
     ckpt = list_checkpoints(run)[-1] / "model"
     for name in TOKENIZER_FILES:

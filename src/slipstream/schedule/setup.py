@@ -21,7 +21,7 @@ from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
-from slipstream.schedule.evaluate import heldout_accuracy
+from slipstream.schedule.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
@@ -82,6 +82,8 @@ class Run:
     replay: ReplayBuffer | None = None  # with replay.enabled
     rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
     counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
+    eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
 
     @property
     def params(self) -> SamplingParams:
@@ -89,9 +91,24 @@ class Run:
         return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
 
     def evaluate(self) -> float:
-        return heldout_accuracy(
-            self.eval_engine, self.tok, self.task, self.heldout, self.cfg.sampling.max_new_tokens
+        """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1); every metric
+        of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`."""
+        e, s = self.cfg.eval, self.cfg.sampling
+        params = SamplingParams(
+            e.temperature, s.top_p if e.temperature else 1.0, s.top_k, s.max_new_tokens
         )
+        out: dict[str, float] = {}
+        acc = 0.0
+        for name, prompts in {"": self.heldout, **self.eval_sets}.items():
+            rewards = rewards_of(
+                self.eval_engine, self.tok, self.task, prompts, params, e.samples_per_prompt
+            )
+            found = summarize(rewards, e.pass_threshold)
+            out.update({f"heldout/{name + '/' if name else ''}{k}": v for k, v in found.items()})
+            if not name:
+                acc = found.get(f"mean@{e.samples_per_prompt}", 0.0)
+        self.eval_metrics = out
+        return acc
 
     def requests(self, prompt: Prompt, group_size: int) -> list[Request]:
         """G requests for one prompt, each with its own seed (reproducible, batch-independent)."""
@@ -383,14 +400,13 @@ def setup(cfg: Config) -> Run:
     model, tok, info = build_model(cfg, task, view)
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     train = task.train_prompts()[: cfg.task.max_train_prompts]
-    max_len = (
-        max(
-            _max_len(train, tok, cfg.sampling.max_new_tokens),
-            _max_len(heldout, tok, cfg.sampling.max_new_tokens),
-        )
-        if heldout
-        else _max_len(train, tok, cfg.sampling.max_new_tokens)
+    sets = eval_sets(cfg)
+    max_len = max(
+        _max_len(ps, tok, cfg.sampling.max_new_tokens)
+        for ps in (train, heldout, *sets.values())
+        if ps
     )
+    eval_slots = max(1, len(heldout), *map(len, sets.values()))  # n samples: in waves
     slots = cfg.trainer.batch_prompts * cfg.sampling.group_size
     mc = model.config
     (run_dir / "model_info.json").write_text(
@@ -413,7 +429,7 @@ def setup(cfg: Config) -> Run:
         task=task,
         source=PromptSource(train, seed=cfg.run.seed),
         engine=make_engine(model, tok, slots, max_len),
-        eval_engine=make_engine(model, tok, max(len(heldout), 1), max_len),
+        eval_engine=make_engine(model, tok, eval_slots, max_len),
         trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps),
         sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
@@ -424,4 +440,5 @@ def setup(cfg: Config) -> Run:
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
+        eval_sets=sets,
     )

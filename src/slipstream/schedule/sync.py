@@ -75,6 +75,7 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
         if step % cfg.eval.every == 0 or step == cfg.run.steps:
             with run.timeline.span("trainer", "eval"):
                 acc = metrics["heldout_acc"] = run.evaluate()
+                metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
         run.sink.write(record)
         run.rollouts.write(step, groups)
