@@ -431,7 +431,7 @@ def setup(cfg: Config) -> Run:
         engine=make_engine(model, tok, slots, max_len),
         eval_engine=make_engine(model, tok, eval_slots, max_len),
         trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps),
-        sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
+        sink=FanOut(make_sinks(run_dir, cfg.run.sinks, cfg.wandb.model_dump())),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
         view=view,
