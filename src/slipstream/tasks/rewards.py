@@ -113,7 +113,7 @@ class CombinedReward:
         dup = sorted({x for x in labels if labels.count(x) > 1})
         if dup:
             raise TaskError(f"task.rewards: two functions named {dup[0]!r}; give each a name")
-        self.__qualname__ = " + ".join(labels)  # how the guard names it in messages
+        self.__qualname__ = " + ".join(p.name or p.spec for p in self.parts)  # in messages
 
     @property
     def trusted(self) -> bool:
