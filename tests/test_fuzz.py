@@ -295,7 +295,7 @@ def test_jsonl_line_numbers_count_newlines_only(tmp_path):
     path.write_text(
         '{"prompt": "a\u2028b\x85c", "answer": "1"}\n{"prompt": "x"}\n', encoding="utf-8"
     )
-    with pytest.raises(TaskError, match=r"d\.jsonl:2: missing field 'answer'"):
+    with pytest.raises(TaskError, match=r"d\.jsonl:2: missing column 'answer'"):
         read_rows(path)
 
 

@@ -128,9 +128,19 @@ def _environment() -> Any:
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    env.globals["dict"] = dict
+    env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = Namespace
     return env
+
+
+class _TemplateDict:
+    """`dict(...)` and `dict.fromkeys(...)` in a template, without the type object itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
 
 
 def _special_tokens(folder: Path) -> dict[str, Any]:

@@ -119,13 +119,17 @@ class Tokenizer:
                 ids.add(enc[0])
             elif enc and tuple(enc) not in seqs:
                 seqs.append(tuple(enc))
-        out = Tokenizer(self.inner, self.eos_id, self.pad_id, self.bos_id, ids, files=self.files)
-        out.prepend_bos, out.append_eos, out.stop_sequences = (
+        return Tokenizer(
+            self.inner,
+            self.eos_id,
+            self.pad_id,
+            self.bos_id,
+            ids,
             self.prepend_bos,
             self.append_eos,
-            tuple(seqs),
+            self.files,
+            seqs,
         )
-        return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the tokenizer files: the source folder's verbatim, else generated ones."""
@@ -206,7 +210,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         found = _special_id(inner, tcfg.get(key))
         return found if found is not None else _special_id(inner, smap.get(key))
 
-    stops = [i for i in _ids(gcfg.get("eos_token_id")) + _ids(mcfg.get("eos_token_id"))]
+    stops = _ids(gcfg.get("eos_token_id")) + _ids(mcfg.get("eos_token_id"))
     eos = token("eos_token")
     if eos is None and stops:
         eos = stops[0]
