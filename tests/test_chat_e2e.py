@@ -149,3 +149,22 @@ def test_stop_token_is_trained_on_and_the_prompt_never(tmp_path):
     assert batch.loss_mask.sum(dim=1).tolist() == [1, 1]
     assert batch.loss_mask[:, len(prompt) - 1].all()
     assert batch.targets[0, len(prompt) - 1].item() == outs[0].tokens[0]
+
+
+def test_a_stop_sequence_ends_generation_and_is_cut_from_the_text(tmp_path):
+    """`sampling.stop` strings of several tokens: the engine stops at the end of the match
+    (the sequence's tokens stay in the completion), the decoded text ends before it."""
+    from slipstream.engine import Request, SamplingParams
+
+    model_dir = chat_model(tmp_path / "model")
+    model, tok = load_pretrained(model_dir), load_tokenizer(model_dir)
+    tok.stop_ids = frozenset()  # greedy runs to max_new_tokens
+    prompt = tok.encode("What is 2+3?")
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    free = make_engine(model, tok, 1, 64).generate([Request(prompt, greedy)])[0].tokens
+    assert len(free) == 12
+    tok.stop_sequences = ((free[3], free[4]),)  # a two-token stop string
+    first = next(i for i in range(1, len(free)) if tuple(free[i - 1 : i + 1]) == (free[3], free[4]))
+    out = make_engine(model, tok, 1, 64).generate([Request(prompt, greedy)])[0]
+    assert out.tokens == free[: first + 1] and out.finish_reason == FinishReason.STOP
+    assert tok.completion_ids(out.tokens) == free[: first - 1]
