@@ -17,15 +17,19 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from slipstream.tasks.datasets import Row, read_table
 from slipstream.tasks.jsonl import TaskError
 from slipstream.text import is_text
 from slipstream.types import Prompt
 
-if TYPE_CHECKING:  # reward worker processes import this package: no torch (slipstream.model)
-    from slipstream.model.chat import ChatTemplate
+
+class ChatRenderer(Protocol):
+    """A chat template (model.chat.ChatTemplate): messages -> text, generation prompt opened;
+    raises ValueError naming the template when it cannot render them."""
+
+    def render(self, messages: list[dict[str, Any]]) -> str: ...
 
 FIELDS = ("prompt", "messages", "answer", "id")
 ANSWER_COLUMNS = ("answer", "ground_truth", "solution")
@@ -37,7 +41,7 @@ class RowFormat:
 
     columns: dict[str, str] = field(default_factory=dict)
     template: str = "{prompt}"
-    chat: ChatTemplate | None = None
+    chat: ChatRenderer | None = None
     system_prompt: str | None = None
     need_answer: bool = True  # the built-in rewards compare with the answer
 
@@ -95,11 +99,9 @@ class RowFormat:
             )
         if self.system_prompt and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
-        from slipstream.model.chat import ChatTemplateError
-
         try:
             return messages, self.chat.render(messages)
-        except ChatTemplateError as e:
+        except ValueError as e:  # model.chat.ChatTemplateError: raise_exception() or a bug
             raise TaskError(f"{where}: column {col!r}: {e}") from None
 
     def _answer(self, row: Row) -> str | None:
