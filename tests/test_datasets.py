@@ -63,6 +63,9 @@ def test_folder_splits(tmp_path):
     (flat / "a.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
     (flat / "b.jsonl").write_text(json.dumps(ROWS[1]) + "\n")
     assert len(read_table(flat, "train")) == 2  # no split named: all of it is train
+    fmt = RowFormat(columns={"prompt": "problem"})
+    task = DatasetTask(str(tmp_path), lambda p, c: 0.0, fmt=fmt, heldout_split="test")
+    assert len(task.train_prompts()) == 2 and len(task.heldout_prompts()) == 1
 
 
 def test_messages_rows_are_rendered_with_the_template_and_system_prompt(tmp_path):

@@ -57,7 +57,11 @@ class TaskConfig(_Section):
     system_prompt: str | None = None
     """A system turn put first in every conversation that has none (needs a chat template)."""
     heldout_path: str | None = None
-    """Held-out rows (a file or folder as `path`); None holds out `heldout_fraction` of `path`."""
+    """Held-out rows (a file or folder as `path`); None holds out `heldout_split` or else
+    `heldout_fraction` of `path`."""
+    heldout_split: str | None = None
+    """The split of `path` (or of `heldout_path`) held out, e.g. `test` of a folder or hub
+    dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`."""
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of `path` held out for evaluation when there is no `heldout_path`."""
     heldout_seed: int = 0

@@ -309,6 +309,7 @@ def build_task(cfg: Config) -> GuardedTask:
         seed=t.heldout_seed,
         fmt=row_format(cfg, need_answer=any(p.spec in BUILTIN_REWARDS for p in reward.parts)),
         split=t.split,
+        heldout_split=t.heldout_split,
     )
     return GuardedTask(task, guard)
 

@@ -31,6 +31,7 @@ class ChatRenderer(Protocol):
 
     def render(self, messages: list[dict[str, Any]]) -> str: ...
 
+
 FIELDS = ("prompt", "messages", "answer", "id")
 ANSWER_COLUMNS = ("answer", "ground_truth", "solution")
 
@@ -191,12 +192,15 @@ class DatasetTask:
     name: str = "dataset"
     fmt: RowFormat | None = None
     split: str = "train"
+    heldout_split: str | None = None  # of `heldout_path`, else of `path`
 
     def __post_init__(self) -> None:
         fmt = self.fmt or RowFormat(template=self.template)
         rows = read_prompts(self.path, fmt, self.split)
-        if self.heldout_path:
-            self._train, self._heldout = rows, read_prompts(self.heldout_path, fmt, self.split)
+        if self.heldout_path or self.heldout_split:
+            source = self.heldout_path or self.path
+            held = read_prompts(source, fmt, self.heldout_split or self.split)
+            self._train, self._heldout = rows, held
         else:
             held = heldout_split(len(rows), self.heldout_fraction, self.seed)
             self._heldout = [r for i, r in enumerate(rows) if i in held]
