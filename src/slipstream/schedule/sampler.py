@@ -60,6 +60,7 @@ def score_group(
                 completion_text=text,
                 reward=v.reward,
                 reward_error=v.error,
+                reward_parts=v.parts,
                 sampler_id=sampler_id,
                 seed=c.request.seed,
                 t_start=c.t_start,
@@ -84,7 +85,7 @@ class SamplerSpec:
     placement: Placement | None = None  # None: every sampler on the CPU
 
     def __call__(self, sampler_id: int) -> SamplerWorker:
-        from slipstream.schedule.setup import build_task
+        from slipstream.schedule.setup import build_task, make_engine
 
         p = self.placement
         device = torch.device(p.local_sampler_device(sampler_id) if p else "cpu")
@@ -97,9 +98,7 @@ class SamplerSpec:
             self.model_config, self.dtype, e.max_tokens, e.memory_fraction, free
         )
         slots = capacity.fit_slots(self.num_slots, self.max_len, budget)
-        engine = Engine(
-            model, self.tokenizer.eos_id, num_slots=slots, max_len=self.max_len, version=-1
-        )
+        engine = make_engine(model, self.tokenizer, slots, self.max_len, version=-1)
         return SamplerWorker(self, sampler_id, engine, build_task(self.cfg))
 
 
@@ -194,7 +193,7 @@ class SamplerWorker:
     def _admit(self, chunk: list[PromptRequest]) -> None:
         for req in chunk:
             self.state.groups[req.group_id] = _Member(req)
-            ids = self.tok.encode(req.prompt.text)
+            ids = self.tok.encode_prompt(req.prompt)
             for g, seed in enumerate(req.seeds):
                 self.state.backlog.append(
                     Request(ids, self.params, seed=seed, key=(req.group_id, g))

@@ -13,22 +13,25 @@ from typing import Any
 import torch
 
 from slipstream.algo import advantages, filters
+from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, ConfigError, dump_config
 from slipstream.engine import Engine, Request, SamplingParams, capacity
 from slipstream.engine.stats import EngineStats
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
+from slipstream.model.chat import ChatTemplateError, load_chat_template
 from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
 from slipstream.runtime import placement
-from slipstream.schedule.evaluate import heldout_accuracy
+from slipstream.schedule.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
+from slipstream.schedule.presets import preset
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
-from slipstream.tasks import JsonlTask, PromptSource, RunningSums, Task
+from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
 from slipstream.tasks.guard import (
     ERRORS,
     GuardedTask,
@@ -37,8 +40,10 @@ from slipstream.tasks.guard import (
     unguarded,
 )
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
+from slipstream.tasks.rewards import CombinedReward, RewardPart
+from slipstream.tasks.rows import read_prompts
 from slipstream.train.precision import parse_dtype
-from slipstream.train.trainer import Trainer
+from slipstream.train.trainer import Trainer, resolve_proximal
 from slipstream.train.warmstart import warm_start
 from slipstream.types import FinishReason, Group, Prompt
 
@@ -83,6 +88,8 @@ class Run:
     replay: ReplayBuffer | None = None  # with replay.enabled
     rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
     counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
+    eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
     max_len: int = 0  # longest prompt + completion the engine holds; 0: no bound (see `fits`)
     placement: placement.Placement = field(
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
@@ -94,23 +101,41 @@ class Run:
         return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
 
     def evaluate(self) -> float:
-        """Greedy held-out accuracy on the trainer's own weights: `eval_engine` is the run's
-        engine (one packed copy of the weights and one KV cache in the trainer process, never
-        a second model); its counters are set aside so evaluation never counts as rollout."""
-        e = self.eval_engine
-        saved, e.stats = e.stats, EngineStats()
+        """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1); every metric
+        of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`. `eval_engine`
+        is the run's engine: the trainer's own weights (one packed copy, one KV cache in the
+        trainer process, never a second model); its counters are set aside meanwhile, so
+        evaluation never counts as rollout."""
+        engine = self.eval_engine
+        saved, engine.stats = engine.stats, EngineStats()
         try:
-            return heldout_accuracy(
-                e, self.tok, self.task, self.heldout, self.cfg.sampling.max_new_tokens
-            )
+            return self._evaluate()
         finally:
-            e.stats = saved
+            engine.stats = saved
+
+    def _evaluate(self) -> float:
+        e, s = self.cfg.eval, self.cfg.sampling
+        params = SamplingParams(
+            e.temperature, s.top_p if e.temperature else 1.0, s.top_k, s.max_new_tokens
+        )
+        out: dict[str, float] = {}
+        acc = 0.0
+        for name, prompts in {"": self.heldout, **self.eval_sets}.items():
+            rewards = rewards_of(
+                self.eval_engine, self.tok, self.task, prompts, params, e.samples_per_prompt
+            )
+            found = summarize(rewards, e.pass_threshold)
+            out.update({f"heldout/{name + '/' if name else ''}{k}": v for k, v in found.items()})
+            if not name:
+                acc = found.get(f"mean@{e.samples_per_prompt}", 0.0)
+        self.eval_metrics = out
+        return acc
 
     def requests(self, prompt: Prompt, group_size: int) -> list[Request]:
         """G requests for one prompt, each with its own seed (reproducible, batch-independent)."""
         self.draws += 1
         base = (self.cfg.run.seed * 1_000_003 + self.draws * 4099) & 0x7FFFFFFF
-        ids = self.tok.encode(prompt.text)
+        ids = self.tok.encode_prompt(prompt)
         return [
             Request(ids, self.params, seed=base + g, key=(prompt, g)) for g in range(group_size)
         ]
@@ -146,7 +171,7 @@ class Run:
         """The prompt and a whole completion fit the engine's longest sequence."""
         if not self.max_len:
             return True
-        n = len(self.tok.encode(prompt.text))
+        n = len(self.tok.encode_prompt(prompt))
         return capacity.fits(n, self.cfg.sampling.max_new_tokens, self.max_len)
 
     def group_sizes(self, prompts: list[Prompt]) -> list[int]:
@@ -294,28 +319,56 @@ def make_run_dir(cfg: Config) -> Path:
 def build_task(cfg: Config) -> GuardedTask:
     """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
     t = cfg.task
-    trusted = t.kind == "builtin" or t.reward in BUILTIN_REWARDS  # inline under `auto`
-    isolation: Isolation = "inline" if trusted else "process"
-    if t.reward_isolation != "auto":
-        isolation = t.reward_isolation
     if t.kind == "builtin":
         task = RunningSums()
+        isolation: Isolation = "inline" if t.reward_isolation == "auto" else t.reward_isolation
         return GuardedTask(
             task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)
         )
     assert t.path is not None
-    guard = RewardGuard(t.reward, isolation, t.reward_timeout_s, t.reward_errors)
-    return GuardedTask(
-        JsonlTask(
-            t.path,
-            guard,
-            t.heldout_path,
-            t.heldout_fraction,
-            t.prompt_template,
-            seed=cfg.run.seed,
-        ),
-        guard,
+    reward = CombinedReward(
+        tuple(RewardPart(e.fn, e.weight, e.name or "", e.shape) for e in t.reward_entries())
     )
+    isolation = "inline" if reward.trusted else "process"  # trusted: inline under `auto`
+    if t.reward_isolation != "auto":
+        isolation = t.reward_isolation
+    # a lone built-in is given by name: the guard then names it so in messages
+    target = reward.parts[0].spec if reward.trusted and reward.plain else reward
+    guard = RewardGuard(target, isolation, t.reward_timeout_s, t.reward_errors)
+    task = DatasetTask(
+        t.path,
+        guard,
+        t.heldout_path,
+        t.heldout_fraction,
+        seed=t.heldout_seed,
+        fmt=row_format(cfg, need_answer=any(p.spec in BUILTIN_REWARDS for p in reward.parts)),
+        split=t.split,
+        heldout_split=t.heldout_split,
+    )
+    return GuardedTask(task, guard)
+
+
+def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
+    """How `cfg`'s dataset rows become prompts: columns, template, the model's chat template."""
+    t = cfg.task
+    try:
+        chat = load_chat_template(t.chat_template, cfg.model.path)
+    except ChatTemplateError as e:
+        raise TaskError(str(e)) from None
+    if t.system_prompt and chat is None:
+        raise TaskError("task.system_prompt: needs a chat template, and the model has none")
+    return RowFormat(t.columns, t.prompt_template, chat, t.system_prompt, need_answer)
+
+
+def eval_sets(cfg: Config) -> dict[str, list[Prompt]]:
+    """The named held-out sets of `eval.sets`, read and rendered as the task's rows are."""
+    if not cfg.eval.sets:
+        return {}
+    fmt = row_format(cfg, need_answer=False)
+    return {
+        name: read_prompts(path, fmt, cfg.task.split)[: cfg.eval.num_prompts]
+        for name, path in cfg.eval.sets.items()
+    }
 
 
 def build_model(
@@ -326,16 +379,14 @@ def build_model(
     onto `device` (no random initialisation)."""
     if cfg.model.path:
         model = load_pretrained(cfg.model.path, device=device)
-        return model, load_tokenizer(cfg.model.path), {}
+        return model, load_tokenizer(cfg.model.path).with_stop_strings(cfg.sampling.stop), {}
     builtin = unguarded(task)
     assert isinstance(builtin, RunningSums), "the built-in model only knows the built-in task"
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     max_new = cfg.sampling.max_new_tokens
 
     def evaluate(model: CausalLM, tok: Tokenizer) -> float:
-        engine = Engine(
-            model, tok.eos_id, num_slots=len(heldout), max_len=_max_len(heldout, tok, max_new)
-        )
+        engine = make_engine(model, tok, len(heldout), _max_len(heldout, tok, max_new))
         return heldout_accuracy(engine, tok, task, heldout, max_new)
 
     def report(step: int, loss: float, acc: float | None) -> None:
@@ -344,14 +395,22 @@ def build_model(
 
     view.log("warm start of the built-in model (cached after the first run)...")
     model, tok, info = warm_start(builtin, cfg.warmstart, cfg.run.seed, evaluate, report)
+    tok = tok.with_stop_strings(cfg.sampling.stop)
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
     )
     return model.to(device), tok, {"warmstart": info}
 
 
+def make_engine(model: CausalLM, tok: Tokenizer, num_slots: int, max_len: int, **kw: Any) -> Engine:
+    """An engine that stops at every stop id and stop sequence of `tok`."""
+    engine = Engine(model, tok.stop_ids, num_slots=num_slots, max_len=max_len, **kw)
+    engine.stop_sequences = tok.stop_sequences
+    return engine
+
+
 def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
-    return max(len(tok.encode(p.text)) for p in prompts) + max_new
+    return max(len(tok.encode_prompt(p)) for p in prompts) + max_new
 
 
 def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
@@ -402,6 +461,23 @@ def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -
         raise ConfigError(str(err)) from None
 
 
+def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
+    """The trainer, with the proximal policy `auto` resolved against the schedule's max lag."""
+    max_lag = preset(cfg.schedule.name, cfg.schedule.max_lag).max_lag
+    c = cfg.correction
+    return Trainer(
+        model,
+        cfg.trainer,
+        cfg.sampling.temperature,
+        pad_id,
+        cfg.run.steps,
+        parse_dtype(cfg.model.dtype),
+        proximal=resolve_proximal(cfg.trainer.proximal, max_lag),
+        correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
+        max_new_tokens=cfg.sampling.max_new_tokens,
+    )
+
+
 def setup(cfg: Config) -> Run:
     where = resolve_placement(cfg)  # before anything is written: a bad device is exit 2
     if cfg.run.threads:
@@ -414,12 +490,12 @@ def setup(cfg: Config) -> Run:
     model, tok, info = build_model(cfg, task, view, where.trainer)
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     train = task.train_prompts()[: cfg.task.max_train_prompts]
-    lengths = [len(tok.encode(p.text)) for p in train + heldout]
+    sets = eval_sets(cfg)
+    lengths = [len(tok.encode_prompt(p)) for ps in (train, heldout, *sets.values()) for p in ps]
     slots, max_len = engine_shape(
         cfg, model, lengths, cfg.trainer.batch_prompts * cfg.sampling.group_size
     )
-    engine = Engine(model, tok.eos_id, num_slots=slots, max_len=max_len)
-    compute = parse_dtype(cfg.model.dtype)
+    engine = make_engine(model, tok, slots, max_len)
     mc = model.config
     (run_dir / "model_info.json").write_text(
         json.dumps(
@@ -442,10 +518,8 @@ def setup(cfg: Config) -> Run:
         source=PromptSource(train, seed=cfg.run.seed),
         engine=engine,
         eval_engine=engine,  # the trainer's own weights, never a second model (Run.evaluate)
-        trainer=Trainer(
-            model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps, compute
-        ),
-        sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
+        trainer=build_trainer(cfg, model, tok.pad_id),
+        sink=FanOut(make_sinks(run_dir, cfg.run.sinks, cfg.wandb.model_dump())),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
         view=view,
@@ -454,6 +528,7 @@ def setup(cfg: Config) -> Run:
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
+        eval_sets=sets,
         placement=where,
         max_len=max_len,
     )
