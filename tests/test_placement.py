@@ -157,3 +157,15 @@ def test_bfloat16_checkpoint_resumes_from_the_float32_master_weights(tmp_path):
     # a float32 run writes no second copy
     ck32 = save_checkpoint(tmp_path / "b", 3, model, builtin_tokenizer(), {}, {})
     assert not (ck32 / "master.safetensors").exists()
+
+
+def test_a_bfloat16_sampler_makes_auto_proximal_recompute():
+    from slipstream.schedule.setup import build_trainer
+
+    def proximal(*over: str) -> str:
+        cfg = load_config(None, ['schedule.name="sync"', "trainer.proximal=auto", *over])
+        return build_trainer(cfg, CausalLM(_cfg()), 0).proximal
+
+    assert proximal() == "none"  # float32, lag 0: the sampler's log-probs are the trainer's
+    assert proximal("model.dtype=bfloat16", 'runtime.kind="local"') == "recompute"
+    assert proximal("model.dtype=bfloat16") == "none"  # in-process: the engine shares fp32 weights

@@ -462,8 +462,11 @@ def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -
 
 
 def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
-    """The trainer, with the proximal policy `auto` resolved against the schedule's max lag."""
+    """The trainer, with the proximal policy `auto` resolved against the schedule's max lag and
+    whether the samplers compute the trainer's log-probs exactly: a bfloat16 sampler does not
+    (tests/test_engine_bf16.py), the in-process engine shares the float32 master weights."""
     max_lag = preset(cfg.schedule.name, cfg.schedule.max_lag).max_lag
+    exact = cfg.model.dtype == "float32" or cfg.runtime.kind == "inprocess"
     c = cfg.correction
     return Trainer(
         model,
@@ -472,7 +475,7 @@ def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
         pad_id,
         cfg.run.steps,
         parse_dtype(cfg.model.dtype),
-        proximal=resolve_proximal(cfg.trainer.proximal, max_lag),
+        proximal=resolve_proximal(cfg.trainer.proximal, max_lag, exact),
         correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
         max_new_tokens=cfg.sampling.max_new_tokens,
     )
