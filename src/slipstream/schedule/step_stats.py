@@ -23,7 +23,7 @@ import torch
 
 from slipstream.algo.staleness import lag_stats
 from slipstream.runtime.channels import SamplerReport
-from slipstream.types import Group
+from slipstream.types import Group, Sample
 
 COUNTERS = (
     "busy_s",
@@ -37,9 +37,10 @@ COUNTERS = (
 
 
 def group_lag(groups: list[Group], version: int, max_lag: int) -> dict[str, Any]:
-    """Lag of every completion token of `groups` trained at `version`: mean, max and a
+    """Lag of every model token of `groups` trained at `version`: mean, max and a
     histogram of lags 0..K and beyond (`[K + 2]` bins)."""
-    rows = [s.versions_T for g in groups for s in g.samples if s.versions_T]
+    rows = [_model_versions(s) for g in groups for s in g.samples]
+    rows = [r for r in rows if r]
     if not rows:
         return {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
     T = max(map(len, rows))
@@ -50,6 +51,12 @@ def group_lag(groups: list[Group], version: int, max_lag: int) -> dict[str, Any]
         mask[i, : len(v)] = True
     out = lag_stats(versions, mask, version, num_bins=max_lag + 2)
     return {"lag_mean": out["lag_mean"], "lag_max": out["lag_max"], "lag_hist": out["lag_hist"]}
+
+
+def _model_versions(s: Sample) -> list[int]:
+    """Versions of the tokens the model produced (environment tokens carry no lag)."""
+    m = s.model_mask_T
+    return s.versions_T if m is None else [v for v, k in zip(s.versions_T, m) if k]
 
 
 def _delta(now: dict[int, SamplerReport], before: dict[int, SamplerReport]) -> dict[str, float]:
