@@ -13,6 +13,7 @@ from slipstream.config.data import (
     TaskConfig,
     WarmstartConfig,
 )
+from slipstream.config.env import EnvConfig
 from slipstream.config.load import (
     Config,
     _all_keys,
@@ -29,6 +30,7 @@ __all__ = [
     "CheckpointConfig",
     "Config",
     "ConfigError",
+    "EnvConfig",
     "EvalConfig",
     "FilterConfig",
     "ModelSection",

@@ -19,6 +19,7 @@ from slipstream.config.data import (
     TaskConfig,
     WarmstartConfig,
 )
+from slipstream.config.env import EnvConfig
 from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
 from slipstream.config.train import FilterConfig, ReplayConfig, TrainerConfig
 from slipstream.text import is_text, read_text
@@ -39,6 +40,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
