@@ -54,6 +54,10 @@ class Episode:
     t_start: float = 0.0
     t_end: float = 0.0
 
+    def oldest(self, version: int) -> bool:
+        """Whether a model token of the history is of `version` or older."""
+        return any(m and v <= version for v, m in zip(self.versions, self.model_mask))
+
     def add_turn(self, c: Completion) -> None:
         self.tokens += c.tokens
         self.model_mask += [True] * len(c.tokens)
@@ -93,17 +97,20 @@ class Episode:
 
 @dataclass
 class _Pending:
-    future: cf.Future[tuple[Env, Observation] | StepResult]
+    future: cf.Future[tuple[tuple[Env, Observation] | StepResult, float]]
     t_submit: float
 
 
-def _first(factory: EnvFactory, prompt: Prompt) -> tuple[Env, Observation]:
+def _first(factory: EnvFactory, prompt: Prompt) -> tuple[tuple[Env, Observation], float]:
+    """(The environment and its first observation, seconds it took), in a worker."""
+    t0 = time.perf_counter()
     env = factory(prompt)
-    return env, resolve(env.initial_observation())
+    return (env, resolve(env.initial_observation())), time.perf_counter() - t0
 
 
-def _step(env: Env, tokens: list[int]) -> StepResult:
-    return resolve(env.step(tokens))
+def _step(env: Env, tokens: list[int]) -> tuple[StepResult, float]:
+    t0 = time.perf_counter()
+    return resolve(env.step(tokens)), time.perf_counter() - t0
 
 
 class EpisodeRunner:
@@ -201,13 +208,14 @@ class EpisodeRunner:
         self.pending[key] = _Pending(future, time.monotonic())
 
     def _resolved(self, ep: Episode, p: _Pending, now: float) -> Request | None:
-        ep.stats.env_time_s += now - p.t_submit
         try:
-            out = p.future.result()
+            out, seconds = p.future.result()
         except Exception as e:  # the environment raised: the episode ends, the run goes on
+            ep.stats.env_time_s += now - p.t_submit
             ep.error = f"{type(e).__name__}: {e}"[:500]
             self._end(ep, "error", FinishReason.ABORTED, score=0.0)
             return None
+        ep.stats.env_time_s += seconds  # in the worker (not the wait for a worker or a poll)
         if isinstance(out, tuple):  # the first observation
             ep.env, obs = out
             ep.prompt_tokens = list(obs.tokens)

@@ -15,11 +15,20 @@ import torch
 from slipstream.algo import advantages, filters
 from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.envs.base import EnvFactory
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
 from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
+from slipstream.schedule.agentic import (
+    build_env_factory,
+    env_max_len,
+    episode_accuracy,
+    episode_group,
+    make_runner,
+)
+from slipstream.schedule.episodes import run_episodes
 from slipstream.schedule.evaluate import heldout_accuracy
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
@@ -79,6 +88,7 @@ class Run:
     replay: ReplayBuffer | None = None  # with replay.enabled
     rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
     counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
+    env_factory: EnvFactory | None = None  # env.tools: every sample is an episode
 
     @property
     def params(self) -> SamplingParams:
@@ -86,6 +96,8 @@ class Run:
         return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
 
     def evaluate(self) -> float:
+        if self.env_factory is not None:
+            return episode_accuracy(self.cfg, self.env_factory, self.eval_engine, self.heldout)
         return heldout_accuracy(
             self.eval_engine, self.tok, self.task, self.heldout, self.cfg.sampling.max_new_tokens
         )
@@ -135,6 +147,8 @@ class Run:
     def rollout(self, prompts: list[Prompt]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
         sizes = self.group_sizes(prompts)
+        if self.env_factory is not None:
+            return self._episodes(prompts, sizes)
         completions = self.engine.generate(
             [r for p, g in zip(prompts, sizes) for r in self.requests(p, g)]
         )
@@ -143,6 +157,25 @@ class Run:
             groups.append(self.score(p, completions[start : start + g]))
             start += g
         return groups
+
+    def _episodes(self, prompts: list[Prompt], sizes: list[int]) -> list[Group]:
+        """`rollout` of multi-turn episodes: members' seeds as `requests` draws them."""
+        assert self.env_factory is not None
+        items = [
+            (p, (i, m), r.seed)
+            for i, (p, g) in enumerate(zip(prompts, sizes))
+            for m, r in enumerate(self.requests(p, g))
+        ]
+        runner = make_runner(self.cfg, self.env_factory, self.engine, self.params)
+        try:
+            done = {e.key: e for e in run_episodes(self.engine, runner, items)}
+        finally:
+            runner.close()
+        self.ledger.generated += len(prompts)
+        return [
+            episode_group(self.tok, p, [done[(i, m)] for m in range(g)])
+            for i, (p, g) in enumerate(zip(prompts, sizes))
+        ]
 
     def collect(self, n: int) -> tuple[list[Group], list[Group]]:
         """Draw n prompts, generate and settle: `(every group generated, the groups to train on)`.
@@ -355,6 +388,9 @@ def setup(cfg: Config) -> Run:
         else _max_len(train, tok, cfg.sampling.max_new_tokens)
     )
     slots = cfg.trainer.batch_prompts * cfg.sampling.group_size
+    factory = build_env_factory(cfg, tok, task)
+    if factory is not None:
+        max_len = env_max_len(cfg, factory, train + heldout, tok)
     mc = model.config
     (run_dir / "model_info.json").write_text(
         json.dumps(
@@ -387,4 +423,5 @@ def setup(cfg: Config) -> Run:
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
+        env_factory=factory,
     )

@@ -23,6 +23,7 @@ import torch
 
 from slipstream.algo.staleness import lag_stats
 from slipstream.runtime.channels import SamplerReport
+from slipstream.schedule.agentic import episode_metrics
 from slipstream.types import Group, Sample
 
 COUNTERS = (
@@ -187,6 +188,7 @@ class StepStats:
             "completion_len_mean": sum(lens) / max(len(lens), 1),
             "completion_len_max": max(lens, default=0),
             "completion_lens": lens,
+            **episode_metrics(groups),
         }
         self.lags.append((lag["lag_mean"], lag["lag_max"], sum(lens)))
         self.ess.append(

@@ -19,6 +19,7 @@ import torch
 
 from slipstream.config import Config, ConfigError
 from slipstream.observe.rollouts import STEP_MARK
+from slipstream.schedule.agentic import episode_metrics
 from slipstream.schedule.setup import COUNTERS, Run, setup
 from slipstream.schedule.step_stats import goodput
 from slipstream.train.checkpoint import (
@@ -123,6 +124,7 @@ def step_record(
         "completion_len_max": max(lens),
         "completion_lens": lens,
         **run.ledger.flat(),
+        **episode_metrics(groups),
     }
 
 

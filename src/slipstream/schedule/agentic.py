@@ -1,0 +1,131 @@
+"""Multi-turn runs assembled from the config: the environment factory, episodes as groups,
+held-out accuracy of episodes, and the per-step episode metrics.
+
+`env.tools = "module:Class"` (or `path/file.py:Class`) makes every sample an episode of a
+`ToolEnv` over a fresh instance of that class, rewarded by its `reward(completion=...)` or,
+without one, by the task's verifier on the final answer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slipstream.config import Config, ConfigError
+from slipstream.engine import Engine, SamplingParams
+from slipstream.engine.parking import KVPark
+from slipstream.envs.base import EnvFactory
+from slipstream.envs.render import HermesRenderer, PlainRenderer, Renderer
+from slipstream.envs.tool_env import ToolEnv
+from slipstream.model.tokenizer import Tokenizer
+from slipstream.schedule.episodes import Episode, EpisodeRunner, run_episodes
+from slipstream.tasks.base import Task
+from slipstream.types import Group, Prompt
+
+END_REASONS = ("done", "max_turns", "max_tokens", "length", "timeout", "error", "aborted")
+
+
+def load_tool_class(spec: str) -> type:
+    """`package.module:Class` or `path/to/file.py:Class`; a `ConfigError` naming `env.tools`."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise ConfigError(f"env.tools: expected 'module:Class' or 'file.py:Class', got {spec!r}")
+    if target.endswith(".py"):
+        file = Path(target)
+        if not file.exists():
+            raise ConfigError(f"env.tools: no such file {file}")
+        mod_spec = importlib.util.spec_from_file_location(file.stem, file)
+        assert mod_spec is not None and mod_spec.loader is not None
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise ConfigError(f"env.tools: cannot import {target!r} ({e})") from None
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        raise ConfigError(f"env.tools: {target} has no class {name!r}")
+    return cls
+
+
+def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | None:
+    """The factory of one `ToolEnv` per row, or None for a single-turn run."""
+    e = cfg.env
+    if e.tools is None:
+        return None
+    cls = load_tool_class(e.tools)
+    renderer: Renderer = HermesRenderer() if e.tool_format == "hermes" else PlainRenderer()
+    lock = threading.Lock()  # episodes end in several worker threads; the verifier is one
+
+    def verify(prompt: Prompt, completion: str) -> float:
+        with lock:
+            return task.reward(prompt, completion)
+
+    def factory(row: Prompt) -> ToolEnv:
+        return ToolEnv(cls(), row, tok, e.tool_format, renderer, reward=verify)
+
+    return factory
+
+
+def make_runner(
+    cfg: Config, factory: EnvFactory, engine: Engine, params: SamplingParams
+) -> EpisodeRunner:
+    """An episode runner on `engine`, which gets a KV park of `env.park_kv_tokens`."""
+    engine.park = KVPark(cfg.env.park_kv_tokens)
+    return EpisodeRunner(factory, params, cfg.env, engine.max_len, on_end=engine.park.discard)
+
+
+def env_max_len(cfg: Config, factory: EnvFactory, prompts: Sequence[Prompt], tok: Tokenizer) -> int:
+    """Context an episode can need: the longest rendered first observation + `env.max_tokens`
+    (the rendering's overhead measured on the first prompt, the same for every row)."""
+    first = factory(prompts[0]).initial_observation()
+    assert not hasattr(first, "__await__"), "ToolEnv observes synchronously"
+    extra = len(first.tokens) - len(tok.encode(prompts[0].text))  # type: ignore[union-attr]
+    longest = max(len(tok.encode(p.text)) for p in prompts)
+    return longest + max(extra, 0) + cfg.env.max_tokens + 1
+
+
+def episode_group(
+    tok: Tokenizer, prompt: Prompt, episodes: list[Episode], sampler_id: int = 0
+) -> Group:
+    """One group of the G episodes of `prompt`, in member order."""
+    return Group(prompt, [e.sample(sampler_id, tok.decode(e.tokens)) for e in episodes])
+
+
+def episode_accuracy(
+    cfg: Config, factory: EnvFactory, engine: Engine, prompts: Sequence[Prompt]
+) -> float:
+    """Mean reward of greedy episodes of `prompts` (temperature 0), as held-out accuracy."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens)
+    runner = make_runner(cfg, factory, engine, params)
+    try:
+        eps = run_episodes(engine, runner, [(p, ("eval", n), 0) for n, p in enumerate(prompts)])
+    finally:
+        runner.close()
+    return sum(e.reward for e in eps) / max(len(eps), 1)
+
+
+def episode_metrics(groups: Sequence[Group]) -> dict[str, Any]:
+    """`env/...` metrics of the episodes among `groups` ({} if there are none)."""
+    eps = [s for g in groups for s in g.samples if s.episode is not None]
+    if not eps:
+        return {}
+    stats = [s.episode for s in eps if s.episode is not None]
+    turns = sum(e.turns for e in stats)
+    out: dict[str, Any] = {
+        "env/episodes": len(stats),
+        "env/turns_mean": turns / len(stats),
+        "env/tool_calls": sum(e.tool_calls for e in stats),
+        "env/tool_errors": sum(e.tool_errors for e in stats),
+        "env/time_per_turn_s": sum(e.env_time_s for e in stats) / max(turns, 1),
+        "env/tokens_trained": sum(s.model_tokens for s in eps),
+        "env/tokens_env": sum(e.env_tokens for e in stats),
+    }
+    for reason in END_REASONS:
+        out[f"env/end_{reason}"] = sum(e.end == reason for e in stats)
+    return out
