@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from slipstream.config.base import _Section
 
@@ -33,3 +33,17 @@ class EnvConfig(_Section):
     park_kv_tokens: int = Field(65536, ge=0)
     """Cached tokens of waiting episodes whose KV is kept (engine.parking) per sampler; an
     episode that does not fit is re-prefilled whole when it resumes. 0: always re-prefill."""
+    tool_latency_median_s: float = Field(0.02, ge=0.0, le=600.0)
+    """task.kind = builtin_tools: median seconds of a calculator call (lognormal latency)."""
+    tool_latency_p99_s: float = Field(0.6, ge=0.0, le=3600.0)
+    """task.kind = builtin_tools: 99th percentile of a calculator call's seconds (at least the
+    median; the default is 30x it; equal to it: every call takes the median)."""
+
+    @model_validator(mode="after")
+    def _latency(self) -> EnvConfig:
+        if self.tool_latency_p99_s < self.tool_latency_median_s:
+            raise ValueError(
+                "env.tool_latency_p99_s: must be at least env.tool_latency_median_s "
+                f"({self.tool_latency_p99_s} < {self.tool_latency_median_s})"
+            )
+        return self

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,13 +20,22 @@ from slipstream.config import Config, ConfigError
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
 from slipstream.envs.base import EnvFactory
+from slipstream.envs.builtin import RENDERER as BUILTIN_RENDERER
+from slipstream.envs.builtin import TOOLS_ALPHABET, Calculator, Latency, scripted_trace
 from slipstream.envs.render import HermesRenderer, PlainRenderer, Renderer
 from slipstream.envs.tool_env import ToolEnv
+from slipstream.model.builtin import init_builtin
+from slipstream.model.llama import CausalLM
 from slipstream.model.tokenizer import Tokenizer
+from slipstream.observe.progress import ProgressView
 from slipstream.schedule.episodes import Episode, EpisodeRunner, run_episodes
+from slipstream.tasks.arithmetic import RunningSums
 from slipstream.tasks.base import Task
-from slipstream.types import Group, Prompt
+from slipstream.tasks.guard import unguarded
+from slipstream.train.warmstart import warm_start
+from slipstream.types import Group, Prompt, Sample
 
+TOOLS_WARMSTART = "tools1"  # the agentic task's warm-start cache entry (bump on changes)
 END_REASONS = ("done", "max_turns", "max_tokens", "length", "timeout", "error", "aborted")
 
 
@@ -53,9 +63,64 @@ def load_tool_class(spec: str) -> type:
     return cls
 
 
+def calculator_factory(cfg: Config, tok: Tokenizer, latency: Latency | None = None) -> EnvFactory:
+    """The built-in agentic task's environments: a `Calculator` of `env.tool_latency_*` (or
+    `latency`) per episode, each with its own latency seed."""
+    lat = latency or Latency(cfg.env.tool_latency_median_s, cfg.env.tool_latency_p99_s)
+    counter = itertools.count()
+    base = cfg.run.seed * 1_000_003
+
+    def factory(row: Prompt) -> ToolEnv:
+        calc = Calculator(lat, seed=base + next(counter))
+        return ToolEnv(calc, row, tok, "plain", BUILTIN_RENDERER)
+
+    return factory
+
+
+def warm_start_tools(
+    cfg: Config, task: Task, view: ProgressView
+) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
+    """The built-in model warm-started on scripted tool-using traces (envs.builtin), cached;
+    it stops at `warmstart.target_acc` held-out accuracy of greedy episodes (no latency)."""
+    sums = unguarded(task)
+    assert isinstance(sums, RunningSums)
+    heldout = sums.heldout_prompts()[: cfg.eval.num_prompts]
+    fast = Latency(0.0, 0.0)
+
+    def evaluate(model: CausalLM, tok: Tokenizer) -> float:
+        factory = calculator_factory(cfg, tok, fast)
+        max_len = min(env_max_len(cfg, factory, heldout, tok), model.config.max_position_embeddings)
+        engine = Engine(model, tok.eos_id, num_slots=len(heldout), max_len=max_len)
+        return episode_accuracy(cfg, factory, engine, heldout)
+
+    def report(step: int, loss: float, acc: float | None) -> None:
+        if acc is not None:
+            view.log(f"warm start: step {step} loss {loss:.3f} held-out acc {acc:.3f}")
+
+    def init(seed: int) -> tuple[CausalLM, Tokenizer]:
+        return init_builtin(seed, TOOLS_ALPHABET)
+
+    def trace(prompt: Prompt, tok: Tokenizer) -> Sample:
+        return scripted_trace(prompt, tok, tok.eos_id)
+
+    view.log(
+        "warm start of the built-in model on tool-using traces (cached after the first run)..."
+    )
+    model, tok, info = warm_start(
+        sums, cfg.warmstart, cfg.run.seed, evaluate, report, init=init, make_sample=trace,
+        tag=TOOLS_WARMSTART,
+    )  # fmt: skip
+    view.log(
+        f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
+    )
+    return model, tok, {"warmstart": info}
+
+
 def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | None:
     """The factory of one `ToolEnv` per row, or None for a single-turn run."""
     e = cfg.env
+    if cfg.task.kind == "builtin_tools":
+        return calculator_factory(cfg, tok)
     if e.tools is None:
         return None
     cls = load_tool_class(e.tools)

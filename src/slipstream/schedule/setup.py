@@ -16,6 +16,7 @@ from slipstream.algo import advantages, filters
 from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.envs.base import EnvFactory
+from slipstream.envs.builtin import tool_sums_task
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
 from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
@@ -27,6 +28,7 @@ from slipstream.schedule.agentic import (
     episode_accuracy,
     episode_group,
     make_runner,
+    warm_start_tools,
 )
 from slipstream.schedule.episodes import run_episodes
 from slipstream.schedule.evaluate import heldout_accuracy
@@ -298,12 +300,12 @@ def make_run_dir(cfg: Config) -> Path:
 def build_task(cfg: Config) -> GuardedTask:
     """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
     t = cfg.task
-    trusted = t.kind == "builtin" or t.reward in BUILTIN_REWARDS  # inline under `auto`
+    trusted = t.kind in ("builtin", "builtin_tools") or t.reward in BUILTIN_REWARDS  # inline
     isolation: Isolation = "inline" if trusted else "process"
     if t.reward_isolation != "auto":
         isolation = t.reward_isolation
-    if t.kind == "builtin":
-        task = RunningSums()
+    if t.kind in ("builtin", "builtin_tools"):
+        task = RunningSums() if t.kind == "builtin" else tool_sums_task()
         return GuardedTask(
             task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)
         )
@@ -327,6 +329,8 @@ def build_model(
 ) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
     if cfg.model.path:
         return load_pretrained(cfg.model.path), load_tokenizer(cfg.model.path), {}
+    if cfg.task.kind == "builtin_tools":
+        return warm_start_tools(cfg, task, view)
     builtin = unguarded(task)
     assert isinstance(builtin, RunningSums), "the built-in model only knows the built-in task"
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
@@ -388,10 +392,10 @@ def setup(cfg: Config) -> Run:
         else _max_len(train, tok, cfg.sampling.max_new_tokens)
     )
     slots = cfg.trainer.batch_prompts * cfg.sampling.group_size
-    factory = build_env_factory(cfg, tok, task)
-    if factory is not None:
-        max_len = env_max_len(cfg, factory, train + heldout, tok)
     mc = model.config
+    factory = build_env_factory(cfg, tok, task)
+    if factory is not None:  # an episode ends `length` at the model's context
+        max_len = min(env_max_len(cfg, factory, train + heldout, tok), mc.max_position_embeddings)
     (run_dir / "model_info.json").write_text(
         json.dumps(
             {

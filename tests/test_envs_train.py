@@ -1,0 +1,40 @@
+"""`slipstream train task.kind=builtin_tools` end to end: sync and pipeline runs of episodes,
+with their metrics and a balanced ledger (a barely warm-started model: plumbing, not accuracy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slipstream.schedule.launch import train_async
+from slipstream.schedule.sync import train_sync
+from tiny import read_jsonl, tiny_cfg
+
+TOOLS = (
+    "task.kind=builtin_tools",
+    "warmstart.max_steps=5",
+    "env.tool_latency_median_s=0.002",
+    "env.tool_latency_p99_s=0.06",
+    "env.max_turns=3",
+    "eval.num_prompts=8",
+)
+
+
+@pytest.mark.slow  # ~15 s: two short runs of the built-in agentic task
+def test_builtin_tools_trains_episodes_sync_and_pipeline(tmp_path) -> None:
+    runs = {
+        "sync": lambda: train_sync(tiny_cfg(tmp_path, "sync", *TOOLS, steps=2)),
+        "pipeline": lambda: train_async(
+            tiny_cfg(tmp_path, "pipeline", *TOOLS, "schedule.name=pipeline", steps=2)
+        ),
+    }
+    for name, run in runs.items():
+        summary = run()
+        assert summary["ledger"]["balanced"], name
+        records = read_jsonl(tmp_path / name / "metrics.jsonl")
+        assert len(records) == 2
+        for r in records:
+            eps = r["env/episodes"]
+            assert eps > 0 and r["env/turns_mean"] >= 1.0, (name, r)
+            ends = sum(r[k] for k in r if k.startswith("env/end_"))
+            assert ends == eps, (name, r)  # each episode ended once, with one reason
+            assert r["env/tokens_trained"] > 0
