@@ -29,7 +29,10 @@ def test_builtin_tools_trains_episodes_sync_and_pipeline(tmp_path) -> None:
     }
     for name, run in runs.items():
         summary = run()
-        assert summary["ledger"]["balanced"], name
+        led = summary["ledger"]
+        assert led["balanced"], name
+        # every episode of every generated group ended once, with one reason (G = 4)
+        assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"]), led
         records = read_jsonl(tmp_path / name / "metrics.jsonl")
         assert len(records) == 2
         for r in records:

@@ -87,6 +87,8 @@ class Sample:
                 f"Sample {self.prompt_id}: {n} tokens but {len(self.behavior_logp_T)} logprobs "
                 f"and {len(self.versions_T)} versions"
             )
+        if isinstance(self.episode, dict):  # read back from JSON (checkpoints, replay)
+            self.episode = EpisodeStats(**self.episode)
         if self.model_mask_T is not None and len(self.model_mask_T) != n:
             raise ValueError(
                 f"Sample {self.prompt_id}: {n} tokens but a model mask of {len(self.model_mask_T)}"

@@ -174,10 +174,13 @@ class Run:
         finally:
             runner.close()
         self.ledger.generated += len(prompts)
-        return [
+        groups = [
             episode_group(self.tok, p, [done[(i, m)] for m in range(g)])
             for i, (p, g) in enumerate(zip(prompts, sizes))
         ]
+        for g in groups:
+            self.ledger.count_episodes(g)
+        return groups
 
     def collect(self, n: int) -> tuple[list[Group], list[Group]]:
         """Draw n prompts, generate and settle: `(every group generated, the groups to train on)`.
