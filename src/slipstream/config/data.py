@@ -18,7 +18,7 @@ class ModelSection(_Section):
 class TaskConfig(_Section):
     kind: Literal["builtin", "builtin_tools", "jsonl"] = "builtin"
     """`builtin`: running sums of digits (heavy-tailed lengths). `builtin_tools`: running sums
-    of numbers up to 999 with a calculator tool of heavy-tailed latency, multi-turn
+    of numbers up to 99 with a calculator tool of heavy-tailed latency, multi-turn
     (slipstream.envs.builtin; `env.tool_latency_*`). `jsonl`: a file of
     {"prompt": ..., "answer": ...} rows."""
     path: str | None = None

@@ -1,15 +1,16 @@
-"""The built-in agentic task: running sums of numbers up to 999, with a slow calculator.
+"""The built-in agentic task: running sums of numbers up to 99, with a slow calculator.
 
-Prompt `482+931+287=`; answer `1413,1700` (the built-in task's running sums, on terms of
-0..999 instead of digits: k terms with P(k) ~ k^-3 on [2, 8]). The model is the built-in
+Prompt `48+93+28=`; answer `141,169` (the built-in task's running sums, on terms of 0..99
+instead of digits: k terms with P(k) ~ k^-3 on [2, 6]; short, so that the built-in model
+learns to copy calls and replies in a short warm start). The model is the built-in
 character model, never taught to add such numbers; it has a calculator instead: one tool,
 `calc`, that returns the running sums of a `+`-separated expression. A solved episode is two turns,
 in the plain tool format (envs.parse)::
 
-    482+931+287=                        the prompt (no tool list: the model knows its one tool)
-    CALL calc 482+931+287<eos>          model turn 1 (trained)
-    RESULT calc: 1413,1700              the tool's reply (environment tokens, never trained)
-    1413,1700<eos>                      model turn 2, the answer (trained), rewarded exactly
+    48+93+28=                        the prompt (no tool list: the model knows its one tool)
+    CALL calc 48+93+28<eos>          model turn 1 (trained)
+    RESULT calc: 141,169             the tool's reply (environment tokens, never trained)
+    141,169<eos>                     model turn 2, the answer (trained), rewarded exactly
 
 The calculator takes its time: each call sleeps a lognormal latency with median
 `env.tool_latency_median_s` and 99th percentile `env.tool_latency_p99_s` (by default the
@@ -35,8 +36,8 @@ Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 
 
 def tool_sums_task(seed: int = 1234, num_train: int = 20000) -> RunningSums:
-    """The prompts and the exact verifier (running sums of 2-8 terms of 0..999)."""
-    return RunningSums(num_train, k_min=2, k_max=8, term_max=999, seed=seed, name="tool_sums")
+    """The prompts and the exact verifier (running sums of 2-6 terms of 0..99)."""
+    return RunningSums(num_train, k_min=2, k_max=6, term_max=99, seed=seed, name="tool_sums")
 
 
 @dataclass(frozen=True)

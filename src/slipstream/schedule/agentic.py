@@ -35,7 +35,7 @@ from slipstream.tasks.guard import unguarded
 from slipstream.train.warmstart import warm_start
 from slipstream.types import Group, Prompt, Sample
 
-TOOLS_WARMSTART = "tools1"  # the agentic task's warm-start cache entry (bump on changes)
+TOOLS_WARMSTART = "tools2"  # the agentic task's warm-start cache entry (bump on changes)
 END_REASONS = ("done", "max_turns", "max_tokens", "length", "timeout", "error", "aborted")
 
 
