@@ -19,7 +19,7 @@ TOOLS = (
 )
 
 
-@pytest.mark.slow  # ~15 s: two short runs of the built-in agentic task
+@pytest.mark.slow  # ~15 s of CPU: two short runs of the built-in agentic task
 def test_builtin_tools_trains_episodes_sync_and_pipeline(tmp_path) -> None:
     runs = {
         "sync": lambda: train_sync(tiny_cfg(tmp_path, "sync", *TOOLS, steps=2)),
@@ -41,3 +41,20 @@ def test_builtin_tools_trains_episodes_sync_and_pipeline(tmp_path) -> None:
             ends = sum(r[k] for k in r if k.startswith("env/end_"))
             assert ends == eps, (name, r)  # each episode ended once, with one reason
             assert r["env/tokens_trained"] > 0
+
+
+@pytest.mark.slow  # ~25 s of CPU: a local-runtime run whose samplers are SIGKILLed mid-episode
+def test_episode_ledger_balances_under_sigkilled_samplers(tmp_path) -> None:
+    cfg = tiny_cfg(
+        tmp_path, "chaos", *TOOLS, "schedule.name=pipeline", "runtime.kind=local",
+        "runtime.num_samplers=2", "runtime.chaos_kills=2", "runtime.chaos_every_s=1.5",
+        "runtime.max_restarts=5", "env.tool_latency_median_s=0.01", "env.tool_latency_p99_s=0.3",
+        steps=8,
+    )  # fmt: skip
+    summary = train_async(cfg)
+    led = summary["ledger"]
+    assert summary["steps"] == 8 and led["balanced"], led
+    assert summary["chaos_kills"] == 2 and summary["groups_trained_twice"] == 0
+    assert summary["groups_issued"] == led["generated"] + summary["groups_unfinished"]
+    # a lost or aborted group has no samples; every other one's 4 episodes ended once each
+    assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"] - led["lost"])
