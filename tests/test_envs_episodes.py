@@ -81,10 +81,13 @@ def _run(
     park_tokens: int = 10_000,
     max_len: int = 96,
     trace: bool = False,
+    decode_graph: bool = False,
     **cfg: object,
 ):
     model = _model()
-    engine = Engine(model, EOS, num_slots=slots, max_len=max_len, trace=trace)
+    engine = Engine(
+        model, EOS, num_slots=slots, max_len=max_len, trace=trace, decode_graph=decode_graph
+    )
     engine.park = KVPark(park_tokens)
     runner = EpisodeRunner(
         lambda p: envs[p.id], params, EnvConfig(**cfg), max_len, on_end=engine.park.discard
@@ -134,12 +137,19 @@ def test_trained_tokens_are_exactly_the_models_and_logprobs_match_the_trainer() 
     assert engine.park.used == 0 and not engine.park.entries  # nothing left parked
 
 
-@pytest.mark.parametrize("park_tokens", [10_000, 0])
-def test_a_parked_sequence_resumes_with_the_tokens_of_an_unparked_run(park_tokens: int) -> None:
-    """Greedy: every turn after the first equals a fresh generate() of its whole history."""
+@pytest.mark.parametrize(
+    ("park_tokens", "decode_graph"), [(10_000, False), (0, False), (10_000, True)]
+)
+def test_a_parked_sequence_resumes_with_the_tokens_of_an_unparked_run(
+    park_tokens: int, decode_graph: bool
+) -> None:
+    """Greedy: every turn after the first equals a fresh generate() of its whole history
+    (KV restored from the park, or re-prefilled; ragged decode steps, or fixed-shape ones)."""
     envs = {str(i): Scripted(i, turns=3) for i in range(4)}
     params = SamplingParams(temperature=0.0, max_new_tokens=5)
-    model, engine, eps = _run(envs, params, slots=2, park_tokens=park_tokens)
+    model, engine, eps = _run(
+        envs, params, slots=2, park_tokens=park_tokens, decode_graph=decode_graph
+    )
     assert engine.park is not None
     assert (engine.park.stats.restored > 0) == (park_tokens > 0)
     fresh = Engine(model, EOS, num_slots=4, max_len=96)
