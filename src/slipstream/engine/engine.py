@@ -44,6 +44,7 @@ Driving it (the asynchronous sampler's loop)::
 `refill(n)` is asked for up to `n` requests whenever fewer than `n` are waiting for the `n`
 free slots; it may return fewer (none: nothing to do now), or more (they wait), and must not
 block: the live sequences wait for it. Callers that push use `engine.add` instead.
+A multi-turn episode's turn is a request with `park=True`: see engine.parking.
 """
 
 from __future__ import annotations
