@@ -192,10 +192,12 @@ def _run(cmd: list[str], work: str, out: BinaryIO, lim: SandboxLimits, uid: int)
     """Start, wait up to the wall limit, kill the process group; '' or why it failed."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work, "TMPDIR": work}
     nproc = _user_processes(uid) + lim.max_procs
-    ids = {"user": uid, "group": uid, "extra_groups": []} if uid != os.getuid() else {}
+    other = uid != os.getuid()  # run as another user (SandboxLimits.uid)
     proc = subprocess.Popen(
         cmd,
-        **ids,
+        user=uid if other else None,
+        group=uid if other else None,
+        extra_groups=[] if other else None,
         cwd=work,
         env=env,
         stdin=subprocess.DEVNULL,
