@@ -3,6 +3,8 @@ with their metrics and a balanced ledger (a barely warm-started model: plumbing,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from slipstream.schedule.launch import train_async
@@ -58,3 +60,22 @@ def test_episode_ledger_balances_under_sigkilled_samplers(tmp_path) -> None:
     assert summary["groups_issued"] == led["generated"] + summary["groups_unfinished"]
     # a lost or aborted group has no samples; every other one's 4 episodes ended once each
     assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"] - led["lost"])
+
+
+@pytest.mark.slow  # ~20 s of CPU: a token-level environment of three turns, on every path
+def test_token_level_factory_runs_three_turn_episodes(tmp_path) -> None:
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
+    runs = {
+        "sync": lambda: train_sync(tiny_cfg(tmp_path, "sync", factory, steps=2)),
+        "local": lambda: train_async(
+            tiny_cfg(
+                tmp_path, "local", factory, "schedule.name=pipeline", "runtime.kind=local", steps=2
+            )
+        ),
+    }
+    for name, run in runs.items():
+        summary = run()
+        assert summary["ledger"]["balanced"], name
+        for r in read_jsonl(tmp_path / name / "metrics.jsonl"):
+            assert r["env/turns_mean"] == 3.0 and r["env/end_done"] == r["env/episodes"], r
+            assert r["env/tokens_env"] == 2 * 4 * r["env/episodes"]  # two "1+2=" replies each

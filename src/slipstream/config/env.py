@@ -14,6 +14,10 @@ class EnvConfig(_Section):
     """A tool class as `module:Class` or `path/to/file.py:Class` (slipstream.envs.tools): each
     sample gets a fresh instance, `reset(**row)` with its row, and its public methods as tools.
     None: single-turn (no environment)."""
+    factory: str | None = None
+    """A token-level environment factory as `module:function` or `path/to/file.py:function`,
+    called as `function(row: Prompt, tokenizer) -> Env` (slipstream.envs.base) for each sample.
+    Exclusive with `tools`."""
     tool_format: Literal["plain", "hermes"] = "plain"
     """How the model calls tools and reads replies: `plain` (`CALL name {json}` lines, for
     models without a tools chat template) or `hermes` (`<tool_call>{json}</tool_call>` in
@@ -41,6 +45,8 @@ class EnvConfig(_Section):
 
     @model_validator(mode="after")
     def _latency(self) -> EnvConfig:
+        if self.tools and self.factory:
+            raise ValueError("env.factory: give env.tools or env.factory, not both")
         if self.tool_latency_p99_s < self.tool_latency_median_s:
             raise ValueError(
                 "env.tool_latency_p99_s: must be at least env.tool_latency_median_s "

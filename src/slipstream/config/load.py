@@ -46,8 +46,9 @@ class Config(_Section):
     def _consistent(self) -> Config:
         if self.task.kind == "jsonl" and not self.task.path:
             raise ValueError("task.path: required when task.kind = 'jsonl'")
-        if self.task.kind == "builtin_tools" and self.env.tools:
-            raise ValueError("env.tools: task.kind = 'builtin_tools' brings its own calculator")
+        if self.task.kind == "builtin_tools" and (self.env.tools or self.env.factory):
+            key = "env.tools" if self.env.tools else "env.factory"
+            raise ValueError(f"{key}: task.kind = 'builtin_tools' brings its own calculator")
         if self.filters.pass_rate_low >= self.filters.pass_rate_high:
             raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
         return self

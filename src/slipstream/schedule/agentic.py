@@ -3,7 +3,8 @@ held-out accuracy of episodes, and the per-step episode metrics.
 
 `env.tools = "module:Class"` (or `path/file.py:Class`) makes every sample an episode of a
 `ToolEnv` over a fresh instance of that class, rewarded by its `reward(completion=...)` or,
-without one, by the task's verifier on the final answer.
+without one, by the task's verifier on the final answer; `env.factory = "module:function"`
+builds any token-level `Env` from (row, tokenizer).
 """
 
 from __future__ import annotations
@@ -39,15 +40,15 @@ TOOLS_WARMSTART = "tools2"  # the agentic task's warm-start cache entry (bump on
 END_REASONS = ("done", "max_turns", "max_tokens", "length", "timeout", "error", "aborted")
 
 
-def load_tool_class(spec: str) -> type:
-    """`package.module:Class` or `path/to/file.py:Class`; a `ConfigError` naming `env.tools`."""
+def load_object(spec: str, key: str) -> object:
+    """`package.module:name` or `path/to/file.py:name`; a `ConfigError` naming `key`."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name:
-        raise ConfigError(f"env.tools: expected 'module:Class' or 'file.py:Class', got {spec!r}")
+        raise ConfigError(f"{key}: expected 'module:name' or 'file.py:name', got {spec!r}")
     if target.endswith(".py"):
         file = Path(target)
         if not file.exists():
-            raise ConfigError(f"env.tools: no such file {file}")
+            raise ConfigError(f"{key}: no such file {file}")
         mod_spec = importlib.util.spec_from_file_location(file.stem, file)
         assert mod_spec is not None and mod_spec.loader is not None
         module = importlib.util.module_from_spec(mod_spec)
@@ -56,10 +57,18 @@ def load_tool_class(spec: str) -> type:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
-            raise ConfigError(f"env.tools: cannot import {target!r} ({e})") from None
-    cls = getattr(module, name, None)
+            raise ConfigError(f"{key}: cannot import {target!r} ({e})") from None
+    obj = getattr(module, name, None)
+    if obj is None:
+        raise ConfigError(f"{key}: {target} has no {name!r}")
+    return obj
+
+
+def load_tool_class(spec: str) -> type:
+    """The tool class of `env.tools`."""
+    cls = load_object(spec, "env.tools")
     if not isinstance(cls, type):
-        raise ConfigError(f"env.tools: {target} has no class {name!r}")
+        raise ConfigError(f"env.tools: {spec} is not a class")
     return cls
 
 
@@ -121,6 +130,11 @@ def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | N
     e = cfg.env
     if cfg.task.kind == "builtin_tools":
         return calculator_factory(cfg, tok)
+    if e.factory is not None:
+        fn = load_object(e.factory, "env.factory")
+        if not callable(fn):
+            raise ConfigError(f"env.factory: {e.factory} is not callable")
+        return lambda row: fn(row, tok)
     if e.tools is None:
         return None
     cls = load_tool_class(e.tools)
