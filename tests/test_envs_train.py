@@ -62,11 +62,15 @@ def test_episode_ledger_balances_under_sigkilled_samplers(tmp_path) -> None:
     assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"] - led["lost"])
 
 
-@pytest.mark.slow  # ~20 s of CPU: a token-level environment of three turns, on every path
+@pytest.mark.slow  # ~25 s of CPU: a token-level environment of three turns, three ways
 def test_token_level_factory_runs_three_turn_episodes(tmp_path) -> None:
     factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
     runs = {
         "sync": lambda: train_sync(tiny_cfg(tmp_path, "sync", factory, steps=2)),
+        # weights between batches: the sampler drains its episodes, continuations included
+        "async": lambda: train_async(
+            tiny_cfg(tmp_path, "async", factory, "schedule.name=async", steps=2)
+        ),
         "local": lambda: train_async(
             tiny_cfg(
                 tmp_path, "local", factory, "schedule.name=pipeline", "runtime.kind=local", steps=2

@@ -223,8 +223,10 @@ class SamplerWorker:
                 )
 
     def _refill(self, n: int) -> list[Request]:
-        """The engine's refill hook: up to `n` backlog requests (none while draining)."""
-        if self.state.draining:
+        """The engine's refill hook: up to `n` backlog requests (none while draining, but for
+        episodes: their turns all belong to episodes already started, which the drain waits for;
+        `_take` starts no new ones meanwhile)."""
+        if self.state.draining and self.runner is None:
             return []
         b = self.state.backlog
         out = [b.popleft() for _ in range(min(n, len(b)))]
