@@ -36,7 +36,9 @@ class EnvConfig(_Section):
     `sampling.max_new_tokens`."""
     park_kv_tokens: int = Field(65536, ge=0)
     """Cached tokens of waiting episodes whose KV is kept (engine.parking) per sampler; an
-    episode that does not fit is re-prefilled whole when it resumes. 0: always re-prefill."""
+    episode that does not fit is re-prefilled whole when it resumes. 0: always re-prefill.
+    Memory: per token, layers x 2 x kv_heads x head_dim x the dtype's bytes (Qwen2.5-0.5B in
+    bfloat16: 12 KiB, so the default holds 0.75 GiB)."""
     tool_latency_median_s: float = Field(0.02, ge=0.0, le=600.0)
     """task.kind = builtin_tools: median seconds of a calculator call (lognormal latency)."""
     tool_latency_p99_s: float = Field(0.6, ge=0.0, le=3600.0)
