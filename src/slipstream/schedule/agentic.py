@@ -20,7 +20,7 @@ from typing import Any
 from slipstream.config import Config, ConfigError
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
-from slipstream.envs.base import EnvFactory
+from slipstream.envs.base import EnvFactory, resolve
 from slipstream.envs.builtin import RENDERER as BUILTIN_RENDERER
 from slipstream.envs.builtin import TOOLS_ALPHABET, Calculator, Latency, scripted_trace
 from slipstream.envs.render import HermesRenderer, PlainRenderer, Renderer
@@ -162,9 +162,8 @@ def make_runner(
 def env_max_len(cfg: Config, factory: EnvFactory, prompts: Sequence[Prompt], tok: Tokenizer) -> int:
     """Context an episode can need: the longest rendered first observation + `env.max_tokens`
     (the rendering's overhead measured on the first prompt, the same for every row)."""
-    first = factory(prompts[0]).initial_observation()
-    assert not hasattr(first, "__await__"), "ToolEnv observes synchronously"
-    extra = len(first.tokens) - len(tok.encode(prompts[0].text))  # type: ignore[union-attr]
+    first = resolve(factory(prompts[0]).initial_observation())
+    extra = len(first.tokens) - len(tok.encode(prompts[0].text))
     longest = max(len(tok.encode(p.text)) for p in prompts)
     return longest + max(extra, 0) + cfg.env.max_tokens + 1
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Completion, Engine, Request, SamplingParams
@@ -38,7 +39,7 @@ _SEED_STRIDE = 0x9E3779B97F4A7C15  # a turn's sampling seed: the member's seed +
 class Episode:
     """One sample's episode: the history after the prompt, token by token."""
 
-    key: Hashable
+    key: Any  # the caller's handle, hashable (as Request.key, which carries it)
     prompt: Prompt
     seed: int
     env: Env | None = None
@@ -126,13 +127,13 @@ class EpisodeRunner:
         params: SamplingParams,
         cfg: EnvConfig,
         max_len: int,
-        on_end: Callable[[Hashable], None] | None = None,
+        on_end: Callable[[Any], None] | None = None,
     ) -> None:
         self.factory, self.params, self.cfg, self.max_len = factory, params, cfg, max_len
         self.on_end = on_end
         self.pool = cf.ThreadPoolExecutor(cfg.workers, thread_name_prefix="slipstream-env")
-        self.episodes: dict[Hashable, Episode] = {}
-        self.pending: dict[Hashable, _Pending] = {}
+        self.episodes: dict[Any, Episode] = {}
+        self.pending: dict[Any, _Pending] = {}
         self._ended: list[Episode] = []
 
     @property
@@ -141,7 +142,7 @@ class EpisodeRunner:
         return len(self.episodes)
 
     def start(
-        self, prompt: Prompt, key: Hashable, seed: int, prompt_tokens: list[int] | None = None
+        self, prompt: Prompt, key: Any, seed: int, prompt_tokens: list[int] | None = None
     ) -> None:
         """Begin an episode: its environment is built and observed in a worker.
         `prompt_tokens` stand for its prompt if building or observing it fails."""
@@ -190,7 +191,7 @@ class EpisodeRunner:
         if futures:
             cf.wait(futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)
 
-    def cancel(self, pred: Callable[[Hashable], bool]) -> list[Episode]:
+    def cancel(self, pred: Callable[[Any], bool]) -> list[Episode]:
         """End (as `aborted`) the episodes whose key satisfies `pred`, wherever they are;
         they are returned here, not by `poll`."""
         out = []
@@ -204,7 +205,7 @@ class EpisodeRunner:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- internals ------------------------------------------------------------------------
-    def _submit(self, key: Hashable, future: cf.Future) -> None:  # type: ignore[type-arg]
+    def _submit(self, key: Any, future: cf.Future[Any]) -> None:
         self.pending[key] = _Pending(future, time.monotonic())
 
     def _resolved(self, ep: Episode, p: _Pending, now: float) -> Request | None:
@@ -274,7 +275,7 @@ class EpisodeRunner:
 
 
 def run_episodes(
-    engine: Engine, runner: EpisodeRunner, items: list[tuple[Prompt, Hashable, int]]
+    engine: Engine, runner: EpisodeRunner, items: list[tuple[Prompt, Any, int]]
 ) -> list[Episode]:
     """Run the episodes of `items` (prompt, key, seed) to their end on an idle engine: decode
     while environments step, wait for them only when nothing is left to decode. The episodes
