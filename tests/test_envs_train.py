@@ -3,6 +3,8 @@ with their metrics and a balanced ledger (a barely warm-started model: plumbing,
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,20 @@ def test_token_level_factory_runs_three_turn_episodes(tmp_path) -> None:
         for r in read_jsonl(tmp_path / name / "metrics.jsonl"):
             assert r["env/turns_mean"] == 3.0 and r["env/end_done"] == r["env/episodes"], r
             assert r["env/tokens_env"] == 2 * 4 * r["env/episodes"]  # two "1+2=" replies each
+
+
+@pytest.mark.slow  # ~20 s of CPU: a pipeline run, then its resumption from a checkpoint
+def test_resumed_run_restarts_the_episodes_in_flight_and_counts_them(tmp_path) -> None:
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
+    extra = (factory, "schedule.name=pipeline", "checkpoint.every=1", "checkpoint.keep=5")
+    first = train_async(tiny_cfg(tmp_path, "r", *extra, steps=3))
+    assert "episodes_restarted" not in first
+    ckpts = tmp_path / "r" / "checkpoints"
+    state = json.loads((ckpts / "step_000001" / "state.json").read_text())
+    in_flight = sum(len(r["seeds"]) for r in state["orchestrator"]["requests"])
+    assert in_flight > 0  # the pipeline had issued ahead of step 1
+    for later in ("step_000002", "step_000003"):  # as if the run had died after step 1
+        shutil.rmtree(ckpts / later)
+    resumed = train_async(tiny_cfg(tmp_path, "r", *extra, steps=3), resume=True)
+    assert resumed["episodes_restarted"] == in_flight and resumed["ledger"]["balanced"]
+    assert [r["step"] for r in read_jsonl(tmp_path / "r" / "metrics.jsonl")] == [1, 2, 3]
