@@ -24,12 +24,13 @@ from slipstream.config.load import (
     read_file,
 )
 from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
-from slipstream.config.train import FilterConfig, ReplayConfig, TrainerConfig
+from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
 
 __all__ = [
     "CheckpointConfig",
     "Config",
     "ConfigError",
+    "CorrectionConfig",
     "EnvConfig",
     "EvalConfig",
     "FilterConfig",

@@ -11,6 +11,7 @@ import tomli_w
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from slipstream.algo import losses
 from slipstream.config.base import ConfigError, _Section
 from slipstream.config.data import (
     EvalConfig,
@@ -21,7 +22,7 @@ from slipstream.config.data import (
 )
 from slipstream.config.env import EnvConfig
 from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
-from slipstream.config.train import FilterConfig, ReplayConfig, TrainerConfig
+from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
 from slipstream.text import is_text, read_text
 
 
@@ -33,6 +34,7 @@ class Config(_Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
     filters: FilterConfig = Field(default_factory=FilterConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
@@ -67,10 +69,25 @@ class Config(_Section):
             raise ValueError(
                 "filters.dynamic_sampling: needs filters.zero_variance = true (it refills dropped groups)"
             )
+        if self.trainer.advantage == "maxrl" and f.overlong == "penalty":
+            raise ValueError(
+                "trainer.advantage: maxrl is defined for rewards in [0, 1], and "
+                "filters.overlong = 'penalty' makes them negative; use overlong = 'mask' or "
+                "another advantage"
+            )
         if f.overlong == "penalty" and f.overlong_cache > s.max_new_tokens:
             raise ValueError(
                 f"filters.overlong_cache: must be at most sampling.max_new_tokens ({s.max_new_tokens}), got {f.overlong_cache}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_agg(self) -> Config:
+        # the built-in task's own choice (config/train.py, trainer.agg); else the loss's default
+        if self.trainer.agg is None:
+            builtin = self.task.kind == "builtin"
+            agg = "seq-mean-token-mean" if builtin else losses.METHODS[self.trainer.loss].agg
+            object.__setattr__(self.trainer, "agg", agg)
         return self
 
 

@@ -20,9 +20,16 @@ dynamic sampling a window first waits for replacements of its filtered groups.
   consumed = v x B. The bound counts groups, not tokens, so slow, hard groups are never
   starved by short ones. A window is the next B groups to arrive.
 
-On arrival a group's lag is `version - oldest token's version`. Beyond K the lag policy
-applies: `drop` (ledger: stale), `abort` (the sampler already cut most; the rest are dropped),
-or `keep` (trained; the loss's importance ratios against the behaviour log-probs correct it).
+A group's lag is `version - oldest token's version`. Beyond K the lag policy applies: `drop`
+(ledger: stale), `abort` (the sampler already cut most; the rest are dropped), or `keep`
+(trained; the decoupled correction of the loss weighs it). The bound is checked on arrival and
+again when a window takes the group, since a group that waits in the window while other
+windows train (several close in one pass after a recovery, or with dynamic sampling) ages: no
+group trains with a lag above K unless the policy is `keep`.
+
+`min_lag` (measurement only): a continuous window takes only groups whose lag has reached
+`min(min_lag, version)`, oldest first, so that from step `min_lag` on every step trains on
+data exactly `min_lag` versions old (with max lag `min_lag` and `drop`).
 
 A sampler that dies takes the requests it held with it: the runtime restarts it, the router
 says which requests it held, the ledger counts each as `lost`, and each is issued again as a
@@ -88,6 +95,7 @@ class Options:
     chaos_seed: int = 0
     dynamic_sampling: bool = False  # DAPO: refill a window's filtered groups with new draws
     max_extra_draws: int = 32
+    min_lag: int = 0  # measurement: hold groups back until their lag is min(min_lag, version)
 
 
 @dataclass
@@ -405,14 +413,43 @@ class Orchestrator:
                 return None
             del st.batch_left[w]
             pairs = st.batches.pop(w, [])
+            pairs = [p for p in pairs if not self._aged_out(p[1])]
         else:
+            st.window = [p for p in st.window if not self._aged_out(p[1])]
             need = st.need or self.opts.batch_prompts
-            if len(st.window) < need:
+            ripe = self._ripe()
+            if len(ripe) < need:
                 return None
-            pairs, st.window = st.window[:need], st.window[need:]
+            taken = set(ripe[:need])
+            pairs = [p for i, p in enumerate(st.window) if i in taken]
+            st.window = [p for i, p in enumerate(st.window) if i not in taken]
             st.consumed += need
             st.need = 0
         return [g for _, g in sorted(pairs, key=lambda p: p[0])]
+
+    def _aged_out(self, group: Group) -> bool:
+        """True (and counted stale) when `group` waited past the lag bound K (policy not keep)."""
+        if self.opts.lag_policy == "keep":
+            return False
+        if self.learner.version - group.oldest_version <= self.spec.max_lag:
+            return False
+        self.learner.ledger.stale += 1
+        self.stats.stale_tokens += group.num_tokens
+        if not self.fixed:
+            self.state.out_of_bound += 1  # its place in the admission bound is free again
+        return True
+
+    def _ripe(self) -> list[int]:
+        """Indices into the continuous window of the groups a window may take, in the order it
+        takes them: all in arrival order, or with `min_lag` those whose lag reached
+        `min(min_lag, version)`, oldest first."""
+        window, m = self.state.window, self.opts.min_lag
+        if not m:
+            return list(range(len(window)))
+        v = self.learner.version
+        need = min(m, v)
+        ripe = [i for i, (_, g) in enumerate(window) if v - g.oldest_version >= need]
+        return sorted(ripe, key=lambda i: (window[i][1].oldest_version, window[i][0]))
 
     # ---- a step ---------------------------------------------------------------------------------
     def close_window(self, groups: list[Group]) -> None:

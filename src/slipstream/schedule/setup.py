@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from slipstream.algo import advantages, filters
+from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.envs.base import EnvFactory
@@ -35,6 +36,7 @@ from slipstream.schedule.evaluate import heldout_accuracy
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
+from slipstream.schedule.presets import preset
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
 from slipstream.tasks import JsonlTask, PromptSource, RunningSums, Task
@@ -46,7 +48,7 @@ from slipstream.tasks.guard import (
     unguarded,
 )
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
-from slipstream.train.trainer import Trainer
+from slipstream.train.trainer import Trainer, resolve_proximal
 from slipstream.train.warmstart import warm_start
 from slipstream.types import FinishReason, Group, Prompt
 
@@ -375,6 +377,22 @@ def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
     )
 
 
+def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
+    """The trainer, with the proximal policy `auto` resolved against the schedule's max lag."""
+    max_lag = preset(cfg.schedule.name, cfg.schedule.max_lag).max_lag
+    c = cfg.correction
+    return Trainer(
+        model,
+        cfg.trainer,
+        cfg.sampling.temperature,
+        pad_id,
+        cfg.run.steps,
+        proximal=resolve_proximal(cfg.trainer.proximal, max_lag),
+        correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
+        max_new_tokens=cfg.sampling.max_new_tokens,
+    )
+
+
 def setup(cfg: Config) -> Run:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -420,7 +438,7 @@ def setup(cfg: Config) -> Run:
         source=PromptSource(train, seed=cfg.run.seed),
         engine=Engine(model, tok.eos_id, num_slots=slots, max_len=max_len),
         eval_engine=Engine(model, tok.eos_id, num_slots=max(len(heldout), 1), max_len=max_len),
-        trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps),
+        trainer=build_trainer(cfg, model, tok.pad_id),
         sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
