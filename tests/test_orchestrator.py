@@ -405,20 +405,32 @@ class _LagLearner(FakeLearner):
         return super().train(groups)
 
 
-def test_min_lag_trains_on_data_exactly_k_versions_old():
+def _min_lag_run(in_flight: bool) -> tuple[list[tuple], FakeLearner]:
     events: list[tuple] = []
     spec = preset("pipeline", 2)
     learner = _LagLearner(events)
     weights = FakeWeights(events)
     prompts = FakePrompts(events, weights)
-    sampler = FakeSampler(prompts, weights, in_flight=True)
+    sampler = FakeSampler(prompts, weights, in_flight=in_flight)
     ch = Channels(prompts, sampler, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
     opts = Options(B, G, 8, poll_s=0.001, stall_timeout_s=5, min_lag=2)
     orch = Orchestrator(spec, opts, learner, ch)
     orch.start()
     orch.run()
-    lags = [(v, lo, hi) for kind, v, lo, hi in (e for e in events if e[0] == "lags")]
-    assert len(lags) == 8
+    return [(v, lo, hi) for kind, v, lo, hi in (e for e in events if e[0] == "lags")], learner
+
+
+def test_min_lag_trains_on_data_exactly_k_versions_old():
+    # a sampler that starts each request with the weights of the moment it was issued
+    lags, learner = _min_lag_run(in_flight=False)
     # the first steps train what there is (lag = version), then exactly K = 2 every step
     assert lags == [(v, min(v, 2), min(v, 2)) for v in range(8)]
+    assert learner.ledger.stale == 0
+
+
+def test_min_lag_never_starves_when_samplers_start_requests_late():
+    # this sampler serves lazily under the newest weights, so groups are younger than their
+    # requests: held by token version they would never ripen while admission waits for them
+    lags, learner = _min_lag_run(in_flight=True)
+    assert len(lags) == 8 and all(hi <= 2 for _, _, hi in lags)
     assert learner.ledger.stale == 0

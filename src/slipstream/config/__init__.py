@@ -9,8 +9,10 @@ from slipstream.config.base import ConfigError
 from slipstream.config.data import (
     EvalConfig,
     ModelSection,
+    RewardEntry,
     SamplingConfig,
     TaskConfig,
+    WandbConfig,
     WarmstartConfig,
 )
 from slipstream.config.env import EnvConfig
@@ -36,12 +38,14 @@ __all__ = [
     "FilterConfig",
     "ModelSection",
     "ReplayConfig",
+    "RewardEntry",
     "RunConfig",
     "RuntimeConfig",
     "SamplingConfig",
     "ScheduleConfig",
     "TaskConfig",
     "TrainerConfig",
+    "WandbConfig",
     "WarmstartConfig",
     "_all_keys",
     "apply_override",

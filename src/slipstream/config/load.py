@@ -18,6 +18,7 @@ from slipstream.config.data import (
     ModelSection,
     SamplingConfig,
     TaskConfig,
+    WandbConfig,
     WarmstartConfig,
 )
 from slipstream.config.env import EnvConfig
@@ -42,12 +43,13 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
-        if self.task.kind == "jsonl" and not self.task.path:
-            raise ValueError("task.path: required when task.kind = 'jsonl'")
+        if self.task.system_prompt and self.task.chat_template == "none":
+            raise ValueError("task.system_prompt: needs a chat template (task.chat_template)")
         if self.task.kind == "builtin_tools" and (self.env.tools or self.env.factory):
             key = "env.tools" if self.env.tools else "env.factory"
             raise ValueError(f"{key}: task.kind = 'builtin_tools' brings its own calculator")
@@ -74,6 +76,11 @@ class Config(_Section):
                 "trainer.advantage: maxrl is defined for rewards in [0, 1], and "
                 "filters.overlong = 'penalty' makes them negative; use overlong = 'mask' or "
                 "another advantage"
+            )
+        if self.trainer.advantage == "maxrl" and any(r.weight < 0 for r in self.task.rewards):
+            raise ValueError(
+                "trainer.advantage: maxrl is defined for rewards in [0, 1], and a negative "
+                "weight in task.rewards makes them negative"
             )
         if f.overlong == "penalty" and f.overlong_cache > s.max_new_tokens:
             raise ValueError(
@@ -197,6 +204,8 @@ def load_config(
 def _drop_none(d: Any) -> Any:
     if isinstance(d, dict):
         return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, list):  # an array of tables (task.rewards)
+        return [_drop_none(v) for v in d]
     return d
 
 

@@ -22,8 +22,8 @@ class RunConfig(_Section):
     threads: int = Field(0, ge=0)
     """torch intra-op threads; 0 uses every core."""
     sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
-    """Metrics sinks; JSONL is always written. tensorboard -> RUN_DIR/tensorboard; wandb runs
-    offline (upload later with `wandb sync`)."""
+    """Metrics sinks; JSONL is always written. tensorboard -> RUN_DIR/tensorboard; wandb as the
+    `[wandb]` section says (offline by default: upload later with `wandb sync`)."""
     rollouts_per_step: int = Field(4, ge=0)
     """Samples per step written as text to rollouts.txt (best and worst of a few groups)."""
 
