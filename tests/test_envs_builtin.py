@@ -54,10 +54,10 @@ def test_a_scripted_trace_is_exactly_the_episode_the_environment_plays() -> None
     row = Prompt("t0", "482+931+287=", answer="1413,1700")
     s = scripted_trace(row, TOK, TOK.eos_id)
     assert s.model_mask_T is not None
-    text = TOK.decode(s.completion_tokens)
+    text = TOK.inner.decode(s.completion_tokens, skip_special_tokens=True)  # past the stops
     assert text == "CALL calc 482+931+287\nRESULT calc: 1413,1700\n1413,1700"
     model = [t for t, m in zip(s.completion_tokens, s.model_mask_T) if m]
-    assert TOK.decode(model) == "CALL calc 482+931+2871413,1700"
+    assert TOK.inner.decode(model, skip_special_tokens=True) == "CALL calc 482+931+2871413,1700"
     assert model.count(TOK.eos_id) == 2  # each model turn ends with EOS
     # replay the trace's model turns through the environment: same tokens, reward 1
     env = ToolEnv(Calculator(), row, TOK, "plain", RENDERER)

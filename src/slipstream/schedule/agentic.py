@@ -171,8 +171,10 @@ def env_max_len(cfg: Config, factory: EnvFactory, prompts: Sequence[Prompt], tok
 def episode_group(
     tok: Tokenizer, prompt: Prompt, episodes: list[Episode], sampler_id: int = 0
 ) -> Group:
-    """One group of the G episodes of `prompt`, in member order."""
-    return Group(prompt, [e.sample(sampler_id, tok.decode(e.tokens)) for e in episodes])
+    """One group of the G episodes of `prompt`, in member order; each sample's text is the
+    whole transcript (`Tokenizer.decode` would stop at the first turn's end)."""
+    texts = [tok.inner.decode(e.tokens, skip_special_tokens=True) for e in episodes]
+    return Group(prompt, [e.sample(sampler_id, t) for e, t in zip(episodes, texts)])
 
 
 def episode_accuracy(
