@@ -64,7 +64,8 @@ class ScheduleConfig(_Section):
             except ValueError as e:
                 raise ValueError(f"schedule.max_lag: {e}") from None
         if self.min_lag and self.name in PRESETS:
-            spec = PRESETS[self.name].with_max_lag(self.max_lag)
+            spec = PRESETS[self.name]
+            spec = spec if self.max_lag is None else spec.with_max_lag(self.max_lag)
             if spec.batching != "continuous":
                 raise ValueError(
                     f"schedule.min_lag: needs a continuous-batching schedule (async, pipeline), "

@@ -445,7 +445,7 @@ def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
         cfg.sampling.temperature,
         pad_id,
         cfg.run.steps,
-        proximal=resolve_proximal(cfg.trainer.proximal, max_lag),
+        proximal=resolve_proximal(cfg.trainer.proximal, max_lag, replay=cfg.replay.enabled),
         correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
         max_new_tokens=cfg.sampling.max_new_tokens,
     )

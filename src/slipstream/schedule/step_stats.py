@@ -171,7 +171,7 @@ class StepStats:
             **part_means(groups),  # reward/<name> of each reward function (tasks.rewards)
             **metrics,
             **{f"staleness/{k}": v for k, v in lag.items()},
-            "staleness/mismatch_kl": metrics.get("train/approx_kl", 0.0),
+            "staleness/drift_kl": metrics.get("train/approx_kl", 0.0),  # current vs sampler
             "runtime/sampler_busy": d["busy_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
             "runtime/trainer_wait": self.wait_s / max(step_s, 1e-9),
             "runtime/weight_sync_s": publish_s + d["weight_sync_s"] / n,
