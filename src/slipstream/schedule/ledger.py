@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from slipstream.types import Group
+
 
 @dataclass
 class Ledger:
@@ -20,6 +22,12 @@ class Ledger:
     aborted: int = 0
     lost: int = 0
     in_flight: int = 0  # generated, not yet settled (queued at the end of a run)
+    # multi-turn runs: how each episode of a generated group ended (types.EpisodeStats.end);
+    # an aborted group's episodes are counted with it, in `aborted`
+    episodes: Counter[str] = field(default_factory=Counter)
+
+    def count_episodes(self, group: Group) -> None:
+        self.episodes.update(s.episode.end for s in group.samples if s.episode is not None)
 
     def settled(self) -> int:
         return self.trained + sum(self.filtered.values()) + self.stale + self.aborted + self.lost
@@ -37,6 +45,7 @@ class Ledger:
             "lost": self.lost,
             "in_flight": self.in_flight,
             "balanced": self.balanced(),
+            **({"episodes": dict(self.episodes)} if self.episodes else {}),
         }
 
     def flat(self) -> dict[str, int]:
@@ -53,3 +62,4 @@ class Ledger:
         self.filtered = Counter(d["filtered"])
         self.stale, self.aborted, self.lost = d["stale"], d["aborted"], d["lost"]
         self.in_flight = d.get("in_flight", 0)
+        self.episodes = Counter(d.get("episodes", {}))

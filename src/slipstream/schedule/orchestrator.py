@@ -321,6 +321,7 @@ class Orchestrator:
         req = st.outstanding.pop(gid)
         self.stats.delivered_group(msg.sampler_id, msg.group)
         self.learner.ledger.generated += 1
+        self.learner.ledger.count_episodes(msg.group)
         if msg.kind == "aborted":
             self.learner.ledger.aborted += 1
             self._out_of_bound(req)

@@ -17,6 +17,8 @@ from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, ConfigError, dump_config
 from slipstream.engine import Engine, Request, SamplingParams, capacity
 from slipstream.engine.stats import EngineStats
+from slipstream.envs.base import EnvFactory
+from slipstream.envs.builtin import tool_sums_task
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
 from slipstream.model.chat import ChatTemplateError, load_chat_template
 from slipstream.observe.progress import ProgressView
@@ -24,6 +26,15 @@ from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
 from slipstream.runtime import placement
+from slipstream.schedule.agentic import (
+    build_env_factory,
+    env_max_len,
+    episode_accuracy,
+    episode_group,
+    make_runner,
+    warm_start_tools,
+)
+from slipstream.schedule.episodes import run_episodes
 from slipstream.schedule.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
@@ -90,6 +101,7 @@ class Run:
     counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
     eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
+    env_factory: EnvFactory | None = None  # env.tools: every sample is an episode
     max_len: int = 0  # longest prompt + completion the engine holds; 0: no bound (see `fits`)
     placement: placement.Placement = field(
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
@@ -102,10 +114,11 @@ class Run:
 
     def evaluate(self) -> float:
         """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1); every metric
-        of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`. `eval_engine`
-        is the run's engine: the trainer's own weights (one packed copy, one KV cache in the
-        trainer process, never a second model); its counters are set aside meanwhile, so
-        evaluation never counts as rollout."""
+        of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`. Multi-turn runs:
+        the mean reward of greedy episodes of the held-out split. `eval_engine` is the run's
+        engine: the trainer's own weights (one packed copy, one KV cache in the trainer process,
+        never a second model); its counters are set aside meanwhile, so evaluation never counts
+        as rollout."""
         engine = self.eval_engine
         saved, engine.stats = engine.stats, EngineStats()
         try:
@@ -114,6 +127,10 @@ class Run:
             engine.stats = saved
 
     def _evaluate(self) -> float:
+        if self.env_factory is not None:
+            acc = episode_accuracy(self.cfg, self.env_factory, self.eval_engine, self.heldout)
+            self.eval_metrics = {"heldout/mean@1": acc}
+            return acc
         e, s = self.cfg.eval, self.cfg.sampling
         params = SamplingParams(
             e.temperature, s.top_p if e.temperature else 1.0, s.top_k, s.max_new_tokens
@@ -189,6 +206,8 @@ class Run:
     def rollout(self, prompts: list[Prompt]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
         sizes = self.group_sizes(prompts)
+        if self.env_factory is not None:
+            return self._episodes(prompts, sizes)
         completions = self.engine.generate(
             [r for p, g in zip(prompts, sizes) for r in self.requests(p, g)]
         )
@@ -196,6 +215,28 @@ class Run:
         for p, g in zip(prompts, sizes):
             groups.append(self.score(p, completions[start : start + g]))
             start += g
+        return groups
+
+    def _episodes(self, prompts: list[Prompt], sizes: list[int]) -> list[Group]:
+        """`rollout` of multi-turn episodes: members' seeds as `requests` draws them."""
+        assert self.env_factory is not None
+        items = [
+            (p, (i, m), r.seed)
+            for i, (p, g) in enumerate(zip(prompts, sizes))
+            for m, r in enumerate(self.requests(p, g))
+        ]
+        runner = make_runner(self.cfg, self.env_factory, self.engine, self.params)
+        try:
+            done = {e.key: e for e in run_episodes(self.engine, runner, items)}
+        finally:
+            runner.close()
+        self.ledger.generated += len(prompts)
+        groups = [
+            episode_group(self.tok, p, [done[(i, m)] for m in range(g)])
+            for i, (p, g) in enumerate(zip(prompts, sizes))
+        ]
+        for g in groups:
+            self.ledger.count_episodes(g)
         return groups
 
     def collect(self, n: int) -> tuple[list[Group], list[Group]]:
@@ -319,8 +360,8 @@ def make_run_dir(cfg: Config) -> Path:
 def build_task(cfg: Config) -> GuardedTask:
     """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
     t = cfg.task
-    if t.kind == "builtin":
-        task = RunningSums()
+    if t.kind in ("builtin", "builtin_tools"):
+        task = RunningSums() if t.kind == "builtin" else tool_sums_task()
         isolation: Isolation = "inline" if t.reward_isolation == "auto" else t.reward_isolation
         return GuardedTask(
             task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)
@@ -380,6 +421,9 @@ def build_model(
     if cfg.model.path:
         model = load_pretrained(cfg.model.path, device=device)
         return model, load_tokenizer(cfg.model.path).with_stop_strings(cfg.sampling.stop), {}
+    if cfg.task.kind == "builtin_tools":
+        model, tok, info = warm_start_tools(cfg, task, view)
+        return model.to(device), tok, info
     builtin = unguarded(task)
     assert isinstance(builtin, RunningSums), "the built-in model only knows the built-in task"
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
@@ -475,7 +519,7 @@ def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
         pad_id,
         cfg.run.steps,
         parse_dtype(cfg.model.dtype),
-        proximal=resolve_proximal(cfg.trainer.proximal, max_lag, exact),
+        proximal=resolve_proximal(cfg.trainer.proximal, max_lag, exact, replay=cfg.replay.enabled),
         correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
         max_new_tokens=cfg.sampling.max_new_tokens,
     )
@@ -498,8 +542,13 @@ def setup(cfg: Config) -> Run:
     slots, max_len = engine_shape(
         cfg, model, lengths, cfg.trainer.batch_prompts * cfg.sampling.group_size
     )
-    engine = make_engine(model, tok, slots, max_len)
     mc = model.config
+    factory = build_env_factory(cfg, tok, task)
+    skip_len = max_len  # prompts longer than this with a completion are skipped (Run.fits)
+    if factory is not None:  # an episode ends `length` at the model's context
+        max_len = min(env_max_len(cfg, factory, train + heldout, tok), mc.max_position_embeddings)
+        skip_len = 0  # an episode's length is the env's to bound
+    engine = make_engine(model, tok, slots, max_len)
     (run_dir / "model_info.json").write_text(
         json.dumps(
             {
@@ -531,7 +580,8 @@ def setup(cfg: Config) -> Run:
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
+        env_factory=factory,
         eval_sets=sets,
         placement=where,
-        max_len=max_len,
+        max_len=skip_len,
     )
