@@ -111,6 +111,10 @@ class RuntimeConfig(_Section):
     max_restarts: int = Field(3, ge=0)
     """A sampler that dies (killed, crashed) is restarted with the latest weights at most this
     many times; its in-flight prompts are issued again and counted `lost` in the ledger."""
+    max_request_retries: int = Field(2, ge=0)
+    """A prompt request lost with a dying sampler is issued again at most this many times;
+    lost once more, it is dropped (ledger: `poisoned`) with a warning naming its prompt, so a
+    prompt that crashes its sampler every time costs one group, not the run's `max_restarts`."""
     sampler_timeout_s: float = Field(300.0, gt=0.0)
     """A sampler holding work that sends nothing (not even its counters, sent every 0.5 s
     while busy) for this long is killed and restarted."""

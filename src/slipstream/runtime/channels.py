@@ -44,6 +44,7 @@ class PromptRequest:
     group_size: int  # G
     issue_version: int  # trainer version when the orchestrator issued it
     batch: int = -1  # fixed batching: the batch (step window) it belongs to; -1: continuous
+    retries: int = 0  # times this draw was issued again after a sampler died holding it
 
 
 @dataclass

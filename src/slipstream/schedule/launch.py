@@ -135,6 +135,7 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
         dynamic_sampling=f.dynamic_sampling,
         max_extra_draws=f.max_extra_draws,
         sampler_timeout_s=rc.sampler_timeout_s,
+        max_request_retries=rc.max_request_retries,
         chaos_kills=rc.chaos_kills,
         chaos_every_s=rc.chaos_every_s,
         chaos_seed=cfg.run.seed,

@@ -1,7 +1,9 @@
 """The group ledger: every generated group ends in exactly one place.
 
-trained, filtered (with a reason), stale (dropped beyond the lag bound), aborted, or lost (to a
-failure). `balanced()` is the invariant that tests hold for every schedule.
+trained, filtered (with a reason), stale (dropped beyond the lag bound), aborted, lost (to a
+failure, and issued again) or poisoned (lost with its sampler more than
+`runtime.max_request_retries` times, and given up). `balanced()` is the invariant that tests
+hold for every schedule.
 """
 
 from __future__ import annotations
@@ -19,10 +21,18 @@ class Ledger:
     stale: int = 0
     aborted: int = 0
     lost: int = 0
+    poisoned: int = 0  # lost once more than the retries allow: dropped, not issued again
     in_flight: int = 0  # generated, not yet settled (queued at the end of a run)
 
     def settled(self) -> int:
-        return self.trained + sum(self.filtered.values()) + self.stale + self.aborted + self.lost
+        return (
+            self.trained
+            + sum(self.filtered.values())
+            + self.stale
+            + self.aborted
+            + self.lost
+            + self.poisoned
+        )
 
     def balanced(self) -> bool:
         return self.generated == self.settled() + self.in_flight
@@ -35,6 +45,7 @@ class Ledger:
             "stale": self.stale,
             "aborted": self.aborted,
             "lost": self.lost,
+            "poisoned": self.poisoned,
             "in_flight": self.in_flight,
             "balanced": self.balanced(),
         }
@@ -43,7 +54,7 @@ class Ledger:
         """`ledger/...` metrics for a step record."""
         out = {
             f"ledger/{k}": getattr(self, k)
-            for k in ("generated", "trained", "stale", "aborted", "lost")
+            for k in ("generated", "trained", "stale", "aborted", "lost", "poisoned")
         }
         out["ledger/filtered"] = sum(self.filtered.values())
         return out
@@ -52,4 +63,4 @@ class Ledger:
         self.generated, self.trained = d["generated"], d["trained"]
         self.filtered = Counter(d["filtered"])
         self.stale, self.aborted, self.lost = d["stale"], d["aborted"], d["lost"]
-        self.in_flight = d.get("in_flight", 0)
+        self.poisoned, self.in_flight = d.get("poisoned", 0), d.get("in_flight", 0)
