@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from slipstream.runtime.channels import ChannelEnd, Channels, SamplerMessage
-from slipstream.runtime.local import LocalRuntime, default_threads
+from slipstream.runtime.local import ERROR_EXIT, LocalRuntime, default_threads
 
 
 class EchoWorker:
@@ -96,6 +96,25 @@ def test_a_failing_sampler_surfaces_its_error_and_leaves_no_process():
                 if m is not None and m.kind == "error":
                     raise RuntimeError(m.error)
                 rt.check()
+    finally:
+        rt.shutdown()
+    _assert_gone(rt)
+
+
+@pytest.mark.slow
+def test_a_sampler_that_reported_an_error_is_not_restarted():
+    rt = _runtime(1)
+    try:
+        rt.start(FailingWorker)
+        _ready(rt, 1)
+        first = rt.procs[0]
+        first.join(30)
+        assert first.exitcode == ERROR_EXIT
+        for _ in range(3):
+            assert rt.check() == []
+        assert rt.procs[0] is first and rt.restarts == [0] and not first.is_alive()
+        m = rt.channels.groups.get(5.0)
+        assert m is not None and m.kind == "error" and "injected failure" in m.error
     finally:
         rt.shutdown()
     _assert_gone(rt)
