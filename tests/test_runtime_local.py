@@ -177,3 +177,22 @@ def test_router_sends_to_the_least_loaded_live_sampler_and_knows_what_a_dead_one
     r.up(0)
     assert r.put([_req(5)], timeout=0) and r.owner[5] == 0 and fresh.items
     assert not Router([ListInbox(room=0)]).put([_req(6)], timeout=0.01)  # full: False, no hang
+
+
+def test_the_router_remembers_what_is_in_flight_not_every_group_of_the_run():
+    from slipstream.runtime.channels import Router
+
+    inbox = ListInbox(room=10**6)
+    r = Router([inbox])
+    for gid in range(1000):
+        assert r.put([_req(gid)], timeout=0)
+        r.done(gid)
+    assert len(r.sent[0]) == 0 and r.skipped == [1000]
+    for gid in range(1000, 1005):
+        r.put([_req(gid)], timeout=0)
+    r.done(1001)  # back out of order: 1000 is still held, so nothing is forgotten yet
+    assert list(r.sent[0]) == [1000, 1001, 1002, 1003, 1004]
+    r.done(1000)
+    assert list(r.sent[0]) == [1002, 1003, 1004]
+    # it dies having started 1003 requests in all: 1002 (and 1000, 1001, back already)
+    assert r.down(0, started=1003) == ([1002], [1003, 1004])

@@ -23,7 +23,9 @@ from the router (`Router.down`) and issues them again.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -184,7 +186,10 @@ class Router:
         self.live = [True] * len(self.inboxes)
         self.load = [0] * len(self.inboxes)
         self.owner: dict[int, int] = {}
-        self.sent: list[list[int]] = [[] for _ in self.inboxes]  # per inbox, in put order
+        # per inbox, in put order, from the oldest still held: the ids before it came back and
+        # are forgotten (`skipped` counts them), so this holds what is in flight, not the run
+        self.sent: list[deque[int]] = [deque() for _ in self.inboxes]
+        self.skipped = [0] * len(self.inboxes)
 
     def put(self, requests: list[PromptRequest], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -204,19 +209,24 @@ class Router:
 
     def done(self, group_id: int) -> None:
         i = self.owner.pop(group_id, None)
-        if i is not None:
-            self.load[i] -= 1
+        if i is None:
+            return
+        self.load[i] -= 1
+        sent = self.sent[i]
+        while sent and self.owner.get(sent[0]) != i:
+            sent.popleft()
+            self.skipped[i] += 1
 
     def down(self, i: int, started: int = 0) -> tuple[list[int], list[int]]:
         """Sampler `i` died having started generating the first `started` requests sent to it:
         the ids of the groups it held, as (started, not started), each in the order sent."""
         self.live[i] = False
-        begun = set(self.sent[i][:started])
+        begun = set(itertools.islice(self.sent[i], max(started - self.skipped[i], 0)))
         held = [g for g in self.sent[i] if self.owner.get(g) == i]
         for g in held:
             del self.owner[g]
         self.load[i] = 0
-        self.sent[i] = []
+        self.sent[i], self.skipped[i] = deque(), 0
         return [g for g in held if g in begun], [g for g in held if g not in begun]
 
     def up(self, i: int) -> None:
