@@ -126,7 +126,8 @@ class RuntimeConfig(_Section):
     """Seconds between injected sampler kills."""
     defer_eval: bool = False
     """Snapshot the weights at evaluation steps and evaluate them after the run, so that
-    evaluation takes no time from training (benchmarks: time to a target accuracy)."""
+    evaluation takes no time from training (benchmarks: time to a target accuracy). The
+    snapshots are files in `<run.dir>/eval_snapshots/`, deleted once scored."""
 
     @model_validator(mode="after")
     def _resources(self) -> RuntimeConfig:
