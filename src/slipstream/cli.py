@@ -48,6 +48,9 @@ def _train(argv: list[str]) -> int:
     elif overrides and "=" not in overrides[0]:
         path = overrides.pop(0)
     cfg = load_config(path, overrides)
+    from slipstream.schedule.preflight import preflight
+
+    preflight(cfg)  # a missing model folder or library: one line, exit 2, before any work
     try:
         if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
             from slipstream.schedule.sync import train_sync
