@@ -1,6 +1,7 @@
 """A sampler that dies on one prompt every time (a deterministic crash): the request is issued
-again `max_request_retries` times, then dropped as `poisoned`, and the run goes on. Uses
-`test_orchestrator`'s fakes plus a fake runtime that restarts the fake sampler."""
+again `max_request_retries` times, then dropped as `poisoned`, and the run goes on. A request
+a sampler started and that is not back when the run ends is `unfinished`, with its tokens.
+Uses `test_orchestrator`'s fakes plus a fake runtime that restarts the fake sampler."""
 
 from __future__ import annotations
 
@@ -79,3 +80,56 @@ def test_a_request_that_kills_every_sampler_is_dropped_after_its_retries(name):
     trained = [p for e in events if e[0] == "train" for p in e[2]]
     assert "p1" not in trained and len(trained) == len(set(trained))
     assert orch.summary()["groups_trained_twice"] == 0
+
+
+class StuckSampler(FakeSampler):
+    """Counts what it generates; starts the request for prompt `stuck` (7 tokens so far) and
+    never finishes it."""
+
+    def __init__(self, prompts: FakePrompts, weights: FakeWeights, stuck: str) -> None:
+        super().__init__(prompts, weights, in_flight=True)
+        self.stuck, self.started, self.tokens = stuck, 0, 0
+
+    def get(self, timeout):
+        msg = super().get(timeout)
+        if msg is None:
+            return None
+        self.started += 1
+        stuck = msg.request.prompt.id == self.stuck
+        self.tokens += 7 if stuck else msg.group.num_tokens
+        report = SamplerReport(0, time.perf_counter(), 0.0, started=self.started)
+        report.tokens_generated = self.tokens
+        if stuck:
+            return SamplerMessage("stats", 0, report=report)
+        msg.report = report
+        return msg
+
+
+def test_requests_outstanding_at_the_end_are_counted_unfinished_with_their_tokens():
+    events: list[tuple] = []
+    learner, weights = FakeLearner(events), FakeWeights(events)
+    prompts = FakePrompts(events, weights)
+    sampler = StuckSampler(prompts, weights, stuck="p2")
+    ch = Channels(prompts, sampler, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
+    opts = Options(B, G, 3, lag_policy="keep", poll_s=0.001, stall_timeout_s=5)
+    orch = Orchestrator(preset("pipeline", 1), opts, learner, ch)
+
+    def stop_after_step_2() -> None:  # Ctrl-C: the run ends with requests still out
+        if learner.version == 2:
+            raise KeyboardInterrupt
+
+    orch.health = stop_after_step_2
+    trained = []
+    train = learner.train
+    learner.train = lambda groups: (
+        trained.append(sum(g.num_tokens for g in groups)) or train(groups)
+    )
+    orch.start()
+    with pytest.raises(KeyboardInterrupt):
+        orch.run()
+    unfinished_tokens = orch.settle_unfinished()
+    led = learner.ledger
+    assert led.unfinished == 1 and led.balanced(), led
+    assert led.generated == led.trained + led.unfinished + led.in_flight
+    # every token generated was trained or is counted unfinished (keep: nothing stale)
+    assert sampler.tokens == sum(trained) + unfinished_tokens and unfinished_tokens >= 7

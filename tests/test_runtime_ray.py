@@ -54,6 +54,8 @@ def _balanced(ledger: dict) -> bool:
         + ledger["stale"]
         + ledger["aborted"]
         + ledger["lost"]
+        + ledger["poisoned"]
+        + ledger["unfinished"]
     )
     return ledger["generated"] == settled + ledger["in_flight"] and ledger["balanced"]
 

@@ -221,12 +221,19 @@ class Router:
         """Sampler `i` died having started generating the first `started` requests sent to it:
         the ids of the groups it held, as (started, not started), each in the order sent."""
         self.live[i] = False
-        begun = set(itertools.islice(self.sent[i], max(started - self.skipped[i], 0)))
-        held = [g for g in self.sent[i] if self.owner.get(g) == i]
-        for g in held:
+        begun, queued = self.held(i, started)
+        for g in begun + queued:
             del self.owner[g]
         self.load[i] = 0
         self.sent[i], self.skipped[i] = deque(), 0
+        return begun, queued
+
+    def held(self, i: int, started: int = 0) -> tuple[list[int], list[int]]:
+        """The ids of the groups sampler `i` holds, as (started, not started), each in the
+        order sent, if it had started the first `started` requests sent to it (as `down`,
+        without forgetting them)."""
+        begun = set(itertools.islice(self.sent[i], max(started - self.skipped[i], 0)))
+        held = [g for g in self.sent[i] if self.owner.get(g) == i]
         return [g for g in held if g in begun], [g for g in held if g not in begun]
 
     def up(self, i: int) -> None:

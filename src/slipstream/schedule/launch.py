@@ -89,7 +89,7 @@ def _train(cfg: Any, signals: Any, resume: bool) -> dict[str, Any]:
         raise
     finally:
         rt.shutdown()
-        run.ledger.in_flight = orch.leftover()
+        run.info["tokens_unfinished"] = orch.settle_unfinished()
         (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
     learner.evaluate_deferred()
     curve = sorted(learner.curve, key=lambda c: c["step"])

@@ -2,8 +2,9 @@
 
 trained, filtered (with a reason), stale (dropped beyond the lag bound), aborted, lost (to a
 failure, and issued again) or poisoned (lost with its sampler more than
-`runtime.max_request_retries` times, and given up). `balanced()` is the invariant that tests
-hold for every schedule.
+`runtime.max_request_retries` times, and given up); a group the end of a run cut off is
+`unfinished` (started, not back) or `in_flight` (back, not trained). `balanced()` is the
+invariant that tests hold for every schedule.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Ledger:
     aborted: int = 0
     lost: int = 0
     poisoned: int = 0  # lost once more than the retries allow: dropped, not issued again
+    unfinished: int = 0  # started by a sampler, not back when the run ended
     in_flight: int = 0  # generated, not yet settled (queued at the end of a run)
 
     def settled(self) -> int:
@@ -32,6 +34,7 @@ class Ledger:
             + self.aborted
             + self.lost
             + self.poisoned
+            + self.unfinished
         )
 
     def balanced(self) -> bool:
@@ -46,6 +49,7 @@ class Ledger:
             "aborted": self.aborted,
             "lost": self.lost,
             "poisoned": self.poisoned,
+            "unfinished": self.unfinished,
             "in_flight": self.in_flight,
             "balanced": self.balanced(),
         }
@@ -64,3 +68,4 @@ class Ledger:
         self.filtered = Counter(d["filtered"])
         self.stale, self.aborted, self.lost = d["stale"], d["aborted"], d["lost"]
         self.poisoned, self.in_flight = d.get("poisoned", 0), d.get("in_flight", 0)
+        self.unfinished = d.get("unfinished", 0)

@@ -540,6 +540,21 @@ class Orchestrator:
         st = self.state
         return len(st.window) + sum(len(v) for v in st.batches.values()) + len(st.kept)
 
+    def settle_unfinished(self) -> int:
+        """At the end of the run: count the requests samplers had started and not delivered
+        in the ledger (`unfinished`), and the received groups never trained (`in_flight`).
+        Returns the tokens generated for both (as of the samplers' last reports), which never
+        reach an optimizer step."""
+        st, led = self.state, self.learner.ledger
+        led.in_flight = self.leftover()
+        for i in range(len(self.router.inboxes)):
+            report = self.stats.reports.get(i)
+            led.unfinished += len(self.router.held(i, report.started if report else 0)[0])
+        led.generated += led.unfinished
+        tokens = sum(self.stats.undelivered_tokens(i) for i in self.stats.reports)
+        received = [g for _, g in st.window] + [g for v in st.batches.values() for _, g in v]
+        return tokens + sum(g.num_tokens for g in received + st.kept)
+
     def _waited(self, t0: float, t1: float) -> None:
         """Extend the trainer's open wait interval, or close it and open a new one."""
         span = self._wait_span

@@ -253,7 +253,16 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
     run.timeline.close()
     samplers = run.info.get("samplers", 0)
     records = read_records(run.dir / "metrics.jsonl")
-    good = goodput(records, wall, samplers, run.info.get("tokens_lost", 0))
+    info = run.info
+    totals = (info["tokens_generated"], info["busy_s"]) if "busy_s" in info else None
+    good = goodput(
+        records,
+        wall,
+        samplers,
+        info.get("tokens_lost", 0),
+        info.get("tokens_unfinished", 0),
+        totals,
+    )
     summary = {
         "heldout_acc_start": acc_start,
         "heldout_acc_end": acc_end,
