@@ -57,7 +57,8 @@ class SamplerReport:
     sampler_id: int
     t: float
     t_ready: float  # when the sampler began taking work
-    busy_s: float = 0.0  # generating: engine steps, scoring
+    busy_s: float = 0.0  # generating: engine steps, scoring (not `blocked_s`)
+    blocked_s: float = 0.0  # holding a message while the group queue is full
     weight_sync_s: float = 0.0  # reading the weight channel and copying into the model
     weight_loads: int = 0
     tokens_generated: int = 0

@@ -3,7 +3,9 @@
 Samplers report cumulative counters (`SamplerReport`) with each message; a step's values are
 the change since the previous step record, so nothing is lost when a sampler reports late.
 `runtime/sampler_busy` is generating time over the time the reports span, summed over
-samplers (so it never exceeds 1); `runtime/trainer_wait` is the share of the step the trainer
+samplers (so it never exceeds 1); `runtime/sampler_blocked` the same for time a sampler held a
+finished group while the group queue was full (not generating: neither busy nor useful in
+goodput); `runtime/trainer_wait` is the share of the step the trainer
 spent blocked on the group queue. Clocks are `time.perf_counter()`, the system-wide monotonic
 clock on Linux, so the trainer's and the samplers' readings compare.
 
@@ -27,6 +29,7 @@ from slipstream.types import Group
 
 COUNTERS = (
     "busy_s",
+    "blocked_s",
     "weight_sync_s",
     "tokens_generated",
     "decode_steps",
@@ -171,6 +174,7 @@ class StepStats:
             **{f"staleness/{k}": v for k, v in lag.items()},
             "staleness/mismatch_kl": metrics.get("train/approx_kl", 0.0),
             "runtime/sampler_busy": d["busy_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
+            "runtime/sampler_blocked": d["blocked_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
             "runtime/trainer_wait": self.wait_s / max(step_s, 1e-9),
             "runtime/weight_sync_s": publish_s + d["weight_sync_s"] / n,
             "runtime/weight_publish_s": publish_s,
@@ -205,6 +209,7 @@ class StepStats:
         toks = sum(t for *_, t in self.lags) or 1
         return {
             "sampler_busy": d["busy_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
+            "sampler_blocked": d["blocked_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
             "trainer_wait": (self.wait_total + self.wait_s) / max(wall, 1e-9),
             "lag_mean": sum(m * t for m, _, t in self.lags) / toks,
             "lag_max": max((m for _, m, _ in self.lags), default=0),
