@@ -56,6 +56,14 @@ def test_maxrl_golden() -> None:
     _close(out, [[3.0, -1.0, -1.0, -1.0], [0.0, 0.0, 0.0, 0.0]], tol=1e-4)
 
 
+def test_maxrl_gives_a_group_with_a_negative_mean_zero() -> None:
+    # [1, -1, -1]: mean -1/3 <= 0; the formula would give (R + 1/3) / (-1/3) = [-4, 2, 2],
+    # rewarding the failures. maxrl is defined for rewards in [0, 1]: the group gets 0.
+    # [0.5, 1.0] is unaffected: mean 0.75, A = [-1/3, 1/3].
+    out = advantages.compute(torch.tensor([[1.0, -1.0, -1.0], [0.5, 1.0, 0.75]]), "maxrl")
+    _close(out, [[0.0, 0.0, 0.0], [-1 / 3, 1 / 3, 0.0]], tol=1e-4)
+
+
 def test_oapl_golden() -> None:
     # beta = 1, R = [1, 0]: V = log((e + 1) / 2) = 0.620115; A = [0.379885, -0.620115].
     v = math.log((math.e + 1) / 2)

@@ -103,6 +103,9 @@ class CharTok:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        return self.encode(prompt.text)
+
     def decode(self, ids: list[int]) -> str:
         return "".join(chr(i) for i in ids)
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from slipstream.algo import losses
+from slipstream.algo.correction import CorrectionSpec
 
 F64 = torch.float64
 
@@ -169,17 +170,23 @@ def test_aggregation_golden(agg: str, kw: dict, expected: float) -> None:
 
 def test_decoupled_weight_is_capped_and_detached() -> None:
     # old = logp (r = 1); behavior = old - log 3 -> w = 3, capped at 2 by default.
-    # per-token -w * adv * logp with adv 1, logp -1: 2 (capped) or 3 (behavior_cap=None).
+    # per-token -w * adv * logp with adv 1, logp -1: 2 (capped) or 3 (cap raised to 10).
     logp = _leaf([[-1.0]])
     beh = logp.detach() - math.log(3)
     adv = torch.tensor([1.0], dtype=F64)
     capped = losses.compute("reinforce", logp, beh, adv, _ones(1, 1), old_logp=logp.detach())
     free = losses.compute(
-        "reinforce", logp, beh, adv, _ones(1, 1), old_logp=logp.detach(), behavior_cap=None
+        "reinforce",
+        logp,
+        beh,
+        adv,
+        _ones(1, 1),
+        old_logp=logp.detach(),
+        correction_spec=CorrectionSpec(high=10.0),
     )
     assert capped.loss.item() == pytest.approx(2.0)
     assert free.loss.item() == pytest.approx(3.0)
-    assert capped.metrics["behavior_weight_mean"].item() == pytest.approx(2.0)
+    assert capped.metrics["correction/weight_mean"].item() == pytest.approx(2.0)
     capped.loss.backward()
     torch.testing.assert_close(logp.grad, _t([[-2.0]]))
 
@@ -197,13 +204,16 @@ def test_decoupled_ppo_clips_against_old_not_behavior() -> None:
     assert out.metrics["approx_kl"].item() == pytest.approx(math.exp(1.5) - 2.5)
 
 
-def test_gspo_takes_a_sequence_weight() -> None:
-    # old - beh = [log 1.2, log 1.8]: geometric mean weight exp(mean) = sqrt(1.2 * 1.8) = 1.4697.
-    # r = 1 so loss = -w * adv = -1.4697 (seq-mean of one row).
+def test_gspo_takes_the_correction_level() -> None:
+    # old - beh = [log 1.2, log 1.8], r = 1 so the per-token loss is -w * adv.
+    # geometric: one weight exp(mean) = sqrt(1.2 * 1.8) = 1.4697 -> loss -1.4697;
+    # token (the default): weights 1.2 and 1.8, seq-mean-token-mean -> -(1.2 + 1.8) / 2 = -1.5.
     logp = _t([[-1.0, -1.0]])
     beh = logp - _t([[math.log(1.2), math.log(1.8)]])
-    out = losses.compute("gspo", logp, beh, _t([[1.0]])[0], _ones(1, 2), old_logp=logp)
-    assert out.loss.item() == pytest.approx(-math.sqrt(1.2 * 1.8))
+    args = ("gspo", logp, beh, _t([[1.0]])[0], _ones(1, 2))
+    geo = losses.compute(*args, old_logp=logp, correction_spec=CorrectionSpec(level="geometric"))
+    assert geo.loss.item() == pytest.approx(-math.sqrt(1.2 * 1.8))
+    assert losses.compute(*args, old_logp=logp).loss.item() == pytest.approx(-1.5)
 
 
 @pytest.mark.parametrize("method", ["dro", "oapl"])
@@ -255,8 +265,8 @@ def test_bad_inputs_are_rejected() -> None:
         losses.compute("ppo", logp, _t([[0.0]]), _t([[1.0]])[0], mask)
     with pytest.raises(ValueError, match="adv"):
         losses.compute("ppo", logp, logp, _t([[1.0, 1.0]])[0], mask)
-    with pytest.raises(ValueError, match="behavior_cap"):
-        losses.compute("ppo", logp, logp, _t([[1.0]])[0], mask, behavior_cap=0.0)
+    with pytest.raises(ValueError, match="low <= 1 <= high"):
+        CorrectionSpec(high=0.5)
 
 
 def test_low_precision_logp_is_computed_in_float32() -> None:

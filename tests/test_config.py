@@ -44,6 +44,34 @@ def test_cli_exits_2_with_one_line(capsys):
     assert "trainer.lrr" in err and "Traceback" not in err
 
 
+def test_maxrl_with_a_negative_reward_setting_exits_2(capsys):
+    args = ["train", "trainer.advantage=maxrl", "filters.overlong=penalty"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "maxrl" in err and "overlong" in err
+
+
+def test_agg_defaults_to_the_loss_default_and_the_builtin_task_choice():
+    assert load_config().trainer.agg == "seq-mean-token-mean"  # the built-in task's own
+    data = ["task.kind=jsonl", "task.path=x.jsonl"]
+    assert load_config(None, data).trainer.agg == "token-mean"  # ppo's
+    assert load_config(None, [*data, "trainer.loss=oapl"]).trainer.agg == "seq-mean-token-mean"
+    assert load_config(None, [*data, "trainer.agg=token-sum-norm"]).trainer.agg == "token-sum-norm"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["schedule.min_lag=2"], "continuous-batching"),  # sync
+        (["schedule.name=pipeline", "schedule.min_lag=4", "schedule.max_lag=2"], "at most"),
+    ],
+)
+def test_min_lag_needs_continuous_batching_and_room_below_max_lag(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, overrides)
+    load_config(None, ["schedule.name=pipeline", "schedule.min_lag=4", "schedule.max_lag=4"])
+
+
 def test_file_then_overrides(tmp_path):
     f = tmp_path / "run.toml"
     f.write_text('[trainer]\nlr = 0.01\nloss = "dapo"\n[sampling]\ngroup_size = 4\n')

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.config import Config, ConfigError, _all_keys, load_config, read_file
-from slipstream.tasks.jsonl import TaskError, read_rows
+from slipstream.tasks.jsonl import TaskError
+from slipstream.tasks.rows import read_rows
 
 KEYS = _all_keys(Config)
 SECTIONS = sorted({k.split(".")[0] for k in KEYS})
@@ -294,7 +295,7 @@ def test_jsonl_line_numbers_count_newlines_only(tmp_path):
     path.write_text(
         '{"prompt": "a\u2028b\x85c", "answer": "1"}\n{"prompt": "x"}\n', encoding="utf-8"
     )
-    with pytest.raises(TaskError, match=r"d\.jsonl:2: missing field 'answer'"):
+    with pytest.raises(TaskError, match=r"d\.jsonl:2: missing column 'answer'"):
         read_rows(path)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from slipstream.config import ConfigError, load_config
 from slipstream.observe.metrics import Max, Mean
 from slipstream.observe.sinks import FanOut, JsonlSink, SafeSink, make_sinks, read_jsonl
 
@@ -152,6 +153,17 @@ def test_wandb_runs_offline_with_the_run_config(
     assert calls["init"]["dir"] == str(tmp_path) and calls["init"]["config"] == {"run": {"seed": 3}}
     assert calls["log"] == [(7, {"reward_mean": 0.5, "completion_lens": ("hist", (1.0, 2.0))})]
     assert calls["finished"]
+    # the [wandb] section: project, entity, name, tags, mode, as people use them
+    cfg = load_config(None, ["wandb.project=p", "wandb.entity=team", "wandb.name=exp1",
+                             'wandb.tags=["a", "b"]', "wandb.mode=online"])  # fmt: skip
+    make_sinks(tmp_path, ["wandb"], cfg.wandb.model_dump())[1].close()
+    init = calls["init"]
+    assert (init["project"], init["entity"], init["name"], init["tags"], init["mode"]) == (
+        "p", "team", "exp1", ["a", "b"], "online",
+    )  # fmt: skip
+    assert init["config"] == {"run": {"seed": 3}}  # the resolved config is the run config
+    with pytest.raises(ConfigError, match=r"wandb\.mode"):
+        load_config(None, ["wandb.mode=sometimes"])
 
 
 def test_jsonl_lines_are_complete_after_each_write(tmp_path: Path) -> None:

@@ -346,3 +346,91 @@ def test_a_group_trained_twice_is_counted_by_prompt_and_seeds():
     assert st.trained_twice == 0  # same prompt other seeds, same seeds other prompt: new draws
     st.trained_keys([group("a", (2, 1))])  # the same draw, members in another order
     assert st.trained_twice == 1
+
+
+def _arrive(orch: Orchestrator, n: int, version: int) -> None:
+    """`n` groups whose every token has `version` arrive (requests made on the spot)."""
+    learner = orch.learner
+    for prompt, g in zip(learner.draw(n), learner.group_sizes([None] * n)):
+        req = orch._request(prompt, g, batch=-1)
+        samples = [
+            Sample(
+                prompt.id, [1], [2, 2], [0.0, 0.0], [version] * 2, FinishReason.STOP, float(i % 2)
+            )
+            for i in range(g)
+        ]
+        group = Group(prompt, samples)
+        orch.receive(SamplerMessage("group", 0, request=req, group=group))
+
+
+def _bare(name: str, max_lag: int, **opts) -> tuple[list[tuple], Orchestrator, FakeLearner]:
+    events: list[tuple] = []
+    learner = FakeLearner(events)
+    weights = FakeWeights(events)
+    prompts = FakePrompts(events, weights)
+    ch = Channels(prompts, prompts, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
+    spec = preset(name, max_lag)
+    orch = Orchestrator(spec, Options(B, G, 10, poll_s=0.001, **opts), learner, ch)
+    return events, orch, learner
+
+
+def test_no_group_trains_beyond_k_when_several_windows_close_at_once():
+    # Three windows' worth of version-0 groups are back at once (as after a recovery drains a
+    # dead sampler's messages). Windows 1 and 2 train them at lags 0 and 1 = K; the third
+    # window's groups would train at lag 2 > K: under `drop` they are stale instead.
+    events, orch, learner = _bare("async", max_lag=1)
+    _arrive(orch, 3 * B, version=0)
+    orch._close_ready_windows()
+    lags = [e[3] for e in events if e[0] == "train"]
+    assert lags == [0, 1]
+    assert learner.ledger.stale == B and learner.ledger.trained == 2 * B
+    assert orch.state.out_of_bound == B  # their admission slots are free again
+    led = learner.ledger
+    led.in_flight = orch.leftover()
+    assert led.balanced()
+
+
+def test_keep_trains_aged_groups_with_their_lag():
+    events, orch, learner = _bare("async", max_lag=1, lag_policy="keep")
+    _arrive(orch, 3 * B, version=0)
+    orch._close_ready_windows()
+    assert [e[3] for e in events if e[0] == "train"] == [0, 1, 2]
+    assert learner.ledger.stale == 0
+
+
+class _LagLearner(FakeLearner):
+    def train(self, groups: list[Group]) -> dict:
+        lags = [self.version - g.oldest_version for g in groups]
+        self.events.append(("lags", self.version, min(lags), max(lags)))
+        return super().train(groups)
+
+
+def _min_lag_run(in_flight: bool) -> tuple[list[tuple], FakeLearner]:
+    events: list[tuple] = []
+    spec = preset("pipeline", 2)
+    learner = _LagLearner(events)
+    weights = FakeWeights(events)
+    prompts = FakePrompts(events, weights)
+    sampler = FakeSampler(prompts, weights, in_flight=in_flight)
+    ch = Channels(prompts, sampler, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
+    opts = Options(B, G, 8, poll_s=0.001, stall_timeout_s=5, min_lag=2)
+    orch = Orchestrator(spec, opts, learner, ch)
+    orch.start()
+    orch.run()
+    return [(v, lo, hi) for kind, v, lo, hi in (e for e in events if e[0] == "lags")], learner
+
+
+def test_min_lag_trains_on_data_exactly_k_versions_old():
+    # a sampler that starts each request with the weights of the moment it was issued
+    lags, learner = _min_lag_run(in_flight=False)
+    # the first steps train what there is (lag = version), then exactly K = 2 every step
+    assert lags == [(v, min(v, 2), min(v, 2)) for v in range(8)]
+    assert learner.ledger.stale == 0
+
+
+def test_min_lag_never_starves_when_samplers_start_requests_late():
+    # this sampler serves lazily under the newest weights, so groups are younger than their
+    # requests: held by token version they would never ripen while admission waits for them
+    lags, learner = _min_lag_run(in_flight=True)
+    assert len(lags) == 8 and all(hi <= 2 for _, _, hi in lags)
+    assert learner.ledger.stale == 0

@@ -162,4 +162,4 @@ def test_malformed_jsonl_exits_2_naming_the_line(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert code == 2
-    assert f"{data}:41: missing field 'answer'" in err
+    assert f"{data}:41: missing column 'answer'" in err

@@ -47,11 +47,11 @@ def test_prompt_source_is_deterministic_and_resumable():
     ("line", "message"),
     [
         ("{bad json", "not valid JSON"),
-        ('{"prompt": "x"}', "missing field 'answer'"),
-        ('{"answer": "x"}', "missing field 'prompt'"),
+        ('{"prompt": "x"}', "missing column 'answer'"),
+        ('{"answer": "x"}', "missing column 'messages' or 'prompt'"),
         ("[1, 2]", "expected a JSON object"),
-        ('{"prompt": "", "answer": "1"}', "'prompt' must be a non-empty string"),
-        ('{"prompt": "x", "answer": [1]}', "'answer' must be a string or a number"),
+        ('{"prompt": "", "answer": "1"}', "column 'prompt': empty prompt"),
+        ('{"prompt": "x", "answer": [1]}', "column 'answer': expected a string or a number"),
     ],
 )
 def test_malformed_row_names_file_and_line(tmp_path, line, message):

@@ -32,6 +32,10 @@ class Prompt:
     text: str
     answer: Any
     meta: dict[str, Any] = field(default_factory=dict)
+    # the conversation `text` is the chat template's rendering of (generation prompt opened),
+    # which holds its own special tokens; None: `text` is plain text, encoded with the
+    # tokenizer's BOS/EOS (model.tokenizer)
+    messages: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -57,6 +61,9 @@ class Sample:
     t_end: float = 0.0
     # why the verifier failed on this sample, which then scored 0 (tasks.guard.ERRORS); "" if it did not
     reward_error: str = ""
+    # each reward function's value by metric name (`reward/<name>`; tasks.rewards), when the
+    # reward combines several or returned a dict; the mean per step is logged
+    reward_parts: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.completion_tokens)

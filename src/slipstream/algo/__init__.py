@@ -8,7 +8,7 @@
   completions, dynamic sampling), as pure predicates with named reasons.
 
 No I/O, no clocks, no processes, no global state beyond the registries; the formulas are the
-contract in ALGORITHMS.md. Stateful helpers built on these (pass-rate tracking, adaptive group
+contract in docs/algorithms.md. Stateful helpers built on these (pass-rate tracking, adaptive group
 size, replay) live in `slipstream.schedule`.
 """
 

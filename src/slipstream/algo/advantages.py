@@ -1,7 +1,7 @@
 """Group-relative advantages: rewards `[N, G]` (N prompts, G samples each) to advantages `[N, G]`.
 
 Every method here is a pure function of one group's rewards. The formulas are the contract in
-ALGORITHMS.md; a group whose rewards are all equal gets exactly 0 under every method, because it
+docs/algorithms.md; a group whose rewards are all equal gets exactly 0 under every method, because it
 carries no learning signal (and a float mean of equal numbers is not always that number, so the
 zero is enforced, not left to rounding).
 """
@@ -45,15 +45,17 @@ def rloo(rewards: Tensor) -> Tensor:
 
 
 def maxrl(rewards: Tensor, eps: float = EPS) -> Tensor:
-    """`(R - mean_g R) / (mean_g R + eps)`, 0 where `mean_g R == 0`.
+    """`(R - mean_g R) / (mean_g R + eps)`, 0 where `mean_g R <= 0`.
 
     Maximum-likelihood RL: with 0/1 rewards the gradient of log(pass rate) is the policy
     gradient divided by the pass rate p, so hard prompts (small p) weigh 1/p more. A group with
-    no success has no likelihood to raise and gets 0.
+    no success has no likelihood to raise and gets 0. Defined for rewards in [0, 1]: a mean at
+    or below 0 (only reachable with negative rewards) would flip or explode the 1/p weight, so
+    it gets 0 too; the config rejects settings that make rewards negative.
     """
     mean = rewards.mean(dim=1, keepdim=True)
     adv = (rewards - mean) / (mean + eps)
-    return torch.where(mean == 0, torch.zeros_like(adv), adv)
+    return torch.where(mean <= 0, torch.zeros_like(adv), adv)
 
 
 def oapl(rewards: Tensor, beta: float = 1.0) -> Tensor:

@@ -1,7 +1,7 @@
 """Policy losses: per-token (or per-sequence) loss, aggregation, and diagnostic metrics.
 
 `compute(method, logp, behavior_logp, adv, mask, ...)` returns a `LossOutput` whose `loss` is
-a scalar to minimise. Formulas are the contract in ALGORITHMS.md. Inputs are `[B, T]`:
+a scalar to minimise. Formulas are the contract in docs/algorithms.md. Inputs are `[B, T]`:
 
 - `logp`: log pi_theta under the current weights (carries grad);
 - `behavior_logp`: log mu recorded by the sampler (possibly stale, possibly mixed versions);
@@ -9,12 +9,12 @@ a scalar to minimise. Formulas are the contract in ALGORITHMS.md. Inputs are `[B
 
 Decoupled correction for stale data (AReaL, Fu et al. 2025): when `old_logp` is given the
 trust-region ratio is `r = exp(logp - old_logp)` and each token's loss is multiplied by the
-detached behaviour weight `w = min(exp(old_logp - behavior_logp), behavior_cap)` (truncated
-importance sampling, as in IMPALA's V-trace; `behavior_cap=None` or inf disables truncation).
-When `old_logp` is None, `r = exp(logp - behavior_logp)` and there is no extra weight.
-`reinforce`, `ppo`, `dapo` and `cispo` take the token weight; `gspo` takes the sequence weight
-`min(exp(mean_t(old_logp - behavior_logp)), behavior_cap)`, normalised by length like its ratio;
-`dro` and `oapl` regress against `behavior_logp` by definition and take no weight.
+detached behaviour weight `w = pi_prox / mu = exp(old_logp - behavior_logp)`, truncated or
+masked as the `correction_spec` says (`algo.correction`: token, sequence or geometric level;
+TIS truncation at 2 by default). Tokens the correction masks leave the loss and its
+denominators. When `old_logp` is None the proximal policy is the sampler: `r = exp(logp -
+behavior_logp)` and `w = 1`. `dro` and `oapl` regress against `behavior_logp` by definition and
+take no weight (their correction metrics are still reported).
 
 Sequence-level losses (`gspo`, `oapl`) compute one loss per sequence and broadcast it to the
 sequence's masked tokens, so every `agg` applies unchanged; their default `seq-mean-token-mean`
@@ -36,8 +36,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from slipstream.algo import correction
+from slipstream.algo.correction import CorrectionSpec
+
 LOG_RATIO_CLAMP = 20.0
-DEFAULT_BEHAVIOR_CAP = 2.0
+SPEC = CorrectionSpec()  # the field's default: token-level truncation at 2 (TIS)
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm")
 
 METRIC_REDUCTIONS: dict[str, str] = {
@@ -45,11 +48,13 @@ METRIC_REDUCTIONS: dict[str, str] = {
     "ratio_mean": "mean",
     "ratio_max": "max",
     "approx_kl": "mean",
-    "behavior_weight_mean": "mean",
     "nonfinite_tokens": "sum",
     "tokens": "sum",
+    "seqs": "sum",
+    **correction.METRIC_REDUCTIONS,
 }
-"""How each metric combines across micro-batches; "mean" is weighted by `tokens`."""
+"""How each metric combines across micro-batches; "mean" is weighted by `tokens`. `tokens` and
+`seqs` count the tokens and rows left in the loss (valid, kept by the correction)."""
 
 
 @dataclass
@@ -146,12 +151,12 @@ def _oapl(x: LossInputs, hp: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
 @dataclass(frozen=True)
 class LossMethod:
     """A registered loss: its function, settings with defaults, default agg, and whether it
-    takes the decoupled behaviour weight per `"token"`, per `"seq"`, or not at all (None)."""
+    takes the decoupled behaviour weight (and the correction's mask)."""
 
     fn: LossFn
     defaults: Mapping[str, Any]
     agg: str = "token-mean"
-    behavior_weight: str | None = "token"
+    behavior_weight: bool = True
 
 
 _PPO = LossMethod(_ppo, {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None})
@@ -162,27 +167,47 @@ METHODS: dict[str, LossMethod] = {
     # DAPO §3.1 clip-higher: a wider upper bound lets low-probability tokens grow (entropy).
     "dapo": replace(_PPO, defaults={**_PPO.defaults, "eps_high": 0.28}),
     "cispo": LossMethod(_cispo, {"lo": 0.0, "hi": 5.0}),
-    "dro": LossMethod(_dro, {"beta": 0.05}, behavior_weight=None),
+    "dro": LossMethod(_dro, {"beta": 0.05}, behavior_weight=False),
     "gspo": LossMethod(
-        _gspo,
-        {"eps_low": 3e-4, "eps_high": 4e-4, "dual_clip": None},
-        agg="seq-mean-token-mean",
-        behavior_weight="seq",
+        _gspo, {"eps_low": 3e-4, "eps_high": 4e-4, "dual_clip": None}, agg="seq-mean-token-mean"
     ),
-    "oapl": LossMethod(_oapl, {"beta": 1.0}, agg="seq-mean-token-mean", behavior_weight=None),
+    "oapl": LossMethod(_oapl, {"beta": 1.0}, agg="seq-mean-token-mean", behavior_weight=False),
 }
-"""The losses by name. `behavior_cap` is accepted by every method (a no-op for dro, oapl)."""
+"""The losses by name."""
 
 
 def _settings(method: str, hp: Mapping[str, Any]) -> tuple[LossMethod, dict[str, Any]]:
     if method not in METHODS:
         raise ValueError(f"unknown loss method {method!r}; valid: {', '.join(METHODS)}")
     spec = METHODS[method]
-    valid = [*spec.defaults, "behavior_cap"]
-    unknown = sorted(set(hp) - set(valid))
+    unknown = sorted(set(hp) - set(spec.defaults))
     if unknown:
-        raise ValueError(f"loss {method!r} takes no setting {unknown}; valid: {valid}")
-    return spec, {"behavior_cap": DEFAULT_BEHAVIOR_CAP, **spec.defaults, **hp}
+        raise ValueError(
+            f"loss {method!r} takes no setting {unknown}; valid: {list(spec.defaults)}"
+        )
+    return spec, {**spec.defaults, **hp}
+
+
+def normaliser(
+    agg: str, *, tokens: int | Tensor, seqs: int | Tensor, max_len: int | None = None
+) -> Tensor:
+    """The denominator of `agg` for a step of `tokens` loss tokens in `seqs` sequences.
+
+    - `token-mean`: `tokens`; every token weighs the same, which removes the length bias of
+      per-sequence means (DAPO §3.3).
+    - `seq-mean-token-mean`, `seq-mean-token-sum`: `seqs`.
+    - `token-sum-norm`: `seqs * max_len` with a constant `max_len` (`sampling.max_new_tokens`),
+      so a sequence's weight does not depend on the lengths of the others (Dr. GRPO §3.1).
+    """
+    if agg not in AGGS:
+        raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGGS)}")
+    n = tokens if agg == "token-mean" else seqs
+    t = torch.as_tensor(n, dtype=torch.float32).clamp(min=1)
+    if agg != "token-sum-norm":
+        return t
+    if max_len is None or max_len <= 0:
+        raise ValueError(f"agg 'token-sum-norm' needs a positive max_len, got {max_len}")
+    return t * max_len
 
 
 def aggregate(
@@ -194,45 +219,21 @@ def aggregate(
     num_seqs: int | Tensor | None = None,
     max_len: int | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss `[B, T]` over `mask` `[B, T]` to a scalar.
-
-    - `token-mean`: `sum(mask*l) / num_tokens`; every token weighs the same, which removes the
-      length bias of per-sequence means (DAPO §3.3).
-    - `seq-mean-token-mean`: `sum_i (sum_t mask*l / sum_t mask) / num_seqs` (original GRPO).
-    - `seq-mean-token-sum`: `sum_i sum_t mask*l / num_seqs`.
-    - `token-sum-norm`: `sum(mask*l) / (num_seqs * max_len)`, a constant normaliser
-      (Dr. GRPO §3.1).
-
-    `num_tokens` / `num_seqs` default to this call's masked tokens / rows with a masked token.
+    """Reduce a per-token loss `[B, T]` over `mask` `[B, T]` to a scalar: the sum of `agg`
+    (`sum(mask*l)`, or `sum_i sum_t(mask*l) / sum_t mask` for `seq-mean-token-mean`) over
+    `normaliser(agg, ...)`. `num_tokens` / `num_seqs` default to this call's masked tokens /
+    rows with a masked token; pass the whole step's to micro-batches.
     """
-    if agg not in AGGS:
-        raise ValueError(f"unknown agg {agg!r}; valid: {', '.join(AGGS)}")
     mask = mask.bool()
     # where(), not a product: a masked inf or nan must not reach the sum.
     masked = torch.where(mask, loss_T, 0.0)
-    seqs = mask.any(dim=1).sum() if num_seqs is None else num_seqs
-    seqs = torch.as_tensor(seqs, dtype=loss_T.dtype, device=loss_T.device).clamp(min=1)
-    if agg == "token-mean":
-        tokens = mask.sum() if num_tokens is None else num_tokens
-        tokens = torch.as_tensor(tokens, dtype=loss_T.dtype, device=loss_T.device)
-        return masked.sum() / tokens.clamp(min=1)
     if agg == "seq-mean-token-mean":
-        return (masked.sum(1) / mask.sum(1).clamp(min=1)).sum() / seqs
-    if agg == "seq-mean-token-sum":
-        return masked.sum() / seqs
-    if max_len is None or max_len <= 0:
-        raise ValueError(f"agg 'token-sum-norm' needs a positive max_len, got {max_len}")
-    return masked.sum() / (seqs * max_len)
-
-
-def _behavior_weight(x: LossInputs, kind: str, cap: float | None) -> Tensor:
-    """Detached `[B, T]` weight `min(exp(old_logp - behavior_logp), cap)`, per token or per
-    sequence (length-normalised, like GSPO's ratio)."""
-    drift = x.old_logp - x.behavior_logp
-    if kind == "seq":
-        drift = _per_token(_masked_seq_mean(drift, x.valid), drift)
-    w = drift.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    return w if cap is None else w.clamp(max=cap)
+        total = (masked.sum(1) / mask.sum(1).clamp(min=1)).sum()
+    else:
+        total = masked.sum()
+    tokens = mask.sum() if num_tokens is None else num_tokens
+    seqs = mask.any(dim=1).sum() if num_seqs is None else num_seqs
+    return total / normaliser(agg, tokens=tokens, seqs=seqs, max_len=max_len).to(total)
 
 
 def _prepare(
@@ -261,7 +262,7 @@ def _prepare(
     return LossInputs(logp, beh, old, ratio, torch.where(valid, adv, zero), valid)
 
 
-def _metrics(x: LossInputs, cut: Tensor, mask: Tensor, weight: Tensor | None) -> dict[str, Tensor]:
+def _metrics(x: LossInputs, cut: Tensor, nonfinite: Tensor) -> dict[str, Tensor]:
     valid = x.valid
     n = valid.sum().to(x.logp.dtype)
     per_token = n.clamp(min=1)
@@ -269,15 +270,14 @@ def _metrics(x: LossInputs, cut: Tensor, mask: Tensor, weight: Tensor | None) ->
     # k3 estimator of the drift from the sampler (Schulman 2020), always against behavior_logp.
     log_rb = (x.logp.detach() - x.behavior_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     kl = torch.where(valid, log_rb.exp() - 1 - log_rb, 0.0)
-    w = torch.ones_like(r) if weight is None else weight
     return {
         "clip_frac": (cut & valid).sum() / per_token,
         "ratio_mean": r.sum() / per_token,
         "ratio_max": r.max() if r.numel() else r.sum(),
         "approx_kl": kl.sum() / per_token,
-        "behavior_weight_mean": torch.where(valid, w, 0.0).sum() / per_token,
-        "nonfinite_tokens": (mask.bool() & ~valid).sum().to(x.logp.dtype),
+        "nonfinite_tokens": nonfinite.sum().to(x.logp.dtype),
         "tokens": n,
+        "seqs": valid.any(dim=1).sum().to(x.logp.dtype),
     }
 
 
@@ -289,6 +289,7 @@ def compute(
     mask: Tensor,
     *,
     old_logp: Tensor | None = None,
+    correction_spec: CorrectionSpec | None = None,
     agg: str | None = None,
     num_tokens: int | Tensor | None = None,
     num_seqs: int | Tensor | None = None,
@@ -298,21 +299,23 @@ def compute(
     """The `method` loss of one (micro-)batch.
 
     Shapes: `logp`, `behavior_logp`, `old_logp`, `mask` `[B, T]`; `adv` `[B]` or `[B, T]`.
+    `old_logp` is the proximal policy (None: the sampler is the proximal policy, `w = 1`);
+    `correction_spec` how its behaviour weight applies (None: token-level truncation at 2).
     `agg` None picks the method's default (`token-mean`; `seq-mean-token-mean` for gspo, oapl).
-    `hp` are the method's settings (see `METHODS[method].defaults`) and `behavior_cap`.
+    `hp` are the method's settings (see `METHODS[method].defaults`).
     A token whose `logp`, `behavior_logp`, `old_logp` or `adv` is not finite is dropped from the
-    loss and from the counted denominators, and reported in `metrics["nonfinite_tokens"]`.
+    loss and from the counted denominators, and reported in `metrics["nonfinite_tokens"]`;
+    so is a token (or sequence) the correction masks (`metrics["correction/masked_frac"]`).
     """
     spec, settings = _settings(method, hp)
-    if settings["behavior_cap"] is not None and not settings["behavior_cap"] > 0:
-        raise ValueError(f"behavior_cap must be > 0 or None, got {settings['behavior_cap']}")
     x = _prepare(logp, behavior_logp, adv, mask, old_logp)
+    nonfinite = mask.bool() & ~x.valid
+    corr = correction.apply(x.old_logp, x.behavior_logp, x.valid, correction_spec or SPEC)
+    if spec.behavior_weight:
+        x = replace(x, valid=corr.keep)
     loss_T, cut_T = spec.fn(x, settings)
-    weight = None
-    if old_logp is not None and spec.behavior_weight is not None:
-        cap = settings["behavior_cap"]
-        weight = _behavior_weight(x, spec.behavior_weight, None if cap == math.inf else cap)
-        loss_T = loss_T * weight
+    if spec.behavior_weight:
+        loss_T = loss_T * corr.weight
     loss = aggregate(
         loss_T,
         x.valid,
@@ -321,12 +324,15 @@ def compute(
         num_seqs=num_seqs,
         max_len=max_len,
     )
-    return LossOutput(loss, _metrics(x, cut_T, mask, weight))
+    return LossOutput(loss, {**_metrics(x, cut_T, nonfinite), **corr.metrics})
 
 
 def merge_metrics(parts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
     """Combine micro-batch metrics exactly by `METRIC_REDUCTIONS` (means weighted by tokens)."""
-    tokens = torch.stack([p["tokens"] for p in parts])
+    weights = {
+        "mean": torch.stack([p["tokens"] for p in parts]),
+        "mean_valid": torch.stack([p["valid_tokens"] for p in parts]),
+    }
     merged: dict[str, Tensor] = {}
     for name, how in METRIC_REDUCTIONS.items():
         values = torch.stack([p[name] for p in parts])
@@ -335,7 +341,8 @@ def merge_metrics(parts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
         elif how == "max":
             merged[name] = values.max()
         else:
-            merged[name] = (values * tokens).sum() / tokens.sum().clamp(min=1)
+            w = weights[how]
+            merged[name] = (values * w).sum() / w.sum().clamp(min=1)
     return merged
 
 

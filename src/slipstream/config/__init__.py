@@ -9,8 +9,10 @@ from slipstream.config.base import ConfigError
 from slipstream.config.data import (
     EvalConfig,
     ModelSection,
+    RewardEntry,
     SamplingConfig,
     TaskConfig,
+    WandbConfig,
     WarmstartConfig,
 )
 from slipstream.config.load import (
@@ -23,22 +25,25 @@ from slipstream.config.load import (
     read_file,
 )
 from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
-from slipstream.config.train import FilterConfig, ReplayConfig, TrainerConfig
+from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
 
 __all__ = [
     "CheckpointConfig",
     "Config",
     "ConfigError",
+    "CorrectionConfig",
     "EvalConfig",
     "FilterConfig",
     "ModelSection",
     "ReplayConfig",
+    "RewardEntry",
     "RunConfig",
     "RuntimeConfig",
     "SamplingConfig",
     "ScheduleConfig",
     "TaskConfig",
     "TrainerConfig",
+    "WandbConfig",
     "WarmstartConfig",
     "_all_keys",
     "apply_override",

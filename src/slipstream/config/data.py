@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from slipstream.config.base import _Section
 
@@ -15,20 +15,66 @@ class ModelSection(_Section):
     built-in tiny model, warm-started on the built-in task and cached."""
 
 
+class RewardEntry(_Section):
+    fn: str
+    """`math_verify`, `exact`, `module:function` or `path/to/file.py:function`."""
+    weight: float = 1.0
+    """Its weight in the total reward: the sum of weight x value over the functions that apply
+    to the sample (a TRL-style function returns None where it does not)."""
+    name: str | None = None
+    """Its metric name, `reward/<name>`; default the function's name."""
+    shape: Literal["auto", "slipstream", "trl", "verl"] = "auto"
+    """How it is called. `slipstream`: `fn(prompt: Prompt, completion: str) -> float`. `trl`:
+    batched `fn(prompts, completions, **columns) -> list[float | None]`, called with one
+    sample at a time (prompts as messages and completions as `[{"role": "assistant",
+    "content": ...}]` for chat prompts, else strings; every other column of the row by name).
+    `verl`: `fn(data_source, solution_str, ground_truth, extra_info) -> float | dict`, a dict's
+    `score` being the reward and its other numbers logged as `reward/<name>/<key>`. `auto`: by
+    the parameter names (`prompts`/`completions`: trl; `solution_str`/`data_source`: verl)."""
+
+
 class TaskConfig(_Section):
-    kind: Literal["builtin", "jsonl"] = "builtin"
-    """`builtin`: running sums of digits (heavy-tailed lengths). `jsonl`: a file of
-    {"prompt": ..., "answer": ...} rows."""
+    kind: Literal["builtin", "dataset", "jsonl"] = "builtin"
+    """`builtin`: running sums of digits (heavy-tailed lengths). `dataset` (or its old name
+    `jsonl`): the rows of `path`. Setting `path` selects `dataset`; `kind = "builtin"` with a
+    `path` is an error."""
     path: str | None = None
-    """The JSONL file of training rows (kind = jsonl)."""
+    """Training rows: a JSONL, JSON, Parquet or CSV file, a folder of them, or a hub dataset id
+    (`owner/name`, where the network allows it). Parquet, CSV and hub ids need the datasets
+    library (`pip install 'slipstream[data]'`)."""
+    split: str = "train"
+    """The split of a folder (files whose path names it: `train.jsonl`, `data/test-0.parquet`)
+    or of a hub dataset; a single file is all one split."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Your file's column names for `prompt`, `messages`, `answer` and `id`, e.g.
+    `{prompt = "problem", answer = "solution"}`. Defaults: `messages`, else `prompt` (a string,
+    or a list of messages as verl's files have it); `answer`, else `ground_truth`, `solution`
+    or `reward_model.ground_truth`. Every other column travels with the prompt to the reward."""
+    chat_template: str = "auto"
+    """`auto`: render prompts with the model's own chat template when it has one (as
+    `apply_chat_template(..., add_generation_prompt=True)`), plain text otherwise. `none`: plain
+    text (`prompt_template`). Or a path to a Jinja template file."""
+    system_prompt: str | None = None
+    """A system turn put first in every conversation that has none (needs a chat template)."""
     heldout_path: str | None = None
-    """A JSONL file of held-out rows; None holds out `heldout_fraction` of `path`."""
+    """Held-out rows (a file or folder as `path`); None holds out `heldout_split` or else
+    `heldout_fraction` of `path`."""
+    heldout_split: str | None = None
+    """The split of `path` (or of `heldout_path`) held out, e.g. `test` of a folder or hub
+    dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`."""
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of `path` held out for evaluation when there is no `heldout_path`."""
-    reward: str = "math_verify"
-    """`math_verify` (math answers compared by the math-verify library), `exact` (string
-    equality after stripping), or a Python reward function `module:function` or
-    `path/to/file.py:function` taking (prompt: Prompt, completion: str) -> float."""
+    heldout_seed: int = 0
+    """Seed of the held-out split, independent of `run.seed`: runs of different seeds are
+    evaluated on the same prompts."""
+    reward: str | None = None
+    """`math_verify` (math answers compared by the math-verify library; the default when
+    neither this nor `rewards` is set), `exact` (string equality after stripping), or a Python
+    reward function `module:function` or `path/to/file.py:function` in any shape of `rewards`
+    (shape `auto`)."""
+    rewards: list[RewardEntry] = Field(default_factory=list)
+    """Several weighted reward functions instead of `reward`, each logged as `reward/<name>`:
+    `rewards = [{fn = "rewards.py:fmt", weight = 0.2}, {fn = "math_verify"}]`."""
     reward_isolation: Literal["auto", "process", "inline"] = "auto"
     """Where the reward runs. `process`: in a worker subprocess, so a reward that hangs, spins in C
     or crashes the interpreter costs one sample (its worker is killed and replaced), not the run;
@@ -50,6 +96,31 @@ class TaskConfig(_Section):
     recur within a run, as epochs over a fixed dataset do: that is where the pass-rate band
     and adaptive group sizes, which track each prompt's pass rate, have something to act on."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _path_selects_dataset(cls, raw: Any) -> Any:
+        """A `path` with no `kind` means the dataset; with `kind = "builtin"` it is a conflict."""
+        if isinstance(raw, dict) and raw.get("path") is not None:
+            if raw.get("kind") == "builtin":
+                raise ValueError(
+                    "task.kind: 'builtin' trains the built-in task, which has no task.path; "
+                    "drop task.kind (task.path selects the dataset) or task.path"
+                )
+            raw = {**raw, "kind": raw.get("kind", "dataset")}
+        return raw
+
+    @model_validator(mode="after")
+    def _one_reward_setting(self) -> TaskConfig:
+        if self.rewards and self.reward is not None:
+            raise ValueError("task.rewards: set task.reward or task.rewards, not both")
+        if self.kind != "builtin" and not self.path:
+            raise ValueError(f"task.path: required when task.kind = {self.kind!r}")
+        return self
+
+    def reward_entries(self) -> list[RewardEntry]:
+        """The reward functions in force: `rewards`, else `reward` (default math_verify)."""
+        return self.rewards or [RewardEntry(fn=self.reward or "math_verify")]
+
 
 class SamplingConfig(_Section):
     group_size: int = Field(8, ge=1)
@@ -63,6 +134,12 @@ class SamplingConfig(_Section):
     """Keep only the k most likely tokens; 0 keeps all."""
     max_new_tokens: int = Field(64, ge=1)
     """Longest completion; longer ones are cut and marked `length`."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end a completion besides the model's own stop tokens (every
+    `eos_token_id` of generation_config.json and config.json, tokenizer_config.json's
+    `eos_token`). Like a stop token, the string's tokens stay in the trained completion (so the
+    model learns to stop) and are cut from the text the reward sees. A string of several
+    tokens matches its own tokenization only."""
     adaptive_group_size: bool = False
     """Vary G per prompt within the same budget of B x `group_size` samples: prompts with a low
     running pass rate get more samples than easy ones, so that hard prompts still get a group
@@ -76,9 +153,45 @@ class SamplingConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(20, ge=1)
-    """Greedy held-out accuracy every this many steps (and at the start and end)."""
+    """Held-out evaluation every this many steps (and at the start and end)."""
     num_prompts: int = Field(256, ge=1)
-    """Held-out prompts evaluated (at most the split's size)."""
+    """Held-out prompts evaluated (at most the split's size), of each set."""
+    samples_per_prompt: int = Field(1, ge=1)
+    """n: completions per held-out prompt. Reported: `heldout/mean@n` (mean reward),
+    `heldout/pass@1` (share of samples that pass, the unbiased pass@1) and, for n > 1,
+    `heldout/pass@n` (share of prompts with a passing sample; Chen et al. 2021's estimator)."""
+    temperature: float = Field(0.0, ge=0.0)
+    """0: greedy. Above 0 (needed for n > 1), sampled with `sampling.top_p` and `top_k`."""
+    pass_threshold: float = 1.0
+    """A held-out sample passes when its reward is at least this (pass@k)."""
+    sets: dict[str, str] = Field(default_factory=dict)
+    """More held-out sets, `{name = path}` (files or folders as `task.path`, rendered the same
+    way), each reported as `heldout/<name>/pass@1` and so on."""
+
+    @model_validator(mode="after")
+    def _sampled_when_several(self) -> EvalConfig:
+        if self.samples_per_prompt > 1 and self.temperature == 0.0:
+            raise ValueError(
+                "eval.samples_per_prompt: n > 1 greedy samples are all the same; set eval.temperature > 0"
+            )
+        bad = [k for k in self.sets if not k or "/" in k]
+        if bad:
+            raise ValueError(f"eval.sets: a set name must be non-empty without '/', got {bad[0]!r}")
+        return self
+
+
+class WandbConfig(_Section):
+    project: str = "slipstream"
+    """The W&B project (with `run.sinks` including `wandb`)."""
+    entity: str | None = None
+    """Your W&B user or team; None: your default entity."""
+    name: str | None = None
+    """The run's name; None: the run folder's name."""
+    tags: list[str] = Field(default_factory=list)
+    """Tags of the W&B run."""
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    """`offline` (default): logged to RUN_DIR/wandb, no network or account; upload later with
+    `wandb sync`. `online`: streamed to W&B (needs `wandb login`)."""
 
 
 class WarmstartConfig(_Section):

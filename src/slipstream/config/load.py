@@ -11,16 +11,18 @@ import tomli_w
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from slipstream.algo import losses
 from slipstream.config.base import ConfigError, _Section
 from slipstream.config.data import (
     EvalConfig,
     ModelSection,
     SamplingConfig,
     TaskConfig,
+    WandbConfig,
     WarmstartConfig,
 )
 from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
-from slipstream.config.train import FilterConfig, ReplayConfig, TrainerConfig
+from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
 from slipstream.text import is_text, read_text
 
 
@@ -32,6 +34,7 @@ class Config(_Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
     filters: FilterConfig = Field(default_factory=FilterConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
@@ -39,11 +42,12 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
-        if self.task.kind == "jsonl" and not self.task.path:
-            raise ValueError("task.path: required when task.kind = 'jsonl'")
+        if self.task.system_prompt and self.task.chat_template == "none":
+            raise ValueError("task.system_prompt: needs a chat template (task.chat_template)")
         if self.filters.pass_rate_low >= self.filters.pass_rate_high:
             raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
         return self
@@ -62,10 +66,30 @@ class Config(_Section):
             raise ValueError(
                 "filters.dynamic_sampling: needs filters.zero_variance = true (it refills dropped groups)"
             )
+        if self.trainer.advantage == "maxrl" and f.overlong == "penalty":
+            raise ValueError(
+                "trainer.advantage: maxrl is defined for rewards in [0, 1], and "
+                "filters.overlong = 'penalty' makes them negative; use overlong = 'mask' or "
+                "another advantage"
+            )
+        if self.trainer.advantage == "maxrl" and any(r.weight < 0 for r in self.task.rewards):
+            raise ValueError(
+                "trainer.advantage: maxrl is defined for rewards in [0, 1], and a negative "
+                "weight in task.rewards makes them negative"
+            )
         if f.overlong == "penalty" and f.overlong_cache > s.max_new_tokens:
             raise ValueError(
                 f"filters.overlong_cache: must be at most sampling.max_new_tokens ({s.max_new_tokens}), got {f.overlong_cache}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_agg(self) -> Config:
+        # the built-in task's own choice (config/train.py, trainer.agg); else the loss's default
+        if self.trainer.agg is None:
+            builtin = self.task.kind == "builtin"
+            agg = "seq-mean-token-mean" if builtin else losses.METHODS[self.trainer.loss].agg
+            object.__setattr__(self.trainer, "agg", agg)
         return self
 
 
@@ -180,6 +204,8 @@ def load_config(
 def _drop_none(d: Any) -> Any:
     if isinstance(d, dict):
         return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, list):  # an array of tables (task.rewards)
+        return [_drop_none(v) for v in d]
     return d
 
 

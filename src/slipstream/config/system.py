@@ -22,8 +22,8 @@ class RunConfig(_Section):
     threads: int = Field(0, ge=0)
     """torch intra-op threads; 0 uses every core."""
     sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
-    """Metrics sinks; JSONL is always written. tensorboard -> RUN_DIR/tensorboard; wandb runs
-    offline (upload later with `wandb sync`)."""
+    """Metrics sinks; JSONL is always written. tensorboard -> RUN_DIR/tensorboard; wandb as the
+    `[wandb]` section says (offline by default: upload later with `wandb sync`)."""
     rollouts_per_step: int = Field(4, ge=0)
     """Samples per step written as text to rollouts.txt (best and worst of a few groups)."""
 
@@ -33,6 +33,11 @@ class ScheduleConfig(_Section):
     """One of sync, tail_batching, double_buffer, async, pipeline."""
     max_lag: int | None = Field(None, ge=0)
     """K, the largest lag the trainer accepts; None uses the preset's."""
+    min_lag: int = Field(0, ge=0)
+    """For measurement: hold every finished group back until the trainer is exactly this many
+    versions past its oldest token's version (or, in the first steps, as far as it has come),
+    so that staleness and its correction can be studied on a fast task. Needs continuous
+    batching (`async`, `pipeline`) and `max_lag` >= `min_lag`. 0: off."""
     lag_policy: Literal["drop", "abort", "keep"] = "drop"
     """A group whose oldest token is more than K versions behind the trainer: `drop` it when
     it arrives (ledger: stale), `abort` it in the sampler as soon as it crosses the bound
@@ -58,6 +63,19 @@ class ScheduleConfig(_Section):
                 PRESETS[self.name].with_max_lag(self.max_lag)
             except ValueError as e:
                 raise ValueError(f"schedule.max_lag: {e}") from None
+        if self.min_lag and self.name in PRESETS:
+            spec = PRESETS[self.name]
+            spec = spec if self.max_lag is None else spec.with_max_lag(self.max_lag)
+            if spec.batching != "continuous":
+                raise ValueError(
+                    f"schedule.min_lag: needs a continuous-batching schedule (async, pipeline), "
+                    f"not {self.name!r}"
+                )
+            if spec.max_lag < self.min_lag:
+                raise ValueError(
+                    f"schedule.min_lag: must be at most the max lag ({spec.max_lag}), "
+                    f"got {self.min_lag}; raise schedule.max_lag"
+                )
         return self
 
 

@@ -33,10 +33,18 @@ class TrainerConfig(_Section):
     """Advantage estimator: one of slipstream.algo.advantages.METHODS."""
     loss: str = "ppo"
     """Policy loss: one of slipstream.algo.losses.METHODS."""
-    agg: str | None = "seq-mean-token-mean"
-    """Loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum, token-sum-norm);
-    None uses the loss's own default. The default weighs each sequence equally: on the
-    built-in task token-mean lets long failed traces dominate and was less stable."""
+    agg: str | None = None
+    """Loss aggregation (token-mean, seq-mean-token-mean, seq-mean-token-sum, token-sum-norm).
+    None: the loss's own default (token-mean for ppo, dapo, reinforce, cispo, dro; seq-mean-
+    token-mean for gspo, oapl), except on the built-in task, whose config picks
+    seq-mean-token-mean (there token-mean lets long failed traces dominate and was less
+    stable). The resolved value is what config.toml records."""
+    proximal: Literal["auto", "none", "recompute", "loglinear"] = "auto"
+    """The proximal policy of the decoupled objective (docs/algorithms.md). `none`: ratios
+    against the sampler's log-probs, no behaviour weight. `recompute`: the weights at the start
+    of the step (AReaL's decoupled PPO; free here, since a step is one optimizer update).
+    `loglinear`: AReaL's interpolation between the sampler's and the current log-probs by
+    version. `auto`: `none` when the schedule's max lag is 0, `recompute` otherwise."""
     eps_low: float | None = Field(None, ge=0.0)
     """PPO-family lower clip; None uses the loss's default."""
     eps_high: float | None = Field(None, ge=0.0)
@@ -51,6 +59,23 @@ class TrainerConfig(_Section):
         if self.agg is not None:
             _check_name("trainer.agg", self.agg, losses.AGGS)
         return self
+
+
+class CorrectionConfig(_Section):
+    """The rollout correction: how the behaviour weight `w = pi_prox / mu` applies (TIS, MIS,
+    IcePop and geometric masks are settings of it; docs/algorithms.md)."""
+
+    level: Literal["token", "sequence", "geometric"] = "token"
+    """`token`: one weight per token. `sequence`: the product of a sequence's token weights.
+    `geometric`: their geometric mean (length-normalised, as GSPO's ratio)."""
+    action: Literal["truncate", "mask"] = "truncate"
+    """`truncate`: `min(w, high)` (truncated importance sampling). `mask`: tokens (or
+    sequences, at the sequence levels) with `w` outside `[low, high]` leave the loss and its
+    denominators; the rest keep their weight (MIS, IcePop)."""
+    low: float | None = Field(None, ge=0.0, le=1.0)
+    """Lower bound of `mask`; None: `1 / high`."""
+    high: float = Field(2.0, ge=1.0)
+    """Truncation cap, and upper bound of `mask`."""
 
 
 class FilterConfig(_Section):

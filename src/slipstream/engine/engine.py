@@ -171,7 +171,7 @@ class Engine:
     def __init__(
         self,
         model: CausalLM,
-        eos_id: int,
+        eos_id: int | Iterable[int],
         num_slots: int,
         max_len: int,
         version: int = 0,
@@ -187,7 +187,8 @@ class Engine:
         if num_slots < 1 or max_len < 2:
             raise ValueError(f"need num_slots >= 1 and max_len >= 2, got {num_slots}, {max_len}")
         self.model = model.eval()
-        self.eos_id = eos_id
+        self.stop_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)  # any ends it
+        self.stop_sequences: tuple[tuple[int, ...], ...] = ()  # multi-token stops (sampling.stop)
         self.num_slots, self.max_len = num_slots, max_len
         p = model.lm_head.weight
         # the KV cache and the packed weights are built at first use (see `cache`)
@@ -519,7 +520,9 @@ class Engine:
             s.logp.append(logp[r])
             s.versions.append(self.version)
             s.kept_logmass.append(mass[r] if mass is not None else 0.0)
-            if tok == self.eos_id:
+            if tok in self.stop_ids or any(
+                tuple(s.tokens[-len(q) :]) == q for q in self.stop_sequences
+            ):
                 done.append(self._release(i).completion(FinishReason.STOP, now))
             elif len(s.tokens) >= s.request.params.max_new_tokens:
                 done.append(self._release(i).completion(FinishReason.LENGTH, now))

@@ -34,11 +34,12 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**known, extra=extra)
 
 
-def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
+def config_to_dict(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """config.json of `cfg`; `torch_dtype` is `dtype`, the dtype the weights are saved in."""
     out = {k: v for k, v in asdict(cfg).items() if k != "extra"}
     out = {**cfg.extra, **out}
     out["architectures"] = [ARCHITECTURES[cfg.model_type]]
-    out["torch_dtype"] = "float32"
+    out["torch_dtype"] = str(dtype).removeprefix("torch.")
     if out["rope_scaling"] is None:
         del out["rope_scaling"]
     return out
@@ -126,4 +127,5 @@ def save_pretrained(
         total = sum(t.numel() * t.element_size() for t in state.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (path / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2))
+    dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
+    (path / "config.json").write_text(json.dumps(config_to_dict(cfg, dtype), indent=2))

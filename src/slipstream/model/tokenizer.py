@@ -1,38 +1,144 @@
-"""Tokenizers through the `tokenizers` library, read from a model folder's tokenizer.json."""
+"""Tokenizers through the `tokenizers` library, read from a model folder as the model was trained.
+
+What `transformers` does with the same folder is the reference (tests/test_tokenizer_hf.py):
+
+- BOS/EOS come from tokenizer.json's post-processor (`encode(text)` = `AutoTokenizer.encode`,
+  e.g. Llama 3's `<|begin_of_text|>`, or the `<bos>` a WordLevel benchmark model's
+  TemplateProcessing prepends). A folder with no post-processor at all whose
+  tokenizer_config.json sets `add_bos_token` / `add_eos_token` gets them added here, as the
+  Llama and Gemma tokenizer classes of transformers 4 did (they rebuilt the post-processor).
+- A chat template's rendering already holds its special tokens: it is encoded with none added
+  (`encode(text, add_special_tokens=False)`), as `apply_chat_template(tokenize=True)` does.
+- Generation stops at any of `stop_ids`: every `eos_token_id` of generation_config.json and
+  config.json, the `eos_token` of tokenizer_config.json, and `sampling.stop` strings that are
+  one token; longer stop strings are `stop_sequences` of ids.
+
+The folder's tokenizer files are kept verbatim (`files`) and `save` writes them back, so a
+checkpoint carries the chat template and the generation config of the model it came from.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from slipstream.types import Prompt
+
+# the files of a model folder that describe its tokenizer and how it generates
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
 
 class Tokenizer:
-    """Text <-> token ids, plus the special ids generation needs."""
+    """Text <-> token ids, plus the special ids generation needs.
 
-    def __init__(self, inner: HFTokenizer, eos_id: int, pad_id: int, bos_id: int | None = None):
+    `eos_id` is the primary end-of-sequence id (appended by supervised warm start);
+    `stop_ids` every id that ends a completion; `stop_sequences` multi-token stop strings.
+    """
+
+    def __init__(
+        self,
+        inner: HFTokenizer,
+        eos_id: int,
+        pad_id: int,
+        bos_id: int | None = None,
+        stop_ids: Iterable[int] = (),
+        prepend_bos: bool = False,
+        append_eos: bool = False,
+        files: dict[str, str] | None = None,
+        stop_sequences: Sequence[tuple[int, ...]] = (),
+    ):
         self.inner = inner
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.bos_id = bos_id
+        self.stop_ids = frozenset([eos_id, *stop_ids])
+        self.stop_sequences = tuple(tuple(s) for s in stop_sequences)
+        self.prepend_bos, self.append_eos = prepend_bos, append_eos
+        self.files = dict(files or {})
 
     @property
     def vocab_size(self) -> int:
         return self.inner.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
-        ids = self.inner.encode(text, add_special_tokens=False).ids
-        return [self.bos_id, *ids] if self.bos_id is not None else ids
+    @property
+    def config(self) -> dict[str, Any]:
+        """tokenizer_config.json of the source folder ({} if it had none)."""
+        raw = self.files.get("tokenizer_config.json")
+        return json.loads(raw) if raw else {}
 
-    def decode(self, ids: list[int]) -> str:
-        return self.inner.decode(ids, skip_special_tokens=True)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; with `add_special_tokens` BOS/EOS as the model's tokenizer adds
+        them (module docstring). Added tokens written in the text (`<|im_start|>`) are parsed."""
+        ids = self.inner.encode(text, add_special_tokens=add_special_tokens).ids
+        bos = self.bos_id
+        if add_special_tokens and self.prepend_bos and bos is not None and ids[:1] != [bos]:
+            ids = [bos, *ids]
+        if add_special_tokens and self.append_eos and (not ids or ids[-1] != self.eos_id):
+            ids = [*ids, self.eos_id]
+        return ids
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """A prompt's ids: a chat template's rendering (`prompt.messages` set) takes no added
+        special tokens, as `apply_chat_template(tokenize=True)`; plain text takes BOS/EOS."""
+        return self.encode(prompt.text, add_special_tokens=prompt.messages is None)
+
+    def completion_ids(self, ids: Sequence[int]) -> list[int]:
+        """`ids` up to, not including, the first stop id or the end of a stop sequence's match."""
+        for i, t in enumerate(ids):
+            if t in self.stop_ids:
+                return list(ids[:i])
+            for seq in self.stop_sequences:
+                if i + 1 >= len(seq) and tuple(ids[i + 1 - len(seq) : i + 1]) == seq:
+                    return list(ids[: i + 1 - len(seq)])
+        return list(ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of a completion: up to its first stop, special tokens skipped."""
+        return self.inner.decode(self.completion_ids(ids), skip_special_tokens=True)
+
+    def with_stop_strings(self, stops: Sequence[str]) -> Tokenizer:
+        """A copy that also stops at each string of `stops` (`sampling.stop`)."""
+        ids, seqs = set(self.stop_ids), list(self.stop_sequences)
+        for s in stops:
+            tid = self.inner.token_to_id(s)
+            enc = [tid] if tid is not None else self.inner.encode(s, add_special_tokens=False).ids
+            if len(enc) == 1:
+                ids.add(enc[0])
+            elif enc and tuple(enc) not in seqs:
+                seqs.append(tuple(enc))
+        return Tokenizer(
+            self.inner,
+            self.eos_id,
+            self.pad_id,
+            self.bos_id,
+            ids,
+            self.prepend_bos,
+            self.append_eos,
+            self.files,
+            seqs,
+        )
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the tokenizer files: the source folder's verbatim, else generated ones."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        if "tokenizer.json" in self.files:
+            for name, text in self.files.items():
+                (path / name).write_text(text, encoding="utf-8")
+            return
         self.inner.save(str(path / "tokenizer.json"))
         special = {
             "eos_token": self.inner.id_to_token(self.eos_id),
@@ -40,8 +146,17 @@ class Tokenizer:
         }
         if self.bos_id is not None:
             special["bos_token"] = self.inner.id_to_token(self.bos_id)
-        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, **special}
+        cfg = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": self.prepend_bos,
+            **special,
+        }
         (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+        (path / "special_tokens_map.json").write_text(json.dumps(special, indent=2))
+        gen = {"eos_token_id": sorted(self.stop_ids), "pad_token_id": self.pad_id}
+        if self.bos_id is not None:
+            gen["bos_token_id"] = self.bos_id
+        (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
 
 
 def _special_id(inner: HFTokenizer, value: object) -> int | None:
@@ -52,32 +167,74 @@ def _special_id(inner: HFTokenizer, value: object) -> int | None:
     return None
 
 
+def _ids(value: object) -> list[int]:
+    """An `eos_token_id`-style field: an int, a list of ints, or absent."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data
+
+
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Load `tokenizer.json` from a model folder; special ids from its config files."""
+    """Load a model folder's tokenizer: tokenizer.json, special and stop ids from its config
+    files (module docstring); the files are kept for `save`."""
     path = Path(path)
     file = path / "tokenizer.json"
     if not file.exists():
         raise FileNotFoundError(f"{path}: no tokenizer.json")
     inner = HFTokenizer.from_file(str(file))
-    tcfg = (
-        json.loads((path / "tokenizer_config.json").read_text())
-        if (path / "tokenizer_config.json").exists()
-        else {}
-    )
-    mcfg = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
-    eos = _special_id(inner, tcfg.get("eos_token"))
-    if eos is None:
-        raw = mcfg.get("eos_token_id")
-        eos = raw[0] if isinstance(raw, list) else raw
+    files = {
+        n: (path / n).read_text(encoding="utf-8") for n in TOKENIZER_FILES if (path / n).exists()
+    }
+    tcfg = _read_json(path / "tokenizer_config.json")
+    smap = _read_json(path / "special_tokens_map.json")
+    gcfg = _read_json(path / "generation_config.json")
+    mcfg = _read_json(path / "config.json")
+
+    def token(key: str) -> int | None:
+        found = _special_id(inner, tcfg.get(key))
+        return found if found is not None else _special_id(inner, smap.get(key))
+
+    stops = _ids(gcfg.get("eos_token_id")) + _ids(mcfg.get("eos_token_id"))
+    eos = token("eos_token")
+    if eos is None and stops:
+        eos = stops[0]
     if eos is None:
         raise ValueError(f"{path}: cannot tell the end-of-sequence token (no eos_token)")
-    pad = _special_id(inner, tcfg.get("pad_token"))
-    if pad is None:
-        pad = mcfg.get("pad_token_id") if mcfg.get("pad_token_id") is not None else eos
-    bos = None
-    if tcfg.get("add_bos_token"):
-        bos = _special_id(inner, tcfg.get("bos_token"))
-    return Tokenizer(inner, eos_id=eos, pad_id=pad, bos_id=bos)
+    pad = token("pad_token")
+    for source in (gcfg, mcfg):
+        if pad is None and _ids(source.get("pad_token_id")):
+            pad = _ids(source.get("pad_token_id"))[0]
+    bos = token("bos_token")
+    if bos is None:
+        bos = next(iter(_ids(gcfg.get("bos_token_id")) + _ids(mcfg.get("bos_token_id"))), None)
+    # only a tokenizer without a post-processor takes add_bos_token from its config (docstring)
+    bare = inner.post_processor is None
+    return Tokenizer(
+        inner,
+        eos_id=eos,
+        pad_id=eos if pad is None else pad,
+        bos_id=bos,
+        stop_ids=[i for i in stops if 0 <= i < inner.get_vocab_size(with_added_tokens=True)],
+        prepend_bos=bare and tcfg.get("add_bos_token") is True,
+        append_eos=bare and tcfg.get("add_eos_token") is True,
+        files=files,
+    )
 
 
 def char_tokenizer(alphabet: str, specials: tuple[str, ...] = ("<pad>", "<eos>")) -> Tokenizer:

@@ -12,7 +12,7 @@ import json
 import math
 import tomllib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -114,12 +114,21 @@ def _array(values: list[float]) -> Any:
 
 
 class WandbSink:
-    """Weights & Biases in offline mode: no network, no account; `wandb sync` uploads later.
+    """Weights & Biases, offline by default (no network, no account; `wandb sync` uploads
+    later), `online` when asked (`wandb.mode`); project, entity, name and tags as configured.
 
-    The run's resolved `config.toml`, when present, becomes the W&B config.
+    The run's resolved `config.toml`, when present, becomes the W&B run config.
     """
 
-    def __init__(self, run_dir: str | Path, project: str = "slipstream") -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        project: str = "slipstream",
+        entity: str | None = None,
+        name: str | None = None,
+        tags: Sequence[str] = (),
+        mode: str = "offline",
+    ) -> None:
         import wandb  # optional: not a dependency of slipstream
 
         run_dir = Path(run_dir)
@@ -127,7 +136,13 @@ class WandbSink:
         config = tomllib.loads(config_path.read_text()) if config_path.exists() else None
         self._wandb = wandb
         self._run = wandb.init(
-            project=project, dir=str(run_dir), name=run_dir.name, mode="offline", config=config
+            project=project,
+            entity=entity,
+            dir=str(run_dir),
+            name=name or run_dir.name,
+            tags=list(tags),
+            mode=mode,
+            config=config,
         )
         self._n = 0
 
@@ -195,8 +210,11 @@ SINKS: dict[str, Any] = {
 """Sink factories by name; each takes the run folder."""
 
 
-def make_sinks(run_dir: str | Path, names: Sequence[str]) -> list[SafeSink]:
-    """The sinks named, JSONL first and always, each wrapped in `SafeSink`.
+def make_sinks(
+    run_dir: str | Path, names: Sequence[str], wandb: Mapping[str, Any] | None = None
+) -> list[SafeSink]:
+    """The sinks named, JSONL first and always, each wrapped in `SafeSink`; `wandb`: the
+    `WandbSink` settings (the `[wandb]` config section: project, entity, name, tags, mode).
 
     An unknown name is a configuration error (ValueError). A sink that fails to open warns
     once and is returned disabled (`.failed` is True), so the run goes on without it.
@@ -207,7 +225,8 @@ def make_sinks(run_dir: str | Path, names: Sequence[str]) -> list[SafeSink]:
     out = []
     for name in dict.fromkeys(["jsonl", *names]):
         try:
-            out.append(SafeSink(SINKS[name](run_dir), name))
+            extra = dict(wandb or {}) if name == "wandb" else {}
+            out.append(SafeSink(SINKS[name](run_dir, **extra), name))
         except Exception as e:  # deliberate: an optional sink never stops a run
             safe = SafeSink(_Disabled(), name)
             safe._fail(f"could not be opened ({e!r})")

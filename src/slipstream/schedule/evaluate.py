@@ -1,13 +1,75 @@
-"""Greedy held-out accuracy: the number a run is judged by."""
+"""Held-out evaluation: the numbers a run is judged by, in the forms papers report them.
+
+For n completions per prompt (`eval.samples_per_prompt`), of which c pass (reward at least
+`eval.pass_threshold`):
+
+- `mean@n`: the mean reward over all n x P completions (`heldout_acc`, greedy when n = 1);
+- `pass@1`: the mean over prompts of c / n, the unbiased estimate of pass@1;
+- `pass@k` (k = n > 1): the mean over prompts of 1 - C(n - c, k) / C(n, k), the unbiased
+  estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", eq. 1),
+  computed as the product 1 - prod_{i<k} (n - c - i) / (n - i) to stay finite for large n.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.model.tokenizer import Tokenizer
 from slipstream.tasks.base import Task
+from slipstream.tasks.guard import score_completions
 from slipstream.types import Prompt
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Chance that at least one of k of the n samples passes, given c of them did (unbiased)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:  # every k-subset holds a pass
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def rewards_of(
+    engine: Engine,
+    tokenizer: Tokenizer,
+    task: Task,
+    prompts: Sequence[Prompt],
+    params: SamplingParams,
+    n: int = 1,
+    seed: int = 0,
+) -> list[list[float]]:
+    """Rewards `[P][n]` of n completions of each prompt (one reward round trip per prompt).
+
+    Seeds are `seed + i * n + j`: every evaluation samples with the same random numbers, so
+    two evaluations of a run differ by the weights only.
+    """
+    reqs = [
+        Request(tokenizer.encode_prompt(p), params, seed=seed + i * n + j, key=(i, j))
+        for i, p in enumerate(prompts)
+        for j in range(n)
+    ]
+    texts: list[list[str]] = [[""] * n for _ in prompts]
+    for c in engine.generate(reqs):
+        i, j = c.request.key
+        texts[i][j] = tokenizer.decode(c.tokens)
+    return [[v.reward for v in score_completions(task, p, t)] for p, t in zip(prompts, texts)]
+
+
+def summarize(rewards: list[list[float]], threshold: float = 1.0) -> dict[str, float]:
+    """`mean@n`, `pass@1` and (n > 1) `pass@n` of rewards `[P][n]` (module docstring)."""
+    if not rewards:
+        return {}
+    n = len(rewards[0])
+    passes = [sum(r >= threshold for r in row) for row in rewards]
+    out = {
+        f"mean@{n}": sum(map(sum, rewards)) / (n * len(rewards)),
+        "pass@1": sum(pass_at_k(n, c, 1) for c in passes) / len(rewards),
+    }
+    if n > 1:
+        out[f"pass@{n}"] = sum(pass_at_k(n, c, n) for c in passes) / len(rewards)
+    return out
 
 
 def heldout_accuracy(
@@ -15,8 +77,5 @@ def heldout_accuracy(
 ) -> float:
     """Mean reward of greedy completions of `prompts` (temperature 0)."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    reqs = [Request(tokenizer.encode(p.text), params, key=p) for p in prompts]
-    outs = engine.generate(reqs)
-    return sum(task.reward(c.request.key, tokenizer.decode(c.tokens)) for c in outs) / max(
-        len(outs), 1
-    )
+    rewards = rewards_of(engine, tokenizer, task, prompts, params)
+    return sum(r[0] for r in rewards) / max(len(rewards), 1)

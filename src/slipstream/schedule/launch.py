@@ -139,6 +139,7 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
         chaos_kills=rc.chaos_kills,
         chaos_every_s=rc.chaos_every_s,
         chaos_seed=cfg.run.seed,
+        min_lag=sc.min_lag,
     )
     orch = Orchestrator(spec, opts, learner, rt.channels, timeline=run.timeline, runtime=rt)
     dtype = run.model.lm_head.weight.dtype

@@ -102,6 +102,7 @@ class RunLearner:
             acc = self.evaluate(step)
             if acc is not None:
                 record["heldout_acc"] = acc
+                record.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)

@@ -20,16 +20,27 @@ dynamic sampling a window first waits for replacements of its filtered groups.
   consumed = v x B. The bound counts groups, not tokens, so slow, hard groups are never
   starved by short ones. A window is the next B groups to arrive.
 
-On arrival a group's lag is `version - oldest token's version`. Beyond K the lag policy
-applies: `drop` (ledger: stale), `abort` (the sampler already cut most; the rest are dropped),
-or `keep` (trained; the loss's importance ratios against the behaviour log-probs correct it).
+A group's lag is `version - oldest token's version`. Beyond K the lag policy applies: `drop`
+(ledger: stale), `abort` (the sampler already cut most; the rest are dropped), or `keep`
+(trained; the decoupled correction of the loss weighs it). The bound is checked on arrival and
+again when a window takes the group, since a group that waits in the window while other
+windows train (several close in one pass after a recovery, or with dynamic sampling) ages: no
+group trains with a lag above K unless the policy is `keep`.
+
+`min_lag` (measurement only): a continuous window takes only groups whose request was issued
+at least `min(min_lag, version)` versions ago, earliest first. Admission issues B requests per
+step, so from step `min_lag` on each step trains the groups started exactly `min_lag` versions
+earlier (their lag is `min_lag`, or less where a sampler loaded newer weights before starting).
+Holding by the token versions instead could starve: a request a sampler starts late, under
+newer weights, would never ripen while admission waits for it to be consumed.
 
 A sampler that dies takes the requests it held with it: the runtime restarts it, the router
 says which requests it held, the ledger counts each as `lost`, and each is issued again as a
 new request (same prompt, seeds and batch), so no window waits forever and no group is
 trained twice (a group of a lost request that still arrives is dropped). A request lost more
-than `max_request_retries` times is dropped instead (ledger: poisoned), with a warning. A sampler that holds
-work and sends nothing for `sampler_timeout_s` is killed and treated the same way.
+than `max_request_retries` times is dropped instead (ledger: poisoned), with a warning. A
+sampler that holds work and sends nothing for `sampler_timeout_s` is killed and treated the
+same way.
 """
 
 from __future__ import annotations
@@ -91,6 +102,7 @@ class Options:
     chaos_seed: int = 0
     dynamic_sampling: bool = False  # DAPO: refill a window's filtered groups with new draws
     max_extra_draws: int = 32
+    min_lag: int = 0  # measurement: hold groups back until their lag is min(min_lag, version)
 
 
 @dataclass
@@ -104,6 +116,7 @@ class OrchestratorState:
     outstanding: dict[int, PromptRequest] = field(default_factory=dict)  # issued, not back
     queue: deque[tuple[Prompt, int]] = field(default_factory=deque)  # drawn (prompt, G), not issued
     window: list[tuple[int, Group]] = field(default_factory=list)  # continuous: arrived, not taken
+    issue_version: dict[int, int] = field(default_factory=dict)  # min_lag: window group -> issued at
     batches: dict[int, list[tuple[int, Group]]] = field(default_factory=dict)  # fixed: by batch
     batch_left: dict[int, int] = field(default_factory=dict)  # fixed: groups not back yet
     # the open window: every group it took, those the filters kept, its dynamic-sampling draws
@@ -327,6 +340,8 @@ class Orchestrator:
             st.batch_left[req.batch] -= 1
         else:
             st.window.append((req.group_id, group))
+            if self.opts.min_lag:
+                st.issue_version[req.group_id] = req.issue_version
 
     # ---- failures -------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -424,14 +439,46 @@ class Orchestrator:
                 return None
             del st.batch_left[w]
             pairs = st.batches.pop(w, [])
+            pairs = [p for p in pairs if not self._aged_out(p[1])]
         else:
+            st.window = [p for p in st.window if not self._aged_out(p[1])]
+            if st.issue_version:  # forget the dropped ones
+                st.issue_version = {g: st.issue_version[g] for g, _ in st.window}
             need = st.need or self.opts.batch_prompts
-            if len(st.window) < need:
+            ripe = self._ripe()
+            if len(ripe) < need:
                 return None
-            pairs, st.window = st.window[:need], st.window[need:]
+            taken = set(ripe[:need])
+            pairs = [p for i, p in enumerate(st.window) if i in taken]
+            st.window = [p for i, p in enumerate(st.window) if i not in taken]
+            for gid, _ in pairs:
+                st.issue_version.pop(gid, None)
             st.consumed += need
             st.need = 0
         return [g for _, g in sorted(pairs, key=lambda p: p[0])]
+
+    def _aged_out(self, group: Group) -> bool:
+        """True (and counted stale) when `group` waited past the lag bound K (policy not keep)."""
+        if self.opts.lag_policy == "keep":
+            return False
+        if self.learner.version - group.oldest_version <= self.spec.max_lag:
+            return False
+        self.learner.ledger.stale += 1
+        self.stats.stale_tokens += group.num_tokens
+        if not self.fixed:
+            self.state.out_of_bound += 1  # its place in the admission bound is free again
+        return True
+
+    def _ripe(self) -> list[int]:
+        """Indices into the continuous window of the groups a window may take, in the order it
+        takes them: all in arrival order, or with `min_lag` those issued at least
+        `min(min_lag, version)` versions ago, earliest first."""
+        window, m = self.state.window, self.opts.min_lag
+        if not m:
+            return list(range(len(window)))
+        v, issued = self.learner.version, self.state.issue_version
+        ripe = [i for i, (gid, _) in enumerate(window) if v - issued.get(gid, 0) >= min(m, v)]
+        return sorted(ripe, key=lambda i: (issued.get(window[i][0], 0), window[i][0]))
 
     # ---- a step ---------------------------------------------------------------------------------
     def close_window(self, groups: list[Group]) -> None:
@@ -501,6 +548,7 @@ class Orchestrator:
             "requests": [_request_json(st.outstanding[g]) for g in sorted(st.outstanding)],
             "queue": [[asdict(p), g] for p, g in st.queue],
             "window": [[gid, asdict(g)] for gid, g in st.window],
+            "issue_version": {str(g): v for g, v in st.issue_version.items()},
             "batches": {str(b): [[gid, asdict(g)] for gid, g in v] for b, v in st.batches.items()},
             "batch_left": {str(b): n for b, n in st.batch_left.items()},
         }
@@ -514,6 +562,7 @@ class Orchestrator:
         st.outstanding = {r.group_id: r for r in reqs}
         st.queue = deque((Prompt(**p), g) for p, g in d["queue"])
         st.window = [(gid, _group_from_json(g)) for gid, g in d["window"]]
+        st.issue_version = {int(g): v for g, v in d.get("issue_version", {}).items()}
         st.batches = {
             int(b): [(gid, _group_from_json(g)) for gid, g in v] for b, v in d["batches"].items()
         }

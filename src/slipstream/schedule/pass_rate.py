@@ -3,7 +3,7 @@
 The tracker consumes finished groups' rewards (`update`) and answers, when prompts are drawn,
 whether a prompt is still worth generating for (`should_draw`). Mastered prompts (pass rate at
 or above `high`) and hopeless ones (at or below `low`) are skipped, which saves generation, not
-only gradient (ALGORITHMS.md, Filters). With `skip_prob < 1` the skip is probabilistic, as in
+only gradient (docs/algorithms.md, Filters). With `skip_prob < 1` the skip is probabilistic, as in
 GRESO's selective rollouts (Zheng et al. 2025, "Act Only When It Pays"): a prompt whose last z
 groups all fell outside the band is skipped with probability `1 - (1 - skip_prob)^z`, so a
 prompt excluded by one unlucky group, or since learned, keeps coming back. Its only state is

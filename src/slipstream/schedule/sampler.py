@@ -58,6 +58,7 @@ def score_group(
                 completion_text=text,
                 reward=v.reward,
                 reward_error=v.error,
+                reward_parts=v.parts,
                 sampler_id=sampler_id,
                 seed=c.request.seed,
                 t_start=c.t_start,
@@ -81,12 +82,10 @@ class SamplerSpec:
     max_len: int
 
     def __call__(self, sampler_id: int) -> SamplerWorker:
-        from slipstream.schedule.setup import build_task
+        from slipstream.schedule.setup import build_task, make_engine
 
         model = CausalLM(self.model_config).to(self.dtype)  # weights arrive through the channel
-        engine = Engine(
-            model, self.tokenizer.eos_id, num_slots=self.num_slots, max_len=self.max_len, version=-1
-        )
+        engine = make_engine(model, self.tokenizer, self.num_slots, self.max_len, version=-1)
         return SamplerWorker(self, sampler_id, engine, build_task(self.cfg))
 
 
@@ -182,7 +181,7 @@ class SamplerWorker:
     def _admit(self, chunk: list[PromptRequest]) -> None:
         for req in chunk:
             self.state.groups[req.group_id] = _Member(req)
-            ids = self.tok.encode(req.prompt.text)
+            ids = self.tok.encode_prompt(req.prompt)
             for g, seed in enumerate(req.seeds):
                 self.state.backlog.append(
                     Request(ids, self.params, seed=seed, key=(req.group_id, g))

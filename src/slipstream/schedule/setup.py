@@ -13,20 +13,23 @@ from typing import Any
 import torch
 
 from slipstream.algo import advantages, filters
+from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
+from slipstream.model.chat import ChatTemplateError, load_chat_template
 from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
-from slipstream.schedule.evaluate import heldout_accuracy
+from slipstream.schedule.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
+from slipstream.schedule.presets import preset
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
-from slipstream.tasks import JsonlTask, PromptSource, RunningSums, Task
+from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
 from slipstream.tasks.guard import (
     ERRORS,
     GuardedTask,
@@ -35,7 +38,9 @@ from slipstream.tasks.guard import (
     unguarded,
 )
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
-from slipstream.train.trainer import Trainer
+from slipstream.tasks.rewards import CombinedReward, RewardPart
+from slipstream.tasks.rows import read_prompts
+from slipstream.train.trainer import Trainer, resolve_proximal
 from slipstream.train.warmstart import warm_start
 from slipstream.types import FinishReason, Group, Prompt
 
@@ -79,6 +84,8 @@ class Run:
     replay: ReplayBuffer | None = None  # with replay.enabled
     rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
     counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
+    eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
 
     @property
     def params(self) -> SamplingParams:
@@ -86,15 +93,30 @@ class Run:
         return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
 
     def evaluate(self) -> float:
-        return heldout_accuracy(
-            self.eval_engine, self.tok, self.task, self.heldout, self.cfg.sampling.max_new_tokens
+        """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1); every metric
+        of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`."""
+        e, s = self.cfg.eval, self.cfg.sampling
+        params = SamplingParams(
+            e.temperature, s.top_p if e.temperature else 1.0, s.top_k, s.max_new_tokens
         )
+        out: dict[str, float] = {}
+        acc = 0.0
+        for name, prompts in {"": self.heldout, **self.eval_sets}.items():
+            rewards = rewards_of(
+                self.eval_engine, self.tok, self.task, prompts, params, e.samples_per_prompt
+            )
+            found = summarize(rewards, e.pass_threshold)
+            out.update({f"heldout/{name + '/' if name else ''}{k}": v for k, v in found.items()})
+            if not name:
+                acc = found.get(f"mean@{e.samples_per_prompt}", 0.0)
+        self.eval_metrics = out
+        return acc
 
     def requests(self, prompt: Prompt, group_size: int) -> list[Request]:
         """G requests for one prompt, each with its own seed (reproducible, batch-independent)."""
         self.draws += 1
         base = (self.cfg.run.seed * 1_000_003 + self.draws * 4099) & 0x7FFFFFFF
-        ids = self.tok.encode(prompt.text)
+        ids = self.tok.encode_prompt(prompt)
         return [
             Request(ids, self.params, seed=base + g, key=(prompt, g)) for g in range(group_size)
         ]
@@ -265,44 +287,71 @@ def make_run_dir(cfg: Config) -> Path:
 def build_task(cfg: Config) -> GuardedTask:
     """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
     t = cfg.task
-    trusted = t.kind == "builtin" or t.reward in BUILTIN_REWARDS  # inline under `auto`
-    isolation: Isolation = "inline" if trusted else "process"
-    if t.reward_isolation != "auto":
-        isolation = t.reward_isolation
     if t.kind == "builtin":
         task = RunningSums()
+        isolation: Isolation = "inline" if t.reward_isolation == "auto" else t.reward_isolation
         return GuardedTask(
             task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)
         )
     assert t.path is not None
-    guard = RewardGuard(t.reward, isolation, t.reward_timeout_s, t.reward_errors)
-    return GuardedTask(
-        JsonlTask(
-            t.path,
-            guard,
-            t.heldout_path,
-            t.heldout_fraction,
-            t.prompt_template,
-            seed=cfg.run.seed,
-        ),
-        guard,
+    reward = CombinedReward(
+        tuple(RewardPart(e.fn, e.weight, e.name or "", e.shape) for e in t.reward_entries())
     )
+    isolation = "inline" if reward.trusted else "process"  # trusted: inline under `auto`
+    if t.reward_isolation != "auto":
+        isolation = t.reward_isolation
+    # a lone built-in is given by name: the guard then names it so in messages
+    target = reward.parts[0].spec if reward.trusted and reward.plain else reward
+    guard = RewardGuard(target, isolation, t.reward_timeout_s, t.reward_errors)
+    task = DatasetTask(
+        t.path,
+        guard,
+        t.heldout_path,
+        t.heldout_fraction,
+        seed=t.heldout_seed,
+        fmt=row_format(cfg, need_answer=any(p.spec in BUILTIN_REWARDS for p in reward.parts)),
+        split=t.split,
+        heldout_split=t.heldout_split,
+    )
+    return GuardedTask(task, guard)
+
+
+def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
+    """How `cfg`'s dataset rows become prompts: columns, template, the model's chat template."""
+    t = cfg.task
+    try:
+        chat = load_chat_template(t.chat_template, cfg.model.path)
+    except ChatTemplateError as e:
+        raise TaskError(str(e)) from None
+    if t.system_prompt and chat is None:
+        raise TaskError("task.system_prompt: needs a chat template, and the model has none")
+    return RowFormat(t.columns, t.prompt_template, chat, t.system_prompt, need_answer)
+
+
+def eval_sets(cfg: Config) -> dict[str, list[Prompt]]:
+    """The named held-out sets of `eval.sets`, read and rendered as the task's rows are."""
+    if not cfg.eval.sets:
+        return {}
+    fmt = row_format(cfg, need_answer=False)
+    return {
+        name: read_prompts(path, fmt, cfg.task.split)[: cfg.eval.num_prompts]
+        for name, path in cfg.eval.sets.items()
+    }
 
 
 def build_model(
     cfg: Config, task: Task, view: ProgressView
 ) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
     if cfg.model.path:
-        return load_pretrained(cfg.model.path), load_tokenizer(cfg.model.path), {}
+        tok = load_tokenizer(cfg.model.path).with_stop_strings(cfg.sampling.stop)
+        return load_pretrained(cfg.model.path), tok, {}
     builtin = unguarded(task)
     assert isinstance(builtin, RunningSums), "the built-in model only knows the built-in task"
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     max_new = cfg.sampling.max_new_tokens
 
     def evaluate(model: CausalLM, tok: Tokenizer) -> float:
-        engine = Engine(
-            model, tok.eos_id, num_slots=len(heldout), max_len=_max_len(heldout, tok, max_new)
-        )
+        engine = make_engine(model, tok, len(heldout), _max_len(heldout, tok, max_new))
         return heldout_accuracy(engine, tok, task, heldout, max_new)
 
     def report(step: int, loss: float, acc: float | None) -> None:
@@ -311,14 +360,22 @@ def build_model(
 
     view.log("warm start of the built-in model (cached after the first run)...")
     model, tok, info = warm_start(builtin, cfg.warmstart, cfg.run.seed, evaluate, report)
+    tok = tok.with_stop_strings(cfg.sampling.stop)
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
     )
     return model, tok, {"warmstart": info}
 
 
+def make_engine(model: CausalLM, tok: Tokenizer, num_slots: int, max_len: int, **kw: Any) -> Engine:
+    """An engine that stops at every stop id and stop sequence of `tok`."""
+    engine = Engine(model, tok.stop_ids, num_slots=num_slots, max_len=max_len, **kw)
+    engine.stop_sequences = tok.stop_sequences
+    return engine
+
+
 def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
-    return max(len(tok.encode(p.text)) for p in prompts) + max_new
+    return max(len(tok.encode_prompt(p)) for p in prompts) + max_new
 
 
 def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
@@ -335,6 +392,22 @@ def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
     )
 
 
+def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
+    """The trainer, with the proximal policy `auto` resolved against the schedule's max lag."""
+    max_lag = preset(cfg.schedule.name, cfg.schedule.max_lag).max_lag
+    c = cfg.correction
+    return Trainer(
+        model,
+        cfg.trainer,
+        cfg.sampling.temperature,
+        pad_id,
+        cfg.run.steps,
+        proximal=resolve_proximal(cfg.trainer.proximal, max_lag),
+        correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
+        max_new_tokens=cfg.sampling.max_new_tokens,
+    )
+
+
 def setup(cfg: Config) -> Run:
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -346,14 +419,13 @@ def setup(cfg: Config) -> Run:
     model, tok, info = build_model(cfg, task, view)
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     train = task.train_prompts()[: cfg.task.max_train_prompts]
-    max_len = (
-        max(
-            _max_len(train, tok, cfg.sampling.max_new_tokens),
-            _max_len(heldout, tok, cfg.sampling.max_new_tokens),
-        )
-        if heldout
-        else _max_len(train, tok, cfg.sampling.max_new_tokens)
+    sets = eval_sets(cfg)
+    max_len = max(
+        _max_len(ps, tok, cfg.sampling.max_new_tokens)
+        for ps in (train, heldout, *sets.values())
+        if ps
     )
+    eval_slots = max(1, len(heldout), *map(len, sets.values()))  # n samples: in waves
     slots = cfg.trainer.batch_prompts * cfg.sampling.group_size
     mc = model.config
     (run_dir / "model_info.json").write_text(
@@ -375,10 +447,10 @@ def setup(cfg: Config) -> Run:
         tok=tok,
         task=task,
         source=PromptSource(train, seed=cfg.run.seed),
-        engine=Engine(model, tok.eos_id, num_slots=slots, max_len=max_len),
-        eval_engine=Engine(model, tok.eos_id, num_slots=max(len(heldout), 1), max_len=max_len),
-        trainer=Trainer(model, cfg.trainer, cfg.sampling.temperature, tok.pad_id, cfg.run.steps),
-        sink=FanOut(make_sinks(run_dir, cfg.run.sinks)),
+        engine=make_engine(model, tok, slots, max_len),
+        eval_engine=make_engine(model, tok, eval_slots, max_len),
+        trainer=build_trainer(cfg, model, tok.pad_id),
+        sink=FanOut(make_sinks(run_dir, cfg.run.sinks, cfg.wandb.model_dump())),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
         view=view,
@@ -387,4 +459,5 @@ def setup(cfg: Config) -> Run:
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
+        eval_sets=sets,
     )

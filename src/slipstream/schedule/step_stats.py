@@ -25,6 +25,7 @@ import torch
 
 from slipstream.algo.staleness import lag_stats
 from slipstream.runtime.channels import SamplerReport
+from slipstream.tasks.rewards import part_means
 from slipstream.types import Group
 
 COUNTERS = (
@@ -170,6 +171,7 @@ class StepStats:
             "wall_s": now - self.t_start,
             "step_time_s": step_s,
             "reward_mean": sum(rewards) / max(len(rewards), 1),
+            **part_means(groups),  # reward/<name> of each reward function (tasks.rewards)
             **metrics,
             **{f"staleness/{k}": v for k, v in lag.items()},
             "staleness/mismatch_kl": metrics.get("train/approx_kl", 0.0),

@@ -21,6 +21,7 @@ from slipstream.config import Config, ConfigError
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.schedule.setup import COUNTERS, Run, setup
 from slipstream.schedule.step_stats import goodput
+from slipstream.tasks.rewards import part_means
 from slipstream.train.checkpoint import (
     list_checkpoints,
     load_trainer_state,
@@ -74,6 +75,7 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
         if step % cfg.eval.every == 0 or step == cfg.run.steps:
             with run.timeline.span("trainer", "eval"):
                 acc = metrics["heldout_acc"] = run.evaluate()
+                metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
         run.sink.write(record)
         run.rollouts.write(step, groups)
@@ -109,6 +111,7 @@ def step_record(
         "wall_s": time.perf_counter() - t_start,
         "step_time_s": t_step,
         "reward_mean": sum(rewards) / len(rewards),
+        **part_means(groups),  # reward/<name> of each reward function (tasks.rewards)
         **metrics,
         "time/generate_s": t_gen,
         "time/train_s": t_train,

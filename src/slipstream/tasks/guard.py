@@ -36,13 +36,14 @@ import threading
 import warnings
 import weakref
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
 from slipstream.tasks.base import RewardFn, Task
-from slipstream.tasks.jsonl import TaskError, load_reward
+from slipstream.tasks.jsonl import TaskError
+from slipstream.tasks.rewards import resolve
 from slipstream.types import Prompt
 
 ERRORS = ("raised", "invalid", "timeout", "crashed")
@@ -65,6 +66,8 @@ class Verdict:
     reward: float
     error: str = ""
     detail: str = ""  # what happened, for messages: "raised ValueError: bad input"
+    # the numbers a dict-valued reward returned besides its `score` (tasks.rewards), by name
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 class RewardGuard:
@@ -93,7 +96,7 @@ class RewardGuard:
         self._fn: RewardFn | None = None
         self._worker: _Worker | None = None
         if isolation == "inline":
-            self._fn = load_reward(reward) if isinstance(reward, str) else reward
+            self._fn = resolve(reward)
         else:  # started now, so a reward that cannot be loaded fails the build, not step 1
             self._worker = _Worker(reward, self.name, startup_timeout_s)
 
@@ -171,25 +174,41 @@ def unguarded(task: Task) -> Task:
 # ---- one call, in the caller or in the worker -------------------------------------------------
 def _call(
     fn: RewardFn, prompt: Prompt, completion: str, catch: type[BaseException]
-) -> tuple[float, str, str]:
-    """`(reward, error, detail)` of one call; `catch` is what counts as the function raising."""
+) -> tuple[float, str, str, dict[str, float]]:
+    """`(reward, error, detail, parts)` of one call; `catch` is what counts as the function
+    raising. A dict's `score` is the reward, its other finite numbers the parts."""
     try:
         value = fn(prompt, completion)
     except catch as e:
-        return 0.0, "raised", f"raised {_describe(e)}"
+        return 0.0, "raised", f"raised {_describe(e)}", {}
     if type(value) is float and value - value == 0.0:  # the common case; nan - nan is nan
-        return value, "", ""
+        return value, "", "", {}
+    parts: dict[str, float] = {}
+    returned = value
+    if isinstance(value, dict):
+        parts = {k: float(v) for k, v in value.items() if k != "score" and _finite(v)}
+        value = value.get("score")
     try:
         x = float(value) if not isinstance(value, str | bytes) else math.nan
     except Exception:  # a user type's __float__ may raise anything
         x = math.nan
     if math.isfinite(x):
-        return x, "", ""
-    return 0.0, "invalid", f"returned {_short(value)} ({type(value).__name__}), not a finite number"
+        return x, "", "", parts
+    what = "a finite number" if returned is value else "a finite number as its 'score'"
+    return (
+        0.0,
+        "invalid",
+        f"returned {_short(returned)} ({type(returned).__name__}), not {what}",
+        {},
+    )
 
 
-def _verdict(reward: float, error: str, detail: str) -> Verdict:
-    return Verdict(reward, error, detail) if error else Verdict(reward)
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _verdict(reward: float, error: str, detail: str, parts: dict[str, float]) -> Verdict:
+    return Verdict(reward, error, detail) if error else Verdict(reward, parts=parts)
 
 
 def _describe(e: BaseException) -> str:
@@ -385,7 +404,7 @@ def _serve(r_fd: int, w_fd: int, parent_pid: int) -> None:
     try:
         path, target = pickle.loads(rx.recv_bytes())
         sys.path[:] = path
-        fn = load_reward(target) if isinstance(target, str) else target
+        fn = resolve(target)
     except TaskError as e:
         tx.send(("error", str(e)))
         return

@@ -1,67 +1,20 @@
-"""User tasks: a JSONL file of {"prompt": ..., "answer": ...} rows, and reward functions."""
+"""Reward functions by name (`math_verify`, `exact`, `module:function`, `file.py:function`) and
+the error every bad task file or reward raises (datasets: tasks.datasets, tasks.rows)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import logging
-import random
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from slipstream.tasks.base import RewardFn
 from slipstream.tasks.deadline import call_with_deadline
-from slipstream.text import is_text, read_text
 from slipstream.types import Prompt
 
 
 class TaskError(ValueError):
     """A bad task file or reward function: names the file and line, or the function."""
-
-
-def read_rows(path: str | Path, template: str = "{prompt}") -> list[Prompt]:
-    """Prompts from a JSONL file; a malformed row raises `TaskError` naming file and line."""
-    path = Path(path)
-    if not path.exists():
-        raise TaskError(f"{path}: no such file")
-    prompts = []
-    text = read_text(path, TaskError)
-    # JSONL rows end at "\n" only: str.splitlines() would also split at U+2028, U+0085 and
-    # other characters that are legal inside a JSON string, and miscount the lines
-    for n, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TaskError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        except (ValueError, RecursionError) as e:  # an integer over 4300 digits, deep nesting
-            msg = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0]
-            raise TaskError(f"{path}:{n}: not valid JSON ({msg})") from None
-        if not isinstance(row, dict):
-            raise TaskError(f"{path}:{n}: expected a JSON object with 'prompt' and 'answer'")
-        for key in ("prompt", "answer"):
-            if key not in row:
-                raise TaskError(f"{path}:{n}: missing field {key!r}")
-        if not isinstance(row["prompt"], str) or not row["prompt"]:
-            raise TaskError(f"{path}:{n}: 'prompt' must be a non-empty string")
-        if not isinstance(row["answer"], str | int | float):
-            raise TaskError(f"{path}:{n}: 'answer' must be a string or a number")
-        pid = str(row.get("id", f"{path.stem}:{n}"))
-        if not is_text(row["prompt"] + str(row["answer"]) + pid):
-            raise TaskError(
-                f"{path}:{n}: a lone surrogate (\\ud800-\\udfff) is not text a tokenizer can take"
-            )
-        prompts.append(
-            Prompt(
-                id=pid, text=template.replace("{prompt}", row["prompt"]), answer=str(row["answer"])
-            )
-        )
-    if not prompts:
-        raise TaskError(f"{path}: no rows")
-    return prompts
 
 
 MATH_VERIFY_TIMEOUT_S = 5.0  # per parse and per comparison, math-verify's own defaults
@@ -135,39 +88,3 @@ def load_reward(spec: str) -> RewardFn:
     if not callable(fn):
         raise TaskError(f"reward {spec!r}: {target} has no function {name!r}")
     return fn
-
-
-@dataclass
-class JsonlTask:
-    """Training rows from a JSONL file; held out from a second file or a seeded split."""
-
-    path: str
-    reward_fn: Callable[[Prompt, str], float]
-    heldout_path: str | None = None
-    heldout_fraction: float = 0.1
-    template: str = "{prompt}"
-    seed: int = 0
-    name: str = "jsonl"
-
-    def __post_init__(self) -> None:
-        rows = read_rows(self.path, self.template)
-        if self.heldout_path:
-            self._train, self._heldout = rows, read_rows(self.heldout_path, self.template)
-        else:
-            order = list(range(len(rows)))
-            random.Random(self.seed).shuffle(order)
-            n_held = int(len(rows) * self.heldout_fraction)
-            held = set(order[:n_held])
-            self._heldout = [r for i, r in enumerate(rows) if i in held]
-            self._train = [r for i, r in enumerate(rows) if i not in held]
-        if not self._train:
-            raise TaskError(f"{self.path}: no training rows left after the held-out split")
-
-    def train_prompts(self) -> list[Prompt]:
-        return self._train
-
-    def heldout_prompts(self) -> list[Prompt]:
-        return self._heldout
-
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return float(self.reward_fn(prompt, completion))

@@ -3,6 +3,21 @@
 The trainer owns the policy weights and their version (its optimizer step count). It never
 knows which schedule or runtime feeds it: `step(groups)` takes finished, scored groups with
 their advantages and returns metrics.
+
+The proximal policy of the decoupled objective (docs/algorithms.md, "Proximal policy"):
+
+- `none`: the sampler is the proximal policy; ratios are taken against `behavior_logp`.
+- `recompute`: the weights at the start of the step (AReaL's decoupled PPO). A step is one
+  optimizer update, so those are the weights of the step's own forward pass: `old_logp` is its
+  detached output, exactly what a separate no_grad pass computes (a test holds this), at no
+  extra cost.
+- `loglinear`: AReaL's interpolation by version between `behavior_logp` and the current
+  log-probs (`algo.correction.loglinear_proximal`).
+
+Micro-batches: every micro-batch's loss is the *sum* of its aggregation's numerator; once all
+are back, the gradient is divided by the step's denominator (`losses.normaliser`), counted
+over the tokens that stayed in the loss. So a token the correction masks leaves the
+denominator of the whole step, and no split of the step changes the gradient.
 """
 
 from __future__ import annotations
@@ -13,11 +28,23 @@ from typing import Any
 
 import torch
 
-from slipstream.algo import losses, staleness
+from slipstream.algo import correction, losses, staleness
+from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import TrainerConfig
 from slipstream.model.llama import CausalLM
 from slipstream.train.batch import collate, token_logprobs
 from slipstream.types import Batch, Group
+
+PROXIMAL_MODES = ("none", "recompute", "loglinear")
+
+
+def resolve_proximal(mode: str, max_lag: int, exact_sampler: bool = True) -> str:
+    """`auto`: `none` when no trained token can be stale (max lag 0; a step is always one
+    optimizer update) and the sampler computes the trainer's log-probs exactly, else
+    `recompute`. Other modes are returned as they are."""
+    if mode != "auto":
+        return mode
+    return "none" if max_lag == 0 and exact_sampler else "recompute"
 
 
 class Trainer:
@@ -30,10 +57,19 @@ class Trainer:
         temperature: float,
         pad_id: int,
         total_steps: int = 0,
+        *,
+        proximal: str = "none",
+        correction_spec: CorrectionSpec | None = None,
+        max_new_tokens: int | None = None,
     ) -> None:
+        if proximal not in PROXIMAL_MODES:
+            raise ValueError(f"proximal {proximal!r}; valid: {', '.join(PROXIMAL_MODES)}")
         self.model = model
         self.total_steps = total_steps
         self.cfg = cfg
+        self.proximal = proximal
+        self.correction_spec = correction_spec or CorrectionSpec()
+        self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.pad_id = pad_id
         self.version = 0
@@ -69,40 +105,57 @@ class Trainer:
         floor = cfg.lr * cfg.lr_min_ratio
         return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
+    def _proximal(self, logp: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+        """`old_logp` `[B, T]` of this micro-batch (None: the sampler's)."""
+        if self.proximal == "none":
+            return None
+        if self.proximal == "recompute":
+            return logp.detach()
+        lag = self.version - batch.versions
+        return correction.loglinear_proximal(batch.behavior_logp, logp, lag, batch.loss_mask)
+
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on `groups`; bump the version. Skips (and counts) a non-finite step."""
         self.model.train()
         full = self.batch(groups)
-        num_tokens = full.loss_mask.sum()
-        num_seqs = full.loss_mask.any(dim=1).sum()
-        max_len = full.loss_mask.shape[1]
+        agg = self.cfg.agg or losses.METHODS[self.cfg.loss].agg
         parts, ent_sum, seq_lr, tok_lr = [], torch.zeros(()), [], []
         self.opt.zero_grad(set_to_none=True)
         mb = self.cfg.micro_batch_size
-        total_loss = torch.zeros(())
+        total = torch.zeros(())  # sum of the micro-batches' numerators
         for start in range(0, len(full.advantages), mb):
             batch = full.slice(slice(start, start + mb))
             logp, entropy = token_logprobs(self.model, batch, self.temperature)
+            old_logp = self._proximal(logp, batch)
             out = losses.compute(
                 self.cfg.loss,
                 logp,
                 batch.behavior_logp,
                 batch.advantages,
                 batch.loss_mask,
-                agg=self.cfg.agg,
-                num_tokens=num_tokens,
-                num_seqs=num_seqs,
-                max_len=max_len,
+                old_logp=old_logp,
+                correction_spec=self.correction_spec,
+                agg=agg,
+                num_tokens=1,
+                num_seqs=1,
+                max_len=1,
                 **self._hp,
             )
             out.loss.backward()
-            total_loss += out.loss.detach()
+            total += out.loss.detach()
             parts.append(out.metrics)
             ent_sum += (entropy.detach() * batch.loss_mask).sum()
-            seq_lr.append(
-                staleness.seq_log_ratio(logp.detach(), batch.behavior_logp, batch.loss_mask)
-            )
+            prox = logp.detach() if old_logp is None else old_logp
+            seq_lr.append(staleness.seq_log_ratio(prox, batch.behavior_logp, batch.loss_mask))
             tok_lr.append((logp.detach() - batch.behavior_logp)[batch.loss_mask])
+        merged = losses.merge_metrics(parts)
+        norm = losses.normaliser(
+            agg, tokens=merged["tokens"], seqs=merged["seqs"], max_len=self.max_new_tokens
+        )
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(norm.to(p.grad))
+        total_loss = total / norm
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         lr = self.lr_at(self.version)
         lr_scale = staleness.vcpo_lr_scale(torch.cat(seq_lr)) if self.cfg.vcpo else 1.0
@@ -115,9 +168,8 @@ class Trainer:
             self.skipped_steps += 1  # weights and optimizer state untouched
         self.opt.zero_grad(set_to_none=True)
         self.version += 1
-        metrics = {
-            f"train/{k}": v for k, v in losses.to_floats(losses.merge_metrics(parts)).items()
-        }
+        num_tokens = full.loss_mask.sum()
+        metrics = {k if "/" in k else f"train/{k}": v for k, v in losses.to_floats(merged).items()}
         metrics.update(
             {
                 "train/loss": float(total_loss),
@@ -126,7 +178,7 @@ class Trainer:
                 "train/lr": lr * lr_scale,
                 "train/skipped": 0.0 if finite else 1.0,
                 "tokens/trained": float(num_tokens),
-                # how far the data's policy is from this one: 1 on-policy (ALGORITHMS.md, Staleness)
+                # how far the data's policy is from this one: 1 on-policy (docs/algorithms.md)
                 "staleness/ess_token": staleness.ess(torch.cat(tok_lr)),
                 "staleness/ess_seq": staleness.ess(torch.cat(seq_lr)),
             }

@@ -56,10 +56,10 @@ def cache_key(task: RunningSums, cfg: WarmstartConfig, seed: int) -> str:
 
 
 def supervised_sample(prompt: Prompt, tok: Tokenizer) -> Sample:
-    completion = [*tok.encode(prompt.answer), tok.eos_id]
+    completion = [*tok.encode(prompt.answer, add_special_tokens=False), tok.eos_id]
     n = len(completion)
     return Sample(
-        prompt.id, tok.encode(prompt.text), completion, [0.0] * n, [0] * n, FinishReason.STOP
+        prompt.id, tok.encode_prompt(prompt), completion, [0.0] * n, [0] * n, FinishReason.STOP
     )
 
 

@@ -1,0 +1,186 @@
+"""Dataset files as users have them: JSONL, JSON, Parquet, CSV, a folder of them, or a hub id.
+
+`read_table(path, split)` gives the rows of a file or folder, each with where it came from
+(`train.jsonl:17`, `train.parquet: row 5`), so a bad row is named in one line. JSON and JSONL
+are read here, line-exact and without any optional package; Parquet, CSV and Arrow files and
+hub dataset ids go through the `datasets` library (`pip install 'slipstream[data]'`).
+
+A folder holds files of one or several splits: files whose path names the split (`train.jsonl`,
+`data/train-00000-of-00001.parquet`, `test/part0.csv`) are that split's; with no file naming
+any split, every file is the `train` split.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slipstream.tasks.jsonl import TaskError
+from slipstream.text import read_text
+
+JSON_SUFFIXES = (".jsonl", ".json")
+ARROW_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".arrow": "arrow"}
+SUFFIXES = (*JSON_SUFFIXES, *ARROW_SUFFIXES)
+SPLIT_NAMES = ("train", "test", "validation", "valid", "dev", "eval")
+INSTALL = "pip install 'slipstream[data]'"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One record of a dataset and where it is, for messages (`file:line` or `file: row N`)."""
+
+    where: str
+    data: dict[str, Any]
+
+
+def read_table(path: str | Path, split: str = "train") -> list[Row]:
+    """Every row of `path` (a file, a folder of files, or a hub dataset id) for `split`."""
+    p = Path(path)
+    if p.is_dir():
+        return [row for f in split_files(p, split) for row in read_file(f)]
+    if p.is_file():
+        return read_file(p)
+    if _looks_like_hub_id(str(path)):
+        return read_hub(str(path), split)
+    raise TaskError(f"{path}: no such file or folder")
+
+
+def split_files(folder: Path, split: str) -> list[Path]:
+    """The data files of `folder` that belong to `split` (module docstring), sorted."""
+    files = sorted(f for f in folder.rglob("*") if f.is_file() and f.suffix in SUFFIXES)
+    files = [f for f in files if not any(part.startswith(".") for part in f.parts)]
+    if not files:
+        raise TaskError(f"{folder}: no {', '.join(SUFFIXES)} files in this folder")
+
+    def names(f: Path) -> set[str]:
+        parts = f.relative_to(folder).with_suffix("").parts
+        return {w for part in parts for w in re.split(r"[-_.]", part.lower())}
+
+    named = [f for f in files if split in names(f)]
+    if named:
+        return named
+    if split == "train" and not any(names(f) & set(SPLIT_NAMES) for f in files):
+        return files
+    found = sorted({w for f in files for w in names(f) & set(SPLIT_NAMES)})
+    raise TaskError(
+        f"{folder}: no file of split {split!r} (task.split); splits here: {', '.join(found) or 'none'}"
+    )
+
+
+def read_file(path: Path) -> list[Row]:
+    if path.suffix == ".jsonl":
+        return read_jsonl(path)
+    if path.suffix == ".json":
+        return read_json(path)
+    if path.suffix in ARROW_SUFFIXES:
+        return read_arrow(path)
+    raise TaskError(
+        f"{path}: unknown dataset file type {path.suffix!r}; expected {', '.join(SUFFIXES)}"
+    )
+
+
+def _json_error(path: Path, n: int | None, e: Exception) -> TaskError:
+    where = f"{path}:{n}" if n is not None else str(path)
+    if isinstance(e, json.JSONDecodeError):
+        return TaskError(f"{where}: not valid JSON ({e.msg})")
+    # an integer over 4300 digits (ValueError), or deep nesting (RecursionError)
+    msg = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0]
+    return TaskError(f"{where}: not valid JSON ({msg})")
+
+
+def read_jsonl(path: Path) -> list[Row]:
+    """One JSON object per line; a bad line raises `TaskError` naming `file:line`."""
+    rows = []
+    # JSONL rows end at "\n" only: str.splitlines() would also split at U+2028, U+0085 and
+    # other characters that are legal inside a JSON string, and miscount the lines
+    for n, line in enumerate(read_text(path, TaskError).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            raise _json_error(path, n, e) from None
+        if not isinstance(data, dict):
+            raise TaskError(f"{path}:{n}: expected a JSON object (one row per line)")
+        rows.append(Row(f"{path}:{n}", data))
+    return rows
+
+
+def read_json(path: Path) -> list[Row]:
+    """A JSON array of objects (or `{"data": [...]}`); a file of JSON lines is read as JSONL."""
+    text = read_text(path, TaskError)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        if "\n" in text.strip():  # JSON lines under a .json name, as `datasets` accepts
+            return read_jsonl(path)
+        raise _json_error(path, None, json.JSONDecodeError("not JSON", text, 0)) from None
+    except (ValueError, RecursionError) as e:
+        raise _json_error(path, None, e) from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if isinstance(data, dict):
+        return [Row(f"{path}: row 0", data)]
+    if not isinstance(data, list):
+        raise TaskError(f"{path}: expected a JSON array of objects")
+    rows = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise TaskError(f"{path}: row {i}: expected a JSON object")
+        rows.append(Row(f"{path}: row {i}", item))
+    return rows
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise TaskError(
+            f"reading Parquet, CSV, Arrow or hub datasets needs the datasets library: {INSTALL}"
+        ) from None
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def read_arrow(path: Path) -> list[Row]:
+    """A Parquet, CSV/TSV or Arrow file through `datasets`; rows named by index (`ds[N]`)."""
+    ds = _datasets()
+    kind = ARROW_SUFFIXES[path.suffix]
+    try:
+        if kind == "parquet":
+            table = ds.Dataset.from_parquet(str(path), keep_in_memory=True)
+        elif kind == "csv":
+            sep = "\t" if path.suffix == ".tsv" else ","
+            table = ds.Dataset.from_csv(str(path), keep_in_memory=True, sep=sep)
+        else:
+            table = ds.Dataset.from_file(str(path), in_memory=True)
+    except Exception as e:  # pyarrow's and pandas' errors: one line, naming the file
+        raise TaskError(f"{path}: cannot be read as {kind} ({_first_line(e)})") from None
+    return [Row(f"{path}: row {i}", dict(r)) for i, r in enumerate(table)]
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", path)) and Path(path).suffix not in SUFFIXES
+
+
+def read_hub(name: str, split: str) -> list[Row]:
+    """A dataset from the Hugging Face hub (`owner/name`), where the network allows it."""
+    ds = _datasets()
+    try:
+        table = ds.load_dataset(name, split=split)
+    except Exception as e:  # offline, a missing dataset or split: say which, in one line
+        raise TaskError(
+            f"{name}: no such local file or folder, and the hub dataset could not be loaded "
+            f"(split {split!r}): {_first_line(e)}"
+        ) from None
+    return [Row(f"{name} ({split}): row {i}", dict(r)) for i, r in enumerate(table)]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else type(e).__name__
+    return line if len(line) <= 200 else line[:197] + "..."

@@ -1,0 +1,183 @@
+"""Reward functions in the shapes users bring, weighted and combined into one verifier.
+
+- slipstream: `score(prompt: Prompt, completion: str) -> float`;
+- TRL: `fn(prompts, completions, **columns) -> list[float | None]`, batched, None where the
+  function does not apply (TRL's GRPOTrainer convention). Called here with one sample at a
+  time, by keyword as TRL calls it: `prompts=[messages]` and
+  `completions=[[{"role": "assistant", "content": text}]]` for a chat prompt, plain strings
+  otherwise, and every other column of the row as a one-element list under its own name. One
+  sample per call keeps the reward guard's per-sample timeout (a hang costs one sample);
+  `completion_ids` and `trainer_state` are not passed.
+- verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
+  by keyword as verl's reward manager calls it; a dict's `score` is the reward, its other
+  numbers are logged. `data_source` and `extra_info` are the row's columns of those names
+  (`extra_info` defaults to the whole row).
+
+`CombinedReward` sums weight x value over the functions that apply (TRL's nansum over reward
+functions) and returns each value under `reward/<name>` (a verl dict's other numbers under
+`reward/<name>/<key>`), which the guard passes on as the sample's `reward_parts`. It holds
+only the functions' specs, so it pickles to a reward worker process, where `load` imports them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from slipstream.tasks.jsonl import BUILTIN_REWARDS, TaskError, load_reward
+from slipstream.types import Group, Prompt
+
+Shape = Literal["auto", "slipstream", "trl", "verl"]
+Scorer = Callable[[Prompt, str], Any]  # one sample -> float, None (not applicable) or dict
+
+
+@dataclass(frozen=True)
+class RewardPart:
+    """One reward function of a `CombinedReward`."""
+
+    spec: str  # math_verify, exact, module:function or file.py:function
+    weight: float = 1.0
+    name: str = ""  # its metric name, reward/<name>; default the function's name
+    shape: Shape = "auto"
+
+    @property
+    def label(self) -> str:
+        return self.name or self.spec.rpartition(":")[2] or self.spec
+
+
+def detect_shape(fn: Callable[..., Any]) -> Shape:
+    """`trl` for `prompts`/`completions` parameters, `verl` for `solution_str`/`data_source`,
+    else `slipstream`."""
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin or C function: called as slipstream's
+        return "slipstream"
+    if names & {"solution_str", "data_source", "ground_truth"}:
+        return "verl"
+    if names & {"prompts", "completions"}:
+        return "trl"
+    return "slipstream"
+
+
+def adapt(fn: Callable[..., Any], shape: Shape) -> Scorer:
+    """A per-sample scorer `(prompt, completion) -> value` of `fn` called in its shape."""
+    shape = detect_shape(fn) if shape == "auto" else shape
+    if shape == "trl":
+        return lambda prompt, completion: _call_trl(fn, prompt, completion)
+    if shape == "verl":
+        return lambda prompt, completion: fn(
+            data_source=prompt.meta.get("data_source", ""),
+            solution_str=completion,
+            ground_truth=prompt.answer,
+            extra_info=prompt.meta.get("extra_info", prompt.meta),
+        )
+    return fn
+
+
+def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
+    chat = prompt.messages is not None
+    columns = {k: [v] for k, v in prompt.meta.items() if k not in ("prompts", "completions")}
+    out = fn(
+        prompts=[prompt.messages if chat else prompt.text],
+        completions=[[{"role": "assistant", "content": completion}] if chat else completion],
+        **columns,
+    )
+    if not isinstance(out, list | tuple) or len(out) != 1:
+        raise TypeError(f"returned {_short(out)}; a TRL reward returns one value per completion")
+    return out[0]
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = type(value).__name__
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass
+class CombinedReward:
+    """Several reward functions as one verifier (module docstring); picklable before `load`."""
+
+    parts: tuple[RewardPart, ...]
+    _fns: list[Scorer] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise TaskError("no reward function")
+        labels = [p.label for p in self.parts]
+        dup = sorted({x for x in labels if labels.count(x) > 1})
+        if dup:
+            raise TaskError(f"task.rewards: two functions named {dup[0]!r}; give each a name")
+        self.__qualname__ = " + ".join(p.name or p.spec for p in self.parts)  # in messages
+
+    @property
+    def trusted(self) -> bool:
+        """Only built-in rewards: run inline under `task.reward_isolation = "auto"`."""
+        return all(p.spec in BUILTIN_REWARDS for p in self.parts)
+
+    @property
+    def plain(self) -> bool:
+        """One function of weight 1 and no name: its value is the reward, nothing else logged."""
+        p = self.parts[0]
+        return len(self.parts) == 1 and p.weight == 1.0 and not p.name
+
+    def load(self) -> CombinedReward:
+        """Import the functions (raises `TaskError` naming a bad one); returns self."""
+        if self._fns is None:
+            self._fns = [adapt(load_reward(p.spec), p.shape) for p in self.parts]
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:  # functions are imported again where it lands
+        return {"parts": self.parts, "_fns": None, "__qualname__": self.__qualname__}
+
+    def __call__(self, prompt: Prompt, completion: str) -> Any:
+        """The reward of one sample: a number, or `{"score": total, "reward/<name>": ...}`."""
+        fns = self.load()._fns
+        assert fns is not None
+        values = [fn(prompt, completion) for fn in fns]
+        if self.plain and not isinstance(values[0], dict | list | tuple) and values[0] is not None:
+            return values[0]  # the guard checks it is a finite number
+        out: dict[str, Any] = {}
+        total = 0.0
+        for part, value in zip(self.parts, values):
+            if value is None:  # TRL: this function does not apply to the sample
+                continue
+            if isinstance(value, dict):
+                extra = {k: v for k, v in value.items() if k != "score" and _is_number(v)}
+                out.update({f"reward/{part.label}/{k}": float(v) for k, v in extra.items()})
+                value = value.get("score")
+            if not _is_number(value) or not math.isfinite(float(value)):
+                return {"score": math.nan, f"reward/{part.label}": value}  # the guard: invalid
+            out[f"reward/{part.label}"] = float(value)
+            total += part.weight * float(value)
+        return {"score": total, **out}
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def resolve(target: Any) -> Callable[[Prompt, str], Any]:
+    """The callable a guard scores with: a spec string loaded, a `CombinedReward` loaded."""
+    if isinstance(target, str):
+        return load_reward(target)
+    if isinstance(target, CombinedReward):
+        return target.load()
+    return target
+
+
+def part_means(groups: Sequence[Group]) -> dict[str, float]:
+    """Mean of each `reward/<name>` over the samples it applies to (a step's metrics)."""
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for g in groups:
+        for s in g.samples:
+            for k, v in s.reward_parts.items():
+                sums[k] += v
+                counts[k] += 1
+    return {k: sums[k] / counts[k] for k in sorted(sums)}

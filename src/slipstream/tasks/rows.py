@@ -1,0 +1,221 @@
+"""Dataset rows -> `Prompt`s: the prompt or conversation, the answer, and every other column.
+
+A row's prompt is its `messages` column (a list of `{"role", "content"}`) or its `prompt`
+column (a string, or a list of messages as verl's datasets have it); `task.columns` maps a
+file's own names onto `prompt`, `messages`, `answer` and `id`. The answer is the `answer`
+column, else `ground_truth`, `solution` or verl's `reward_model.ground_truth`. Every column
+but the prompt's travels with the `Prompt` (`meta`) to the reward functions.
+
+With a chat template (`task.chat_template`), a conversation, or a plain prompt as the one user
+turn, is rendered with the generation prompt opened, after `task.system_prompt` as its first
+turn when it has none; without one a plain prompt is `task.prompt_template` filled in.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from slipstream.tasks.datasets import Row, read_table
+from slipstream.tasks.jsonl import TaskError
+from slipstream.text import is_text
+from slipstream.types import Prompt
+
+
+class ChatRenderer(Protocol):
+    """A chat template (model.chat.ChatTemplate): messages -> text, generation prompt opened;
+    raises ValueError naming the template when it cannot render them."""
+
+    def render(self, messages: list[dict[str, Any]]) -> str: ...
+
+
+FIELDS = ("prompt", "messages", "answer", "id")
+ANSWER_COLUMNS = ("answer", "ground_truth", "solution")
+
+
+@dataclass
+class RowFormat:
+    """How a row becomes a `Prompt` (module docstring)."""
+
+    columns: dict[str, str] = field(default_factory=dict)
+    template: str = "{prompt}"
+    chat: ChatRenderer | None = None
+    system_prompt: str | None = None
+    need_answer: bool = True  # the built-in rewards compare with the answer
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.columns) - set(FIELDS))
+        if unknown:
+            raise TaskError(f"task.columns: unknown field {unknown[0]!r}; expected {FIELDS}")
+
+    def prompt(self, row: Row, default_id: str) -> Prompt:
+        """The `Prompt` of one row; a bad row raises `TaskError` naming file, row and column."""
+        where, data = row.where, row.data
+        col, value = self._prompt_column(row)
+        if isinstance(value, str):
+            if not value:
+                raise TaskError(f"{where}: column {col!r}: empty prompt")
+            text = self.template.replace("{prompt}", value)
+            messages = [{"role": "user", "content": text}] if self.chat is not None else None
+        else:
+            messages = _messages(value, where, col)
+            text = ""
+        if messages is not None:
+            messages, text = self._render(messages, where, col)
+        answer = self._answer(row)
+        id_col = self.columns.get("id", "id")
+        pid = str(data[id_col]) if data.get(id_col) is not None else default_id
+        if not is_text(text + str(answer) + pid):
+            raise TaskError(
+                f"{where}: a lone surrogate (\\ud800-\\udfff) is not text a tokenizer can take"
+            )
+        meta = {k: v for k, v in data.items() if k != col}
+        return Prompt(id=pid, text=text, answer=answer, meta=meta, messages=messages)
+
+    def _prompt_column(self, row: Row) -> tuple[str, Any]:
+        given = [self.columns[k] for k in ("messages", "prompt") if k in self.columns]
+        names = given or ["messages", "prompt"]
+        for name in names:
+            if name in row.data and row.data[name] is not None:
+                return name, row.data[name]
+        have = ", ".join(map(repr, row.data)) or "none"
+        raise TaskError(
+            f"{row.where}: missing column {' or '.join(map(repr, names))} (columns here: {have}; "
+            "map yours with task.columns)"
+        )
+
+    def _render(self, messages: list[dict[str, Any]], where: str, col: str) -> tuple[list, str]:
+        if self.chat is None:
+            raise TaskError(
+                f"{where}: column {col!r} holds messages, which need a chat template, and the "
+                "model has none (set task.chat_template to a template file)"
+            )
+        if messages[-1]["role"] == "assistant":
+            raise TaskError(
+                f"{where}: column {col!r}: the last message is the assistant's; a prompt ends "
+                "with the turn the model answers (put the reference in the answer column)"
+            )
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        try:
+            return messages, self.chat.render(messages)
+        except ValueError as e:  # model.chat.ChatTemplateError: raise_exception() or a bug
+            raise TaskError(f"{where}: column {col!r}: {e}") from None
+
+    def _answer(self, row: Row) -> str | None:
+        data = row.data
+        names = [self.columns["answer"]] if "answer" in self.columns else list(ANSWER_COLUMNS)
+        for name in names:
+            if name in data:
+                return _answer_text(data[name], row.where, name)
+        verl = data.get("reward_model")
+        if "answer" not in self.columns and isinstance(verl, dict) and "ground_truth" in verl:
+            return _answer_text(verl["ground_truth"], row.where, "reward_model.ground_truth")
+        if not self.need_answer:
+            return None
+        have = ", ".join(map(repr, data)) or "none"
+        raise TaskError(
+            f"{row.where}: missing column {' or '.join(map(repr, names))} (columns here: {have}; "
+            "map yours with task.columns)"
+        )
+
+
+def _answer_text(value: Any, where: str, col: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise TaskError(
+            f"{where}: column {col!r}: expected a string or a number, got {type(value).__name__}"
+        )
+    if isinstance(value, float) and value != value:  # NaN: an empty CSV cell
+        raise TaskError(f"{where}: column {col!r}: empty")
+    return str(value)
+
+
+def _messages(value: Any, where: str, col: str) -> list[dict[str, Any]]:
+    """A validated copy of a conversation: plain dicts, keys whose value is None dropped."""
+    if not isinstance(value, list) or not value:
+        raise TaskError(
+            f"{where}: column {col!r}: expected a string or a non-empty list of "
+            f"{{'role', 'content'}} messages, got {type(value).__name__}"
+        )
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise TaskError(f"{where}: column {col!r}: message {i} is not an object")
+        for key in ("role", "content"):
+            if not isinstance(m.get(key), str):
+                raise TaskError(f"{where}: column {col!r}: message {i} needs a string {key!r}")
+        out.append({k: v for k, v in m.items() if v is not None})
+    return out
+
+
+def read_prompts(
+    path: str | Path, fmt: RowFormat | None = None, split: str = "train"
+) -> list[Prompt]:
+    """The prompts of a dataset file, folder or hub id; a bad row raises `TaskError`."""
+    fmt = fmt or RowFormat()
+    rows = read_table(path, split)
+    if not rows:
+        raise TaskError(f"{path}: no rows")
+    stem = Path(str(path)).stem
+    return [fmt.prompt(r, f"{stem}:{i}") for i, r in enumerate(rows)]
+
+
+def read_rows(path: str | Path, template: str = "{prompt}") -> list[Prompt]:
+    """Plain-text prompts of a file (no chat template), as `read_prompts`."""
+    return read_prompts(path, RowFormat(template=template))
+
+
+def heldout_split(n: int, fraction: float, seed: int) -> set[int]:
+    """Indices of the `int(n * fraction)` rows held out, drawn with their own seed."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return set(order[: int(n * fraction)])
+
+
+@dataclass
+class DatasetTask:
+    """Training prompts from a dataset; held out from a second one or a seeded split.
+
+    The split's seed (`task.heldout_seed`) is its own, not the run's: runs of different seeds
+    are evaluated on the same held-out prompts.
+    """
+
+    path: str
+    reward_fn: Callable[[Prompt, str], float]
+    heldout_path: str | None = None
+    heldout_fraction: float = 0.1
+    template: str = "{prompt}"
+    seed: int = 0  # of the held-out split
+    name: str = "dataset"
+    fmt: RowFormat | None = None
+    split: str = "train"
+    heldout_split: str | None = None  # of `heldout_path`, else of `path`
+
+    def __post_init__(self) -> None:
+        fmt = self.fmt or RowFormat(template=self.template)
+        rows = read_prompts(self.path, fmt, self.split)
+        if self.heldout_path or self.heldout_split:
+            source = self.heldout_path or self.path
+            held = read_prompts(source, fmt, self.heldout_split or self.split)
+            self._train, self._heldout = rows, held
+        else:
+            held = heldout_split(len(rows), self.heldout_fraction, self.seed)
+            self._heldout = [r for i, r in enumerate(rows) if i in held]
+            self._train = [r for i, r in enumerate(rows) if i not in held]
+        if not self._train:
+            raise TaskError(f"{self.path}: no training rows left after the held-out split")
+
+    def train_prompts(self) -> list[Prompt]:
+        return self._train
+
+    def heldout_prompts(self) -> list[Prompt]:
+        return self._heldout
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return float(self.reward_fn(prompt, completion))
+
+
+JsonlTask = DatasetTask  # the name of the JSONL-only task this generalises

@@ -1,0 +1,243 @@
+"""Datasets as users have them: every file kind, folders, column maps, chat rendering, the
+held-out seed, and a one-line error naming file, row and column for every malformed case."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chat_model import CHAT_TEMPLATE
+from slipstream.config import ConfigError, load_config
+from slipstream.model.chat import ChatTemplate
+from slipstream.tasks import DatasetTask, RowFormat, TaskError, read_prompts
+from slipstream.tasks.datasets import Row, read_table
+from slipstream.tasks.rows import heldout_split
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+ROWS = [
+    {"problem": "1+1", "solution": "2", "level": 1},
+    {"problem": "2+2", "solution": "4", "level": 3},
+]
+CHAT = ChatTemplate(CHAT_TEMPLATE, "test template")
+
+
+def _parquet(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.mark.slow  # imports datasets (2 s)
+def test_every_file_kind_reads_the_same_rows(tmp_path):
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS) + "\n")
+    (tmp_path / "d.json").write_text(json.dumps(ROWS))
+    (tmp_path / "d.csv").write_text("problem,solution,level\n1+1,2,1\n2+2,4,3\n")
+    _parquet(tmp_path / "d.parquet", ROWS)
+    fmt = RowFormat(columns={"prompt": "problem", "answer": "solution"})
+    for name in ("d.jsonl", "d.json", "d.csv", "d.parquet"):
+        prompts = read_prompts(tmp_path / name, fmt)
+        assert [(p.text, p.answer) for p in prompts] == [("1+1", "2"), ("2+2", "4")], name
+        # every column but the prompt's travels with it, under its own name
+        assert prompts[1].meta.keys() == {"solution", "level"}, name
+        assert str(prompts[1].meta["solution"]) == "4" and prompts[1].meta["level"] == 3
+        assert prompts[0].messages is None
+
+
+def test_folder_splits(tmp_path):
+    (tmp_path / "data").mkdir()
+    _parquet(tmp_path / "data" / "train-00000-of-00001.parquet", ROWS)
+    (tmp_path / "data" / "test.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    assert len(read_table(tmp_path, "train")) == 2
+    assert [r.where.rsplit("/", 1)[1] for r in read_table(tmp_path, "test")] == ["test.jsonl:1"]
+    with pytest.raises(
+        TaskError, match=r"no file of split 'dev' \(task.split\); splits here: test, train"
+    ):
+        read_table(tmp_path, "dev")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "a.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    (flat / "b.jsonl").write_text(json.dumps(ROWS[1]) + "\n")
+    assert len(read_table(flat, "train")) == 2  # no split named: all of it is train
+    fmt = RowFormat(columns={"prompt": "problem"})
+    task = DatasetTask(str(tmp_path), lambda p, c: 0.0, fmt=fmt, heldout_split="test")
+    assert len(task.train_prompts()) == 2 and len(task.heldout_prompts()) == 1
+
+
+def test_messages_rows_are_rendered_with_the_template_and_system_prompt(tmp_path):
+    f = _parquet(
+        tmp_path / "m.parquet",
+        [{"messages": [{"role": "user", "content": "What is 2+3?"}], "answer": "5"}],
+    )
+    [p] = read_prompts(f, RowFormat(chat=CHAT, system_prompt="Be brief."))
+    assert p.text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert p.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+3?"},
+    ]
+    # a plain prompt with a chat template is the one user turn; without one, plain text
+    row = Row("x:1", {"prompt": "hi", "answer": 1})
+    assert (
+        RowFormat(chat=CHAT)
+        .prompt(row, "0")
+        .text.endswith("user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    )
+    assert RowFormat(template="Q: {prompt}\nA:").prompt(row, "0").text == "Q: hi\nA:"
+
+
+def test_verl_rows(tmp_path):
+    row = {
+        "data_source": "gsm8k",
+        "prompt": [{"role": "user", "content": "2+2?"}],
+        "reward_model": {"style": "rule", "ground_truth": "4"},
+        "extra_info": {"index": 7},
+    }
+    [p] = read_prompts(_parquet(tmp_path / "v.parquet", [row]), RowFormat(chat=CHAT))
+    assert p.answer == "4" and p.meta["data_source"] == "gsm8k"
+    assert p.meta["extra_info"] == {"index": 7}
+
+
+def test_heldout_split_has_its_own_seed(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"q{i}", "answer": i}) + "\n" for i in range(50)))
+    a = DatasetTask(str(f), lambda p, c: 0.0, heldout_fraction=0.2, seed=0)
+    b = DatasetTask(str(f), lambda p, c: 0.0, heldout_fraction=0.2, seed=0)
+    c = DatasetTask(str(f), lambda p, c: 0.0, heldout_fraction=0.2, seed=1)
+    ids = lambda t: [p.id for p in t.heldout_prompts()]  # noqa: E731
+    assert ids(a) == ids(b) and len(ids(a)) == 10 and ids(a) != ids(c)
+    assert heldout_split(50, 0.2, 0) == heldout_split(50, 0.2, 0)
+    # run.seed does not move the split: setup passes task.heldout_seed
+    cfg = load_config(None, [f"task.path={f}", "run.seed=5"])
+    assert cfg.task.heldout_seed == 0
+
+
+def test_path_selects_the_dataset_kind_or_conflicts():
+    assert load_config(None, ["task.path=/no/such.jsonl"]).task.kind == "dataset"
+    with pytest.raises(ConfigError, match=r"task\.kind: 'builtin'.*task\.path"):
+        load_config(None, ["task.path=/no/such.jsonl", 'task.kind="builtin"'])
+    with pytest.raises(ConfigError, match=r"unknown key 'task\.colums'"):
+        load_config(None, ["task.path=x.jsonl", "task.colums={}"])
+
+
+def test_missing_datasets_library_names_the_install(tmp_path, monkeypatch):
+    f = _parquet(tmp_path / "d.parquet", ROWS)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(TaskError, match=r"pip install 'slipstream\[data\]'"):
+        read_table(f)
+
+
+@pytest.mark.slow
+def test_hub_id_offline_is_one_clear_line(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1 does
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TaskError) as err:
+        read_table("no-such-owner/no-such-dataset", "train")
+    msg = str(err.value)
+    assert msg.startswith("no-such-owner/no-such-dataset: no such local file or folder")
+    assert "\n" not in msg
+
+
+MALFORMED = [
+    ({"answer": "1"}, "missing column 'messages' or 'prompt'"),
+    ({"prompt": "x"}, "missing column 'answer' or 'ground_truth' or 'solution'"),
+    ({"prompt": "", "answer": "1"}, "column 'prompt': empty prompt"),
+    ({"prompt": 3, "answer": "1"}, "column 'prompt': expected a string or a non-empty list"),
+    ({"prompt": "x", "answer": [1]}, "column 'answer': expected a string or a number"),
+    ({"messages": [], "answer": "1"}, "column 'messages': expected a string or a non-empty list"),
+    ({"messages": ["hi"], "answer": "1"}, "column 'messages': message 0 is not an object"),
+    ({"messages": [{"role": "user"}], "answer": "1"}, "column 'messages': message 0 needs a string 'content'"),
+    (
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "answer": "1"},
+        "column 'messages': the last message is the assistant's",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("row", "message"), MALFORMED)
+def test_malformed_rows_name_file_row_and_column(tmp_path, row, message):
+    f = tmp_path / "d.jsonl"
+    f.write_text(json.dumps({"prompt": "ok", "answer": "1"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(TaskError) as err:
+        read_prompts(f, RowFormat(chat=CHAT))
+    assert str(err.value).startswith(f"{f}:2: {message}"), str(err.value)
+    g = tmp_path / "d.json"  # the same row in a JSON array is named by its index
+    g.write_text(json.dumps([{"prompt": "ok", "answer": "1"}, row]))
+    with pytest.raises(TaskError, match=f"^{g}: row 1: "):
+        read_prompts(g, RowFormat(chat=CHAT))
+
+
+def test_malformed_parquet_and_csv_name_file_and_row(tmp_path):
+    f = _parquet(
+        tmp_path / "d.parquet", [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": None}]
+    )
+    with pytest.raises(
+        TaskError, match=rf"^{f}: row 1: missing column 'answer'|^{f}: row 1: column 'answer'"
+    ):
+        read_prompts(f)
+    c = tmp_path / "d.csv"
+    c.write_text("question,answer\nq,1\n")
+    with pytest.raises(
+        TaskError,
+        match=rf"^{c}: row 0: missing column 'messages' or 'prompt' \(columns here: 'question', 'answer'",
+    ):
+        read_prompts(c)
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(TaskError, match=rf"^{bad}: cannot be read as parquet"):
+        read_prompts(bad)
+    with pytest.raises(TaskError, match="messages, which need a chat template"):
+        read_prompts(
+            _parquet(
+                tmp_path / "m.parquet",
+                [{"messages": [{"role": "user", "content": "q"}], "answer": "1"}],
+            )
+        )
+
+
+value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+message = st.fixed_dictionaries(
+    {}, optional={"role": st.sampled_from(["user", "system", "assistant", 3]), "content": value}
+)
+row = st.dictionaries(
+    st.sampled_from(["prompt", "messages", "answer", "solution", "id", "other"]),
+    value | st.lists(message, max_size=3) | st.text(max_size=8),
+    max_size=5,
+)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(rows=st.lists(row, min_size=1, max_size=4), chat=st.booleans())
+def test_fuzzed_rows_fail_only_with_one_line_naming_the_row(tmp_path, rows, chat):
+    f = tmp_path / "d.jsonl"
+    f.write_text(
+        "\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8", errors="surrogatepass"
+    )
+    try:
+        prompts = read_prompts(f, RowFormat(chat=CHAT if chat else None))
+    except TaskError as e:
+        msg = str(e)
+        assert msg.startswith(f"{f}:"), msg
+        assert "\n" not in msg, repr(msg)
+    else:
+        for p in prompts:
+            assert isinstance(p.text, str) and p.text and isinstance(p.answer, str)
+            p.text.encode("utf-8")
+            assert (p.messages is not None) == chat

@@ -1,0 +1,63 @@
+"""Held-out metrics users can compare: mean@n, pass@1 and the unbiased pass@k of Chen et al."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slipstream.config import ConfigError, load_config
+from slipstream.schedule.evaluate import pass_at_k, summarize
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (5, 2, 1, 2 / 5),  # pass@1 is c / n
+        (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (10, 3, 3, 1 - 35 / 120),  # 1 - C(7,3)/C(10,3) = 1 - 35/120
+        (5, 2, 5, 1.0),  # n - c = 3 < k: every 5-subset holds a pass
+        (4, 0, 2, 0.0),
+        (4, 4, 1, 1.0),
+    ],
+)
+def test_pass_at_k_golden(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+@given(n=st.integers(1, 8), data=st.data())
+def test_pass_at_k_is_the_share_of_k_subsets_with_a_pass(n, data):
+    c = data.draw(st.integers(0, n))
+    k = data.draw(st.integers(1, n))
+    samples = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    brute = sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+    assert math.isclose(pass_at_k(n, c, k), brute, abs_tol=1e-12)
+
+
+def test_pass_at_k_rejects_impossible_counts():
+    with pytest.raises(ValueError):
+        pass_at_k(3, 4, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)
+
+
+def test_summarize_golden():
+    # prompt 0: 2 of 4 pass, prompt 1: none. mean@4 = 2/8; pass@1 = (2/4 + 0)/2; pass@4 = (1 + 0)/2
+    got = summarize([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.0]])
+    assert got == {"mean@4": 2.5 / 8, "pass@1": 0.25, "pass@4": 0.5}
+    assert summarize([[0.5], [1.0]], threshold=0.5) == {"mean@1": 0.75, "pass@1": 1.0}
+
+
+def test_eval_config():
+    cfg = load_config(
+        None, ["eval.samples_per_prompt=4", "eval.temperature=1.0", 'eval.sets={a="x.jsonl"}']
+    )
+    assert cfg.eval.samples_per_prompt == 4 and cfg.eval.sets == {"a": "x.jsonl"}
+    with pytest.raises(ConfigError, match=r"eval\.samples_per_prompt: n > 1 greedy"):
+        load_config(None, ["eval.samples_per_prompt=4"])
+    with pytest.raises(ConfigError, match=r"eval\.sets: a set name"):
+        load_config(None, ['eval.sets={"a/b"="x.jsonl"}'])

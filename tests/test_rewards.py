@@ -1,0 +1,172 @@
+"""Reward functions in the shapes users bring (slipstream, TRL batched, verl compute_score),
+weighted and combined, logged per function, behind the reward guard inline and in a process."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slipstream.config import load_config
+from slipstream.schedule.setup import build_task
+from slipstream.tasks.guard import RewardGuard
+from slipstream.tasks.rewards import CombinedReward, RewardPart, adapt, detect_shape, part_means
+from slipstream.types import FinishReason, Group, Prompt, Sample
+
+CHAT = Prompt(
+    "p0",
+    "<rendered>",
+    "42",
+    meta={"answer": "42", "kind": "math", "data_source": "gsm8k", "extra_info": {"i": 3}},
+    messages=[{"role": "user", "content": "6*7?"}],
+)
+PLAIN = Prompt("p1", "6*7=", "42", meta={"answer": "42", "kind": "free"})
+
+REWARDS = """
+seen = []
+
+def slip(prompt, completion):
+    return float(prompt.answer in completion)
+
+def trl_len(prompts, completions, **kwargs):
+    seen.append((prompts, completions, kwargs))
+    out = []
+    for c, kind in zip(completions, kwargs["kind"]):
+        text = c[0]["content"] if isinstance(c, list) else c
+        out.append(None if kind == "free" else len(text) / 10)
+    return out
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(ground_truth in solution_str), "acc": 1.0, "pred": solution_str, "src": data_source == "gsm8k"}
+
+def verl_float(data_source, solution_str, ground_truth, extra_info=None):
+    return extra_info["i"] * 1.0
+
+def trl_wrong_length(prompts, completions, **kw):
+    return [1.0, 2.0]
+
+def nan_score(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float("nan")}
+"""
+
+
+@pytest.fixture
+def rewards_py(tmp_path):
+    f = tmp_path / "rw.py"
+    f.write_text(REWARDS)
+    return f
+
+
+def test_shapes_are_told_by_parameter_names():
+    assert detect_shape(lambda prompt, completion: 0.0) == "slipstream"
+    assert detect_shape(lambda prompts, completions, **kw: []) == "trl"
+    assert detect_shape(lambda completions, **kw: []) == "trl"
+    assert (
+        detect_shape(lambda data_source, solution_str, ground_truth, extra_info=None: 0) == "verl"
+    )
+    assert detect_shape(math.sqrt) == "slipstream"
+
+
+def test_trl_is_called_as_trl_calls_it(rewards_py):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rw_mod", rewards_py)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    fn = adapt(mod.trl_len, "auto")
+    assert fn(CHAT, "1234567890") == 1.0
+    prompts, completions, kwargs = mod.seen[-1]
+    assert prompts == [CHAT.messages]  # chat prompt: messages in, assistant messages out
+    assert completions == [[{"role": "assistant", "content": "1234567890"}]]
+    assert kwargs["answer"] == ["42"] and kwargs["extra_info"] == [{"i": 3}]
+    assert fn(PLAIN, "12345") is None  # not applicable
+    assert mod.seen[-1][:2] == (["6*7="], ["12345"])  # plain prompt: strings
+
+
+def test_weighted_combination_and_parts(rewards_py):
+    r = CombinedReward(
+        (
+            RewardPart(f"{rewards_py}:trl_len", 0.5),
+            RewardPart(f"{rewards_py}:compute_score", 2.0, name="correct"),
+            RewardPart("exact"),
+        )
+    )
+    out = r(CHAT, "is 42")
+    # trl_len = 5/10 = 0.5 (weight 0.5), correct = 1 (weight 2), exact("is 42", "42") = 0:
+    # 0.5 * 0.5 + 2 * 1 + 1 * 0 = 2.25; the verl dict's other numbers are logged, not 'pred'
+    assert out == {
+        "score": 2.25,
+        "reward/trl_len": 0.5,
+        "reward/correct": 1.0,
+        "reward/correct/acc": 1.0,
+        "reward/exact": 0.0,
+    }
+    # a TRL None leaves that function out of the sum (TRL's nansum)
+    assert r(PLAIN, "42")["score"] == 2.0 * 1.0 + 1.0 and "reward/trl_len" not in r(PLAIN, "42")
+    assert (
+        not r.trusted and CombinedReward((RewardPart("exact"), RewardPart("math_verify"))).trusted
+    )
+    with pytest.raises(ValueError, match="two functions named 'exact'"):
+        CombinedReward((RewardPart("exact"), RewardPart("exact", 2.0)))
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_guard_scores_every_shape_and_counts_bad_returns(rewards_py, isolation):
+    parts = (RewardPart(f"{rewards_py}:verl_float"), RewardPart(f"{rewards_py}:slip", 2.0))
+    guard = RewardGuard(CombinedReward(parts), isolation, timeout_s=10.0)
+    try:
+        [a, b] = guard.score(CHAT, ["42", "no"])
+        assert (a.reward, b.reward) == (3.0 + 2.0, 3.0)
+        assert a.parts == {"reward/verl_float": 3.0, "reward/slip": 1.0}
+    finally:
+        guard.close()
+    for name, error in [("trl_wrong_length", "raised"), ("nan_score", "invalid")]:
+        g = RewardGuard(CombinedReward((RewardPart(f"{rewards_py}:{name}"),)), isolation)
+        try:
+            with pytest.warns(RuntimeWarning, match=name):
+                [v] = g.score(CHAT, ["42"])
+            assert (v.reward, v.error) == (0.0, error) and g.errors[error] == 1
+        finally:
+            g.close()
+
+
+def test_a_lone_verl_dict_is_its_score_and_its_parts(rewards_py):
+    g = RewardGuard(CombinedReward((RewardPart(f"{rewards_py}:compute_score"),)), "inline")
+    [v] = g.score(CHAT, ["42"])
+    assert v.reward == 1.0
+    assert v.parts == {"reward/compute_score": 1.0, "reward/compute_score/acc": 1.0}
+
+
+def test_config_builds_the_combined_reward(tmp_path, rewards_py):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "6*7=", "answer": "42", "kind": "math"}\n' * 4)
+    cfg = load_config(
+        None,
+        [
+            f"task.path={data}",
+            "task.heldout_fraction=0.0",
+            f'task.rewards=[{{fn="{rewards_py}:trl_len", weight=0.5}}, {{fn="exact", weight=2}}]',
+            'task.reward_isolation="inline"',
+        ],
+    )
+    task = build_task(cfg)
+    try:
+        p = task.train_prompts()[0]
+        assert p.meta == {"answer": "42", "kind": "math"}
+        [v] = task.score(p, ["42"])
+        assert v.reward == 0.5 * 0.2 + 2.0 and set(v.parts) == {"reward/trl_len", "reward/exact"}
+    finally:
+        task.close()
+    builtin = build_task(load_config(None, [f"task.path={data}", 'task.reward="exact"']))
+    assert builtin.guard.isolation == "inline" and builtin.guard.name == "exact"  # trusted
+
+
+def test_part_means_per_step():
+    def sample(parts: dict[str, float]) -> Sample:
+        return Sample("p", [1], [2], [0.0], [0], FinishReason.STOP, reward_parts=parts)
+
+    g = Group(
+        PLAIN, [sample({"reward/a": 1.0, "reward/b": 0.0}), sample({"reward/a": 0.0}), sample({})]
+    )
+    # a: (1 + 0) / 2 over the samples it applied to; b: 0 / 1
+    assert part_means([g]) == {"reward/a": 0.5, "reward/b": 0.0}

@@ -1,0 +1,133 @@
+"""Tokenization as the model was trained: the same ids as `transformers.AutoTokenizer` for the
+same text and the same chat template, on tokenizer folders of the kinds the hub ships."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chat_model import (
+    CHAT_TEMPLATE,
+    llama3_tokenizer,
+    plain_bpe_tokenizer,
+    qwen2_tokenizer,
+    wordlevel_bos_tokenizer,
+)
+from slipstream.model import load_tokenizer
+from slipstream.model.chat import ChatTemplateError, load_chat_template
+from slipstream.types import Prompt
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["What is 2+3?", "hello world", " leading space", "Add 12 and 30.\nAnswer:", "<|im_end|>x"]
+WORDS = ["what", "is", "2", "+", "3", "?", "the", "answer", "5"]
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+3?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}],
+    [
+        {"role": "user", "content": "Add 12 and 30."},
+        {"role": "assistant", "content": "42"},
+        {"role": "user", "content": "and 1?"},
+    ],
+]
+KINDS = {
+    "llama3": llama3_tokenizer,
+    "qwen2": qwen2_tokenizer,
+    "plain_bpe": plain_bpe_tokenizer,
+    "wordlevel_bos": lambda f: wordlevel_bos_tokenizer(f, WORDS),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def folder(request, tmp_path_factory):
+    return KINDS[request.param](tmp_path_factory.mktemp(request.param))
+
+
+def test_encode_matches_auto_tokenizer(folder):
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tok = load_tokenizer(folder)
+    texts = ["what is 2 + 3 ?", "the answer"] if "wordlevel" in str(folder) else TEXTS
+    for text in texts:
+        assert tok.encode(text) == hf.encode(text), (folder.name, text)
+        assert tok.encode(text, add_special_tokens=False) == hf.encode(
+            text, add_special_tokens=False
+        )
+
+
+def test_bos_of_a_post_processor_is_kept(tmp_path):
+    """The issue's measured bug: a WordLevel model whose post-processor prepends <bos> lost it."""
+    tok = load_tokenizer(wordlevel_bos_tokenizer(tmp_path, WORDS))
+    assert tok.encode("what is 2 + 3 ?")[0] == tok.bos_id == 1
+    assert tok.decode(tok.encode("the answer")) == "the answer"
+
+
+def test_stop_ids_come_from_every_config_file(tmp_path):
+    llama = load_tokenizer(llama3_tokenizer(tmp_path / "l"))
+    names = ["<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"]
+    assert llama.stop_ids == {llama.inner.token_to_id(n) for n in names}
+    assert llama.eos_id == llama.inner.token_to_id("<|eot_id|>")  # tokenizer_config's eos_token
+    qwen = load_tokenizer(qwen2_tokenizer(tmp_path / "q"))
+    im_end, eot = qwen.inner.token_to_id("<|im_end|>"), qwen.inner.token_to_id("<|endoftext|>")
+    assert qwen.stop_ids == {im_end, eot} and qwen.pad_id == eot and qwen.bos_id is None
+
+
+def test_stop_strings_and_decoding_up_to_the_first_stop(tmp_path):
+    tok = load_tokenizer(qwen2_tokenizer(tmp_path)).with_stop_strings(["<|im_start|>", "\n\n"])
+    start = tok.inner.token_to_id("<|im_start|>")
+    assert start in tok.stop_ids
+    im_end = tok.inner.token_to_id("<|im_end|>")
+    body = tok.encode("The answer is 5", add_special_tokens=False)
+    assert tok.decode([*body, im_end, *tok.encode("junk")]) == "The answer is 5"
+    double = tok.encode("\n\n", add_special_tokens=False)
+    if len(double) > 1:  # a multi-token stop string is a stop sequence
+        assert tuple(double) in tok.stop_sequences
+        assert tok.decode([*body, *double, *body]) == "The answer is 5"
+
+
+def test_add_bos_token_without_a_post_processor(tmp_path):
+    """transformers 4's Llama tokenizer classes rebuilt the post-processor from add_bos_token;
+    with no post-processor at all, it is the only record of how the model was trained."""
+    folder = plain_bpe_tokenizer(tmp_path)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "add_bos_token": True}))
+    tok = load_tokenizer(folder)
+    assert tok.encode("hello")[0] == tok.bos_id
+    assert tok.encode("hello", add_special_tokens=False)[0] != tok.bos_id
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen2"])
+def test_chat_template_renders_and_tokenizes_as_transformers(tmp_path, kind):
+    folder = KINDS[kind](tmp_path)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tok, chat = load_tokenizer(folder), load_chat_template("auto", str(folder))
+    assert chat is not None
+    for conv in CONVERSATIONS:
+        text = chat.render(conv)
+        assert text == hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        ids = hf.apply_chat_template(conv, tokenize=True, add_generation_prompt=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        assert tok.encode_prompt(Prompt("c", text, None, messages=conv)) == list(ids)
+
+
+def test_chat_template_sources_and_errors(tmp_path):
+    folder = plain_bpe_tokenizer(tmp_path / "m")
+    assert load_chat_template("auto", str(folder)) is None  # a base model: plain text
+    assert load_chat_template("none", str(folder)) is None
+    f = tmp_path / "t.jinja"
+    f.write_text(CHAT_TEMPLATE)
+    chat = load_chat_template(str(f), str(folder))
+    assert chat is not None and chat.render([{"role": "user", "content": "hi"}]).endswith(
+        "<|im_start|>assistant\n"
+    )
+    with pytest.raises(ChatTemplateError, match="no such file"):
+        load_chat_template(str(tmp_path / "nope.jinja"), None)
+    f.write_text("{% if %}")
+    with pytest.raises(ChatTemplateError, match=r"t\.jinja: not a valid Jinja template"):
+        load_chat_template(str(f), None)
+    f.write_text("{{ raise_exception('only user turns') }}")
+    with pytest.raises(ChatTemplateError, match="only user turns"):
+        load_chat_template(str(f), None).render([])  # type: ignore[union-attr]
+    f.write_text("{{ ''.__class__.__mro__ }}")  # the sandbox keeps templates from internals
+    with pytest.raises(ChatTemplateError):
+        load_chat_template(str(f), None).render([])  # type: ignore[union-attr]
