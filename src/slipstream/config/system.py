@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 from slipstream.config.base import _check_name, _Section
 from slipstream.schedule.presets import PRESETS
 
+Sink = Literal["jsonl", "tensorboard", "wandb"]
+
 
 class RunConfig(_Section):
     dir: str | None = None
@@ -21,7 +23,7 @@ class RunConfig(_Section):
     """No live display: one plain line per evaluation, for logs and CI."""
     threads: int = Field(0, ge=0)
     """torch intra-op threads; 0 uses every core."""
-    sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
+    sinks: list[Sink] = Field(default_factory=lambda: list[Sink](["jsonl"]))
     """Metrics sinks; JSONL is always written. tensorboard -> RUN_DIR/tensorboard; wandb as the
     `[wandb]` section says (offline by default: upload later with `wandb sync`)."""
     rollouts_per_step: int = Field(4, ge=0)

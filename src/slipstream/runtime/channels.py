@@ -164,7 +164,7 @@ class StopFlag(Protocol):
 class Channels:
     """Everything a sampler or the orchestrator talks through."""
 
-    prompts: PromptChannel
+    prompts: PromptChannel  # the trainer's end: a `Router` over one inbox per sampler
     groups: GroupChannel
     weights: WeightChannel
     stop: StopFlag
@@ -181,6 +181,8 @@ class Router:
     its inbox gives them, so one that reported starting n had started the first n); a sampler
     is live again once `up(i)` (its replacement reported ready).
     """
+
+    prefetch = False
 
     def __init__(self, inboxes: list[PromptChannel]) -> None:
         self.inboxes = list(inboxes)
@@ -207,6 +209,9 @@ class Router:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(min(0.005, max(deadline - time.monotonic(), 0.0)))
+
+    def get(self, timeout: float) -> list[PromptRequest] | None:  # samplers read their inboxes
+        raise TypeError("the trainer's end of the prompt channels is write-only")
 
     def done(self, group_id: int) -> None:
         i = self.owner.pop(group_id, None)
@@ -262,6 +267,10 @@ class Runtime(Protocol):
 
     def start(self, factory: Callable[[int], Any]) -> None:
         """Start one sampler per id; `factory(i)` builds the worker where it runs."""
+        ...
+
+    def pids(self) -> list[int]:
+        """Process ids of the samplers (0 for one not started yet)."""
         ...
 
     def check(self) -> list[int]:

@@ -288,7 +288,7 @@ def build_task(cfg: Config) -> GuardedTask:
     """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
     t = cfg.task
     if t.kind == "builtin":
-        task = RunningSums()
+        task: Task = RunningSums()
         isolation: Isolation = "inline" if t.reward_isolation == "auto" else t.reward_isolation
         return GuardedTask(
             task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)

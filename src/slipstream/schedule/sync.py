@@ -99,7 +99,7 @@ def marks(run: Run) -> dict[str, float]:
 
 def step_record(
     run: Run, groups: list[Group], metrics, mark, t_gen, t_train, t_step, t_start
-) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+) -> dict[str, Any]:
     now = marks(run)
     d = {k: now[k] - mark[k] for k in now}
     lens = [s.num_tokens for g in groups for s in g.samples]

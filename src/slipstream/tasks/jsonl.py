@@ -40,7 +40,9 @@ def math_verify_reward(prompt: Prompt, completion: str) -> float:
     def same() -> bool:
         return bool(verify(gold, pred, timeout_seconds=None))
 
-    return 1.0 if pred and call_with_deadline(same, MATH_VERIFY_TIMEOUT_S, False) else 0.0
+    if not pred:
+        return 0.0
+    return 1.0 if call_with_deadline(same, MATH_VERIFY_TIMEOUT_S, False) else 0.0
 
 
 def _drop_timeout_warning(record: logging.LogRecord) -> bool:
