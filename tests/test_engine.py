@@ -221,7 +221,10 @@ def test_logprobs_equal_trainer_recompute_under_one_version(temperature, model_o
         logp, _ = token_logprobs(model, batch, temperature)
     mask = batch.loss_mask
     assert mask.sum() > 40
-    torch.testing.assert_close(logp[mask], batch.behavior_logp[mask], atol=1e-5, rtol=0)
+    # float32 with a KV cache sums in another order than the full forward: on this repository's
+    # CPU the qwen2 case at T = 0.7 differs by 1.1e-5 on a log-prob of -2.45 (it failed at
+    # atol=1e-5, rtol=0 before any change here), so the bound is 1e-5 absolute plus 1e-5 relative
+    torch.testing.assert_close(logp[mask], batch.behavior_logp[mask], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("decode_graph", [False, True])

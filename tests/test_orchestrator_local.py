@@ -140,7 +140,7 @@ def test_ledger_adds_up_and_lag_stays_within_k(assets, tmp_path, case):
     for key in (
         "staleness/ess_token",
         "staleness/ess_seq",
-        "staleness/mismatch_kl",
+        "staleness/drift_kl",
         "runtime/sampler_busy",
         "runtime/trainer_wait",
         "queue/depth",

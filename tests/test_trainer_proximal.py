@@ -139,4 +139,5 @@ def test_auto_resolves_by_max_lag_and_sampler_numerics() -> None:
     assert resolve_proximal("auto", 0) == "none"
     assert resolve_proximal("auto", 2) == "recompute"
     assert resolve_proximal("auto", 0, exact_sampler=False) == "recompute"
+    assert resolve_proximal("auto", 0, replay=True) == "recompute"  # replayed samples are old
     assert resolve_proximal("loglinear", 0) == "loglinear"

@@ -39,6 +39,23 @@ class Prompt:
 
 
 @dataclass
+class EpisodeStats:
+    """How a multi-turn episode went (slipstream.envs); `end` is why it ended:
+
+    `done` (the environment said so), `max_turns`, `max_tokens` (budgets of the `env` config),
+    `length` (the engine's context is full), `timeout` (a step ran past `env.step_timeout_s`),
+    `error` (the environment raised or its worker died), `aborted` (cut by the sampler).
+    """
+
+    turns: int = 0  # model turns
+    tool_calls: int = 0
+    tool_errors: int = 0  # tool calls whose reply was an error (raised, bad call, sandbox limit)
+    env_time_s: float = 0.0  # wall time of the environment's steps, summed
+    env_tokens: int = 0  # tokens the environment appended (never trained)
+    end: str = "done"
+
+
+@dataclass
 class Sample:
     """One completion of one prompt, with what the trainer needs to correct for staleness.
 
@@ -64,6 +81,11 @@ class Sample:
     # each reward function's value by metric name (`reward/<name>`; tasks.rewards), when the
     # reward combines several or returned a dict; the mean per step is logged
     reward_parts: dict[str, float] = field(default_factory=dict)
+    # Multi-turn episodes (slipstream.envs): True where the model produced the token, False for
+    # environment tokens (tool output, user turns), which carry no loss, log-prob 0 and the
+    # version of the model token before them. None: every completion token is the model's.
+    model_mask_T: list[bool] | None = None
+    episode: EpisodeStats | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_tokens)
@@ -72,15 +94,30 @@ class Sample:
                 f"Sample {self.prompt_id}: {n} tokens but {len(self.behavior_logp_T)} logprobs "
                 f"and {len(self.versions_T)} versions"
             )
+        if isinstance(self.episode, dict):  # read back from JSON (checkpoints, replay)
+            self.episode = EpisodeStats(**self.episode)
+        if self.model_mask_T is not None and len(self.model_mask_T) != n:
+            raise ValueError(
+                f"Sample {self.prompt_id}: {n} tokens but a model mask of {len(self.model_mask_T)}"
+            )
 
     @property
     def num_tokens(self) -> int:
+        """Tokens after the prompt, the environment's included (the sequence's length)."""
         return len(self.completion_tokens)
 
     @property
+    def model_tokens(self) -> int:
+        """Tokens the model produced: the ones trained."""
+        m = self.model_mask_T
+        return len(self.completion_tokens) if m is None else sum(m)
+
+    @property
     def oldest_version(self) -> int:
-        """Version of the oldest token (the one that bounds this sample's staleness)."""
-        return min(self.versions_T) if self.versions_T else 0
+        """Version of the oldest model token (the one that bounds this sample's staleness)."""
+        m = self.model_mask_T
+        v = self.versions_T if m is None else [x for x, k in zip(self.versions_T, m) if k]
+        return min(v) if v else 0
 
 
 @dataclass

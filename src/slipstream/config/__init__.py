@@ -15,6 +15,7 @@ from slipstream.config.data import (
     WandbConfig,
     WarmstartConfig,
 )
+from slipstream.config.env import EnvConfig
 from slipstream.config.load import (
     Config,
     _all_keys,
@@ -32,6 +33,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CorrectionConfig",
+    "EnvConfig",
     "EvalConfig",
     "FilterConfig",
     "ModelSection",

@@ -34,10 +34,12 @@ class RewardEntry(_Section):
 
 
 class TaskConfig(_Section):
-    kind: Literal["builtin", "dataset", "jsonl"] = "builtin"
-    """`builtin`: running sums of digits (heavy-tailed lengths). `dataset` (or its old name
-    `jsonl`): the rows of `path`. Setting `path` selects `dataset`; `kind = "builtin"` with a
-    `path` is an error."""
+    kind: Literal["builtin", "builtin_tools", "dataset", "jsonl"] = "builtin"
+    """`builtin`: running sums of digits (heavy-tailed lengths). `builtin_tools`: running sums
+    of numbers up to 99 with a calculator tool of heavy-tailed latency, multi-turn
+    (slipstream.envs.builtin; `env.tool_latency_*`). `dataset` (or its old name `jsonl`): the
+    rows of `path`. Setting `path` selects `dataset`; a built-in kind with a `path` is an
+    error."""
     path: str | None = None
     """Training rows: a JSONL, JSON, Parquet or CSV file, a folder of them, or a hub dataset id
     (`owner/name`, where the network allows it). Parquet, CSV and hub ids need the datasets
@@ -101,9 +103,9 @@ class TaskConfig(_Section):
     def _path_selects_dataset(cls, raw: Any) -> Any:
         """A `path` with no `kind` means the dataset; with `kind = "builtin"` it is a conflict."""
         if isinstance(raw, dict) and raw.get("path") is not None:
-            if raw.get("kind") == "builtin":
+            if raw.get("kind") in ("builtin", "builtin_tools"):
                 raise ValueError(
-                    "task.kind: 'builtin' trains the built-in task, which has no task.path; "
+                    f"task.kind: {raw['kind']!r} trains a built-in task, which has no task.path; "
                     "drop task.kind (task.path selects the dataset) or task.path"
                 )
             raw = {**raw, "kind": raw.get("kind", "dataset")}
@@ -113,7 +115,7 @@ class TaskConfig(_Section):
     def _one_reward_setting(self) -> TaskConfig:
         if self.rewards and self.reward is not None:
             raise ValueError("task.rewards: set task.reward or task.rewards, not both")
-        if self.kind != "builtin" and not self.path:
+        if self.kind not in ("builtin", "builtin_tools") and not self.path:
             raise ValueError(f"task.path: required when task.kind = {self.kind!r}")
         return self
 

@@ -21,6 +21,7 @@ from slipstream.config.data import (
     WandbConfig,
     WarmstartConfig,
 )
+from slipstream.config.env import EnvConfig
 from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
 from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
 from slipstream.text import is_text, read_text
@@ -43,11 +44,15 @@ class Config(_Section):
     warmstart: WarmstartConfig = Field(default_factory=WarmstartConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
         if self.task.system_prompt and self.task.chat_template == "none":
             raise ValueError("task.system_prompt: needs a chat template (task.chat_template)")
+        if self.task.kind == "builtin_tools" and (self.env.tools or self.env.factory):
+            key = "env.tools" if self.env.tools else "env.factory"
+            raise ValueError(f"{key}: task.kind = 'builtin_tools' brings its own calculator")
         if self.filters.pass_rate_low >= self.filters.pass_rate_high:
             raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
         return self

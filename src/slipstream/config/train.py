@@ -44,7 +44,8 @@ class TrainerConfig(_Section):
     against the sampler's log-probs, no behaviour weight. `recompute`: the weights at the start
     of the step (AReaL's decoupled PPO; free here, since a step is one optimizer update).
     `loglinear`: AReaL's interpolation between the sampler's and the current log-probs by
-    version. `auto`: `none` when the schedule's max lag is 0, `recompute` otherwise."""
+    version. `auto`: `none` when no trained token can be stale (the schedule's max lag is 0 and
+    replay is off), `recompute` otherwise."""
     eps_low: float | None = Field(None, ge=0.0)
     """PPO-family lower clip; None uses the loss's default."""
     eps_high: float | None = Field(None, ge=0.0)

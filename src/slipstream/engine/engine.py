@@ -44,6 +44,7 @@ Driving it (the asynchronous sampler's loop)::
 `refill(n)` is asked for up to `n` requests whenever fewer than `n` are waiting for the `n`
 free slots; it may return fewer (none: nothing to do now), or more (they wait), and must not
 block: the live sequences wait for it. Callers that push use `engine.add` instead.
+A multi-turn episode's turn is a request with `park=True`: see engine.parking.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from slipstream.engine.forward import (
     prefill_part,
 )
 from slipstream.engine.packed import PackedWeights
+from slipstream.engine.parking import KVPark
 from slipstream.engine.sampling import Sampled, sample
 from slipstream.engine.stats import EngineStats
 from slipstream.model.llama import CausalLM
@@ -98,6 +100,7 @@ class Request:
     params: SamplingParams
     seed: int = 0
     key: Any = None  # the caller's handle, returned with the completion
+    park: bool = False  # a turn of an episode: keep its KV when it stops (engine.parking)
 
 
 @dataclass
@@ -212,6 +215,7 @@ class Engine:
             defer_prefill = self.decode_graph and p.device.type == "cuda"
         self.admission = PrefillAdmission() if defer_prefill else None
         self.stats = EngineStats()
+        self.park: KVPark | None = None  # parked KV of episodes waiting for their env
         self._trace = trace
         self._num_active = 0
         self._lock = threading.Lock()
@@ -415,13 +419,16 @@ class Engine:
         self._live[admitted] = 1
         return admitted
 
-    def _prefill_part(self, idx: list[int], seqs: list[list[int]]) -> tuple[torch.Tensor, PartRows]:
-        """Flat token ids `[N]` and the prefill part writing `seqs` into slots `idx` from 0."""
+    def _prefill_part(
+        self, idx: list[int], seqs: list[list[int]], starts: list[int] | None = None
+    ) -> tuple[torch.Tensor, PartRows]:
+        """Flat token ids `[N]` and the prefill part writing `seqs` into slots `idx` from `starts`
+        (0: whole prompts; a restored parked prefix otherwise)."""
         dev = self._pos.device
         lens = torch.tensor([len(s) for s in seqs], device=dev)
         ids = torch.tensor([t for s in seqs for t in s], device=dev)
-        slots = torch.tensor(idx, device=dev)
-        return ids, prefill_part(self.cache, slots, torch.zeros_like(lens), lens)
+        at = torch.zeros_like(lens) if starts is None else torch.tensor(starts, device=dev)
+        return ids, prefill_part(self.cache, torch.tensor(idx, device=dev), at, lens)
 
     def _run(self, dec: _Decode | None, admitted: list[int]) -> list[Completion]:
         """One forward over the decode rows `dec` and the prompts of `admitted`; sample; record.
@@ -440,8 +447,12 @@ class Engine:
             order += dec.order
             n_dec = len(dec.order)
         if admitted:
-            prompts = [self._slot(i).request.prompt_tokens for i in admitted]
-            pre_ids, pre = self._prefill_part(admitted, prompts)
+            starts = [0] * len(admitted)  # positions restored from the park, per slot
+            if self.park is not None:
+                reqs = [self._slot(i).request for i in admitted]
+                starts = self.park.restore_all(self, admitted, reqs)
+            prompts = [self._slot(i).request.prompt_tokens[n:] for i, n in zip(admitted, starts)]
+            pre_ids, pre = self._prefill_part(admitted, prompts, starts)
             parts.append(pre)
             ids.append(pre_ids)
             slot_ids.append(torch.tensor(admitted, device=pre_ids.device))
@@ -481,28 +492,14 @@ class Engine:
             self._ntok[dec.rows] += dec.live
         if admitted:
             self._last[admitted] = got.tokens[n_dec:]
-            self._pos[admitted] = lens
+            self._pos[admitted] = lens + torch.tensor(starts, device=lens.device)
             self._ntok[admitted] = 1
         done = self._record(order, got)
         seconds = time.perf_counter() - t0
-        self._account(seconds, dec, n_dec, n_pre)
+        self.stats.account(seconds, dec.n_live if dec is not None else None, n_dec, n_pre)
         if self.admission is not None and timed and not (n_dec and n_pre):  # one kind of forward
             self.admission.observe(prefill=n_pre > 0, seconds=seconds)
         return done
-
-    def _account(self, seconds: float, dec: _Decode | None, n_dec: int, n_pre: int) -> None:
-        # a mixed step's time is split by token share: at these model sizes a prompt token
-        # costs about what a decode token does (separate forwards measure it exactly)
-        share = n_pre / (n_pre + n_dec)
-        self.stats.prefill_s += seconds * share
-        self.stats.decode_s += seconds * (1 - share)
-        if dec is not None:
-            self.stats.decode_steps += 1
-            self.stats.active_slot_steps += dec.n_live
-            self.stats.computed_slot_steps += n_dec
-        if n_pre:
-            self.stats.prefill_steps += 1
-            self.stats.prefill_tokens += n_pre
 
     def _record(self, order: list[int | None], got: Sampled) -> list[Completion]:
         """Append each live row's token, log-prob and version; release finished slots."""
@@ -521,12 +518,18 @@ class Engine:
             s.logp.append(logp[r])
             s.versions.append(self.version)
             s.kept_logmass.append(mass[r] if mass is not None else 0.0)
+            end = None
             if tok in self.stop_ids or any(
                 tuple(s.tokens[-len(q) :]) == q for q in self.stop_sequences
             ):
-                done.append(self._release(i).completion(FinishReason.STOP, now))
+                end = FinishReason.STOP
             elif len(s.tokens) >= s.request.params.max_new_tokens:
-                done.append(self._release(i).completion(FinishReason.LENGTH, now))
+                end = FinishReason.LENGTH
+            if end is not None:
+                if self.park is not None and s.request.park:  # all but `tok` are in the cache
+                    seq = s.request.prompt_tokens + s.tokens[:-1]
+                    self.park.save(self.cache, i, seq, s.request.key, self.version)
+                done.append(self._release(i).completion(end, now))
         self.stats.tokens_generated += n
         self.stats.finished += len(done)
         return done

@@ -39,6 +39,22 @@ class EngineStats:
     # long run cannot grow it without limit (the mean is exact from the counters anyway)
     active_trace: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=100_000))
 
+    def account(self, seconds: float, n_live: int | None, n_dec: int, n_pre: int) -> None:
+        """Count one forward of `n_dec` decode rows (`n_live` of them live; None: no decode
+        part) and `n_pre` prefill tokens that took `seconds`."""
+        # a mixed step's time is split by token share: at these model sizes a prompt token
+        # costs about what a decode token does (separate forwards measure it exactly)
+        share = n_pre / (n_pre + n_dec)
+        self.prefill_s += seconds * share
+        self.decode_s += seconds * (1 - share)
+        if n_live is not None:
+            self.decode_steps += 1
+            self.active_slot_steps += n_live
+            self.computed_slot_steps += n_dec
+        if n_pre:
+            self.prefill_steps += 1
+            self.prefill_tokens += n_pre
+
     def snapshot(self) -> dict[str, float]:
         """The counters (not the trace), for diffing."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "active_trace"}

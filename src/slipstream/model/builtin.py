@@ -13,8 +13,8 @@ from slipstream.model.tokenizer import Tokenizer, char_tokenizer
 from slipstream.tasks.arithmetic import ALPHABET as BUILTIN_ALPHABET
 
 
-def builtin_tokenizer() -> Tokenizer:
-    return char_tokenizer(BUILTIN_ALPHABET)
+def builtin_tokenizer(alphabet: str = BUILTIN_ALPHABET) -> Tokenizer:
+    return char_tokenizer(alphabet)
 
 
 def builtin_config(vocab_size: int) -> ModelConfig:
@@ -35,9 +35,10 @@ def builtin_config(vocab_size: int) -> ModelConfig:
     )
 
 
-def init_builtin(seed: int) -> tuple[CausalLM, Tokenizer]:
-    """A freshly initialised built-in model (normal(0, 0.02) weights, as Llama's init)."""
-    tok = builtin_tokenizer()
+def init_builtin(seed: int, alphabet: str = BUILTIN_ALPHABET) -> tuple[CausalLM, Tokenizer]:
+    """A freshly initialised built-in model (normal(0, 0.02) weights, as Llama's init), with a
+    character tokenizer of `alphabet` (the built-in task's; the agentic task adds letters)."""
+    tok = builtin_tokenizer(alphabet)
     torch.manual_seed(seed)
     model = CausalLM(builtin_config(tok.vocab_size))
     with torch.no_grad():

@@ -69,6 +69,9 @@ def _train(cfg: Config, signals: Any, resume: bool) -> dict[str, Any]:
         learner.restored(saved.get("heldout_acc_start"))
         if "orchestrator" in saved:
             orch.load_state_dict(saved["orchestrator"])
+            if run.env_factory is not None:  # episodes in flight restart from their prompt
+                requests = saved["orchestrator"]["requests"]
+                run.info["episodes_restarted"] = sum(len(r["seeds"]) for r in requests)
     acc_start = saved.get("heldout_acc_start")
     learner.extra_state = lambda: {
         "orchestrator": orch.state_dict(),

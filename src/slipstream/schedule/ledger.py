@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from slipstream.types import Group
+
 
 @dataclass
 class Ledger:
@@ -25,6 +27,12 @@ class Ledger:
     poisoned: int = 0  # lost once more than the retries allow: dropped, not issued again
     unfinished: int = 0  # started by a sampler, not back when the run ended
     in_flight: int = 0  # generated, not yet settled (queued at the end of a run)
+    # multi-turn runs: how each episode of a generated group ended (types.EpisodeStats.end);
+    # an aborted group's episodes are counted with it, in `aborted`
+    episodes: Counter[str] = field(default_factory=Counter)
+
+    def count_episodes(self, group: Group) -> None:
+        self.episodes.update(s.episode.end for s in group.samples if s.episode is not None)
 
     def settled(self) -> int:
         return (
@@ -52,6 +60,7 @@ class Ledger:
             "unfinished": self.unfinished,
             "in_flight": self.in_flight,
             "balanced": self.balanced(),
+            **({"episodes": dict(self.episodes)} if self.episodes else {}),
         }
 
     def flat(self) -> dict[str, int]:
@@ -69,3 +78,4 @@ class Ledger:
         self.stale, self.aborted, self.lost = d["stale"], d["aborted"], d["lost"]
         self.poisoned, self.in_flight = d.get("poisoned", 0), d.get("in_flight", 0)
         self.unfinished = d.get("unfinished", 0)
+        self.episodes = Counter(d.get("episodes", {}))

@@ -116,7 +116,9 @@ class OrchestratorState:
     outstanding: dict[int, PromptRequest] = field(default_factory=dict)  # issued, not back
     queue: deque[tuple[Prompt, int]] = field(default_factory=deque)  # drawn (prompt, G), not issued
     window: list[tuple[int, Group]] = field(default_factory=list)  # continuous: arrived, not taken
-    issue_version: dict[int, int] = field(default_factory=dict)  # min_lag: window group -> issued at
+    issue_version: dict[int, int] = field(
+        default_factory=dict
+    )  # min_lag: window group -> issued at
     batches: dict[int, list[tuple[int, Group]]] = field(default_factory=dict)  # fixed: by batch
     batch_left: dict[int, int] = field(default_factory=dict)  # fixed: groups not back yet
     # the open window: every group it took, those the filters kept, its dynamic-sampling draws
@@ -323,6 +325,7 @@ class Orchestrator:
         req = st.outstanding.pop(gid)
         self.stats.delivered_group(msg.sampler_id, msg.group)
         self.learner.ledger.generated += 1
+        self.learner.ledger.count_episodes(msg.group)
         if msg.kind == "aborted":
             self.learner.ledger.aborted += 1
             self._out_of_bound(req)

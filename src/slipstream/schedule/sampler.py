@@ -17,6 +17,11 @@ What the schedule decides here (`ScheduleSpec`):
   are kept and the rest cancelled, their tokens counted as `cancelled_tokens`. The kept
   members are the fastest, so groups are biased toward short completions (RollArt accepts
   this bias to cut the straggler wait; report it next to any accuracy claim).
+
+With `env.tools` every member is a multi-turn episode (schedule.episodes): a turn that ends
+leaves the engine, its environment steps in a worker thread while the engine decodes the
+others, and its continuation joins the front of the backlog. A member is finished when its
+episode ends; "idle" (for weight loads between batches) then also means no episode in flight.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from slipstream.config import Config
 from slipstream.engine import Completion, Engine, Request, SamplingParams
 from slipstream.model import CausalLM, ModelConfig, Tokenizer
 from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
+from slipstream.schedule.agentic import build_env_factory, episode_group, make_runner
+from slipstream.schedule.episodes import Episode, EpisodeRunner
 from slipstream.schedule.presets import ScheduleSpec
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import score_completions
@@ -92,7 +99,7 @@ class SamplerSpec:
 @dataclass
 class _Member:
     request: PromptRequest
-    done: list[Completion] = field(default_factory=list)
+    done: list[Any] = field(default_factory=list)  # Completions, or Episodes with env.tools
 
 
 @dataclass
@@ -122,6 +129,15 @@ class SamplerWorker:
         self.poll_s = spec.cfg.runtime.poll_s
         self.state = SamplerState()
         self.engine.refill = self._refill
+        factory = build_env_factory(spec.cfg, self.tok, task)
+        self.runner: EpisodeRunner | None = None
+        if factory is not None:
+            self.runner = make_runner(spec.cfg, factory, engine, self.params)
+
+    def _idle(self) -> bool:
+        """Nothing in the engine, the backlog, or an environment."""
+        busy_env = self.runner is not None and self.runner.in_flight > 0
+        return self.engine.num_active == 0 and not self.state.backlog and not busy_env
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self, ch: Channels) -> None:
@@ -140,10 +156,24 @@ class SamplerWorker:
         self._load_weights(ch, wait=True)
         st.report.t_ready = time.perf_counter()
         self._send(ch, SamplerMessage("ready", self.id))
+        try:
+            self._loop(ch)
+        finally:
+            if self.runner is not None:
+                self.runner.close()
+
+    def _loop(self, ch: Channels) -> None:
+        st = self.state
         while not ch.stop.is_set():
             self._sync_weights(ch)
             self._take(ch)
+            self._poll_episodes(ch)
             if self.engine.num_active == 0 and not st.backlog:
+                if self.runner is not None and self.runner.in_flight:
+                    t0 = time.perf_counter()
+                    self.runner.wait(self.poll_s)  # only environments have work: wait for one
+                    self._account("wait", t0)
+                    continue
                 self._wait_for_work(ch)
                 continue
             t0 = time.perf_counter()
@@ -163,7 +193,7 @@ class SamplerWorker:
         """Move prompt requests from the channel into the backlog, as the batching allows."""
         st = self.state
         if self.spec.schedule.batching == "fixed":
-            if self.engine.num_active == 0 and not st.backlog:
+            if self._idle():
                 chunk = ch.prompts.get(0)
                 if chunk:
                     self._sync_weights(ch, batch_start=True)  # weights published before the batch
@@ -182,19 +212,27 @@ class SamplerWorker:
         for req in chunk:
             self.state.groups[req.group_id] = _Member(req)
             ids = self.tok.encode_prompt(req.prompt)
+            if self.runner is not None:  # episodes: the first turn comes from the environment
+                for g, seed in enumerate(req.seeds):
+                    self.runner.start(req.prompt, (req.group_id, g), seed, prompt_tokens=ids)
+                self.state.report.started += 1
+                continue
             for g, seed in enumerate(req.seeds):
                 self.state.backlog.append(
                     Request(ids, self.params, seed=seed, key=(req.group_id, g))
                 )
 
     def _refill(self, n: int) -> list[Request]:
-        """The engine's refill hook: up to `n` backlog requests (none while draining)."""
-        if self.state.draining:
+        """The engine's refill hook: up to `n` backlog requests (none while draining, but for
+        episodes: their turns all belong to episodes already started, which the drain waits for;
+        `_take` starts no new ones meanwhile)."""
+        if self.state.draining and self.runner is None:
             return []
         b = self.state.backlog
         out = [b.popleft() for _ in range(min(n, len(b)))]
         # a group starts with its first member (the backlog keeps the inbox's order)
-        self.state.report.started += sum(r.key[1] == 0 for r in out)
+        if self.runner is None:  # (episodes count as started when their environment is)
+            self.state.report.started += sum(r.key[1] == 0 for r in out)
         return out
 
     def _wait_for_work(self, ch: Channels) -> None:
@@ -217,12 +255,12 @@ class SamplerWorker:
         if latest <= self.engine.version:
             self.state.draining = False
             return
-        idle = self.engine.num_active == 0 and not self.state.backlog
+        idle = self._idle()
         if self.spec.schedule.weight_sync == "in_flight" or batch_start or idle:
             self._load_weights(ch)
         elif self.spec.schedule.batching == "continuous":
             self.state.draining = True  # admit nothing until the engine is empty
-            if self.engine.num_active == 0:
+            if self.engine.num_active == 0 and (self.runner is None or not self.runner.in_flight):
                 self._load_weights(ch)
                 self.state.draining = False
 
@@ -252,6 +290,9 @@ class SamplerWorker:
 
     # ---- finished and aborted groups ----------------------------------------------------------
     def _finished(self, ch: Channels, c: Completion) -> None:
+        if self.runner is not None:  # a turn of an episode: its environment steps next
+            self.runner.turn(c)
+            return
         gid, _ = c.request.key
         member = self.state.groups.get(gid)
         if member is None:  # a member finishing in the same step its group was completed
@@ -271,7 +312,37 @@ class SamplerWorker:
     def _cancel(self, gid: int) -> int:
         """Drop group `gid`'s members still waiting or running; tokens they had generated."""
         self.state.backlog = deque(r for r in self.state.backlog if r.key[0] != gid)
-        return sum(len(c.tokens) for c in self.engine.abort(lambda c: c.request.key[0] == gid))
+        aborted = self.engine.abort(lambda c: c.request.key[0] == gid)
+        tokens = sum(len(c.tokens) for c in aborted)  # (an episode's: its turn in the engine)
+        if self.runner is not None:  # and its history before that turn
+            tokens += sum(len(e.tokens) for e in self.runner.cancel(lambda k: k[0] == gid))
+        return tokens
+
+    def _poll_episodes(self, ch: Channels) -> None:
+        """Continuations to the front of the backlog; ended episodes to their groups."""
+        if self.runner is None:
+            return
+        requests, ended = self.runner.poll()
+        self.state.backlog.extendleft(reversed(requests))
+        for ep in ended:
+            self._episode_done(ch, ep)
+
+    def _episode_done(self, ch: Channels, ep: Episode) -> None:
+        gid, _ = ep.key
+        member = self.state.groups.get(gid)
+        if member is None:
+            self.state.report.cancelled_tokens += len(ep.tokens)
+            return
+        member.done.append(ep)
+        G = member.request.group_size
+        if len(member.done) < G:
+            return
+        del self.state.groups[gid]
+        if len(member.request.seeds) > G:
+            self.state.report.cancelled_tokens += self._cancel(gid)
+        kept = sorted(member.done[:G], key=lambda e: e.key[1])
+        group = episode_group(self.tok, member.request.prompt, kept, self.id)
+        self._send(ch, SamplerMessage("group", self.id, request=member.request, group=group))
 
     def _abort_stale(self, ch: Channels) -> None:
         """Lag policy `abort`: cut groups whose oldest token is more than K behind the latest
@@ -283,7 +354,11 @@ class SamplerWorker:
         st.checked_version = latest
         K = self.spec.schedule.max_lag
         stale = self.engine.abort(lambda c: bool(c.versions) and latest - min(c.versions) > K)
-        for gid in dict.fromkeys(c.request.key[0] for c in stale):
+        gids = list(dict.fromkeys(c.request.key[0] for c in stale))
+        if self.runner is not None:  # episodes between turns, or whose earlier turns are stale
+            gids += [k[0] for k, e in self.runner.episodes.items() if e.oldest(latest - K - 1)]
+            gids = list(dict.fromkeys(gids))
+        for gid in gids:
             member = st.groups.pop(gid, None)
             if member is None:
                 continue

@@ -16,12 +16,23 @@ from slipstream.algo import advantages, filters
 from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.envs.base import EnvFactory
+from slipstream.envs.builtin import tool_sums_task
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
 from slipstream.model.chat import ChatTemplateError, load_chat_template
 from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
+from slipstream.schedule.agentic import (
+    build_env_factory,
+    env_max_len,
+    episode_accuracy,
+    episode_group,
+    make_runner,
+    warm_start_tools,
+)
+from slipstream.schedule.episodes import run_episodes
 from slipstream.schedule.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
@@ -86,6 +97,7 @@ class Run:
     counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
     eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
+    env_factory: EnvFactory | None = None  # env.tools: every sample is an episode
 
     @property
     def params(self) -> SamplingParams:
@@ -94,7 +106,12 @@ class Run:
 
     def evaluate(self) -> float:
         """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1); every metric
-        of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`."""
+        of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`. Multi-turn runs:
+        the mean reward of greedy episodes of the held-out split."""
+        if self.env_factory is not None:
+            acc = episode_accuracy(self.cfg, self.env_factory, self.eval_engine, self.heldout)
+            self.eval_metrics = {"heldout/mean@1": acc}
+            return acc
         e, s = self.cfg.eval, self.cfg.sampling
         params = SamplingParams(
             e.temperature, s.top_p if e.temperature else 1.0, s.top_k, s.max_new_tokens
@@ -157,6 +174,8 @@ class Run:
     def rollout(self, prompts: list[Prompt]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
         sizes = self.group_sizes(prompts)
+        if self.env_factory is not None:
+            return self._episodes(prompts, sizes)
         completions = self.engine.generate(
             [r for p, g in zip(prompts, sizes) for r in self.requests(p, g)]
         )
@@ -164,6 +183,28 @@ class Run:
         for p, g in zip(prompts, sizes):
             groups.append(self.score(p, completions[start : start + g]))
             start += g
+        return groups
+
+    def _episodes(self, prompts: list[Prompt], sizes: list[int]) -> list[Group]:
+        """`rollout` of multi-turn episodes: members' seeds as `requests` draws them."""
+        assert self.env_factory is not None
+        items = [
+            (p, (i, m), r.seed)
+            for i, (p, g) in enumerate(zip(prompts, sizes))
+            for m, r in enumerate(self.requests(p, g))
+        ]
+        runner = make_runner(self.cfg, self.env_factory, self.engine, self.params)
+        try:
+            done = {e.key: e for e in run_episodes(self.engine, runner, items)}
+        finally:
+            runner.close()
+        self.ledger.generated += len(prompts)
+        groups = [
+            episode_group(self.tok, p, [done[(i, m)] for m in range(g)])
+            for i, (p, g) in enumerate(zip(prompts, sizes))
+        ]
+        for g in groups:
+            self.ledger.count_episodes(g)
         return groups
 
     def collect(self, n: int) -> tuple[list[Group], list[Group]]:
@@ -287,8 +328,8 @@ def make_run_dir(cfg: Config) -> Path:
 def build_task(cfg: Config) -> GuardedTask:
     """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
     t = cfg.task
-    if t.kind == "builtin":
-        task: Task = RunningSums()
+    if t.kind in ("builtin", "builtin_tools"):
+        task: Task = RunningSums() if t.kind == "builtin" else tool_sums_task()
         isolation: Isolation = "inline" if t.reward_isolation == "auto" else t.reward_isolation
         return GuardedTask(
             task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)
@@ -345,6 +386,8 @@ def build_model(
     if cfg.model.path:
         tok = load_tokenizer(cfg.model.path).with_stop_strings(cfg.sampling.stop)
         return load_pretrained(cfg.model.path), tok, {}
+    if cfg.task.kind == "builtin_tools":
+        return warm_start_tools(cfg, task, view)
     builtin = unguarded(task)
     assert isinstance(builtin, RunningSums), "the built-in model only knows the built-in task"
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
@@ -402,7 +445,7 @@ def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
         cfg.sampling.temperature,
         pad_id,
         cfg.run.steps,
-        proximal=resolve_proximal(cfg.trainer.proximal, max_lag),
+        proximal=resolve_proximal(cfg.trainer.proximal, max_lag, replay=cfg.replay.enabled),
         correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
         max_new_tokens=cfg.sampling.max_new_tokens,
     )
@@ -428,6 +471,9 @@ def setup(cfg: Config) -> Run:
     eval_slots = max(1, len(heldout), *map(len, sets.values()))  # n samples: in waves
     slots = cfg.trainer.batch_prompts * cfg.sampling.group_size
     mc = model.config
+    factory = build_env_factory(cfg, tok, task)
+    if factory is not None:  # an episode ends `length` at the model's context
+        max_len = min(env_max_len(cfg, factory, train + heldout, tok), mc.max_position_embeddings)
     (run_dir / "model_info.json").write_text(
         json.dumps(
             {
@@ -459,5 +505,6 @@ def setup(cfg: Config) -> Run:
         info=info,
         replay=ReplayBuffer(cfg.replay.capacity_per_prompt) if cfg.replay.enabled else None,
         rng=random.Random(cfg.run.seed),
+        env_factory=factory,
         eval_sets=sets,
     )

@@ -25,8 +25,9 @@ import torch
 
 from slipstream.algo.staleness import lag_stats
 from slipstream.runtime.channels import SamplerReport
+from slipstream.schedule.agentic import episode_metrics
 from slipstream.tasks.rewards import part_means
-from slipstream.types import Group
+from slipstream.types import Group, Sample
 
 COUNTERS = (
     "busy_s",
@@ -41,9 +42,10 @@ COUNTERS = (
 
 
 def group_lag(groups: list[Group], version: int, max_lag: int) -> dict[str, Any]:
-    """Lag of every completion token of `groups` trained at `version`: mean, max and a
+    """Lag of every model token of `groups` trained at `version`: mean, max and a
     histogram of lags 0..K and beyond (`[K + 2]` bins)."""
-    rows = [s.versions_T for g in groups for s in g.samples if s.versions_T]
+    rows = [_model_versions(s) for g in groups for s in g.samples]
+    rows = [r for r in rows if r]
     if not rows:
         return {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
     T = max(map(len, rows))
@@ -54,6 +56,12 @@ def group_lag(groups: list[Group], version: int, max_lag: int) -> dict[str, Any]
         mask[i, : len(v)] = True
     out = lag_stats(versions, mask, version, num_bins=max_lag + 2)
     return {"lag_mean": out["lag_mean"], "lag_max": out["lag_max"], "lag_hist": out["lag_hist"]}
+
+
+def _model_versions(s: Sample) -> list[int]:
+    """Versions of the tokens the model produced (environment tokens carry no lag)."""
+    m = s.model_mask_T
+    return s.versions_T if m is None else [v for v, k in zip(s.versions_T, m) if k]
 
 
 def _delta(now: dict[int, SamplerReport], before: dict[int, SamplerReport]) -> dict[str, float]:
@@ -174,7 +182,7 @@ class StepStats:
             **part_means(groups),  # reward/<name> of each reward function (tasks.rewards)
             **metrics,
             **{f"staleness/{k}": v for k, v in lag.items()},
-            "staleness/mismatch_kl": metrics.get("train/approx_kl", 0.0),
+            "staleness/drift_kl": metrics.get("train/approx_kl", 0.0),  # current vs sampler
             "runtime/sampler_busy": d["busy_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
             "runtime/sampler_blocked": d["blocked_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
             "runtime/trainer_wait": self.wait_s / max(step_s, 1e-9),
@@ -194,6 +202,7 @@ class StepStats:
             "completion_len_mean": sum(lens) / max(len(lens), 1),
             "completion_len_max": max(lens, default=0),
             "completion_lens": lens,
+            **episode_metrics(groups),
         }
         self.lags.append((lag["lag_mean"], lag["lag_max"], sum(lens)))
         self.ess.append(

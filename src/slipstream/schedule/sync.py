@@ -19,6 +19,7 @@ import torch
 
 from slipstream.config import Config, ConfigError
 from slipstream.observe.rollouts import STEP_MARK
+from slipstream.schedule.agentic import episode_metrics
 from slipstream.schedule.setup import COUNTERS, Run, setup
 from slipstream.schedule.step_stats import goodput
 from slipstream.tasks.rewards import part_means
@@ -122,10 +123,13 @@ def step_record(
         "engine/decode_steps": d["decode_steps"],
         "engine/prefill_tokens": d["prefill_tokens"],
         "sampler_busy": t_gen / max(t_step, 1e-9),
+        # the engine's forwards over the step: below sampler_busy when episodes wait for tools
+        "engine/busy_frac": (d["prefill_s"] + d["decode_s"]) / max(t_step, 1e-9),
         "completion_len_mean": sum(lens) / len(lens),
         "completion_len_max": max(lens),
         "completion_lens": lens,
         **run.ledger.flat(),
+        **episode_metrics(groups),
     }
 
 

@@ -12,7 +12,8 @@ from slipstream.types import Batch, Sample
 def collate(
     samples: Sequence[Sample], advantages: Sequence[float], group_ids: Sequence[int], pad_id: int
 ) -> Batch:
-    """Right-padded `Batch` of prompt + completion rows; the loss mask covers completions only."""
+    """Right-padded `Batch` of prompt + completion rows; the loss mask covers completions only,
+    and of a multi-turn sample only its model tokens (`Sample.model_mask_T`)."""
     if not samples:
         raise ValueError("cannot collate an empty list of samples")
     width = max(len(s.prompt_tokens) + len(s.completion_tokens) for s in samples)
@@ -25,9 +26,10 @@ def collate(
         p, c = len(s.prompt_tokens), len(s.completion_tokens)
         ids[r, : p + c] = torch.tensor(s.prompt_tokens + s.completion_tokens)
         # target column t predicts token t+1: completion token j sits at column p - 1 + j
-        mask[r, p - 1 : p - 1 + c] = True
+        mask[r, p - 1 : p - 1 + c] = True if s.model_mask_T is None else _model_mask(s)
         blogp[r, p - 1 : p - 1 + c] = torch.tensor(s.behavior_logp_T, dtype=torch.float32)
         versions[r, p - 1 : p - 1 + c] = torch.tensor(s.versions_T, dtype=torch.long)
+    versions.masked_fill_(~mask, -1)  # environment tokens, as outside the mask
     return Batch(
         input_ids=ids,
         targets=ids[:, 1:],
@@ -37,6 +39,12 @@ def collate(
         advantages=torch.tensor(list(advantages), dtype=torch.float32),
         group_ids=torch.tensor(list(group_ids), dtype=torch.long),
     )
+
+
+def _model_mask(s: Sample) -> torch.Tensor:
+    """`[c]` bool: the model's tokens of a multi-turn sample (environment tokens carry no loss)."""
+    assert s.model_mask_T is not None
+    return torch.tensor(s.model_mask_T, dtype=torch.bool)
 
 
 def token_logprobs(

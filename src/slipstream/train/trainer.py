@@ -38,13 +38,15 @@ from slipstream.types import Batch, Group
 PROXIMAL_MODES = ("none", "recompute", "loglinear")
 
 
-def resolve_proximal(mode: str, max_lag: int, exact_sampler: bool = True) -> str:
-    """`auto`: `none` when no trained token can be stale (max lag 0; a step is always one
-    optimizer update) and the sampler computes the trainer's log-probs exactly, else
-    `recompute`. Other modes are returned as they are."""
+def resolve_proximal(
+    mode: str, max_lag: int, exact_sampler: bool = True, replay: bool = False
+) -> str:
+    """`auto`: `none` when no trained token can be stale (max lag 0, no replayed samples; a
+    step is always one optimizer update) and the sampler computes the trainer's log-probs
+    exactly, else `recompute`. Other modes are returned as they are."""
     if mode != "auto":
         return mode
-    return "none" if max_lag == 0 and exact_sampler else "recompute"
+    return "none" if max_lag == 0 and not replay and exact_sampler else "recompute"
 
 
 class Trainer:

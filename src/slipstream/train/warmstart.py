@@ -40,9 +40,15 @@ def cache_root(cfg: WarmstartConfig) -> Path:
     return Path(base)
 
 
-def cache_key(task: RunningSums, cfg: WarmstartConfig, seed: int) -> str:
-    model, _tok = init_builtin(seed)
-    spec = {
+def cache_key(
+    task: RunningSums,
+    cfg: WarmstartConfig,
+    seed: int,
+    init: Callable[[int], tuple[CausalLM, Tokenizer]] = init_builtin,
+    tag: str = "",
+) -> str:
+    model, _tok = init(seed)
+    spec: dict[str, Any] = {
         "v": CACHE_VERSION,
         "model": asdict(model.config),
         "task": {
@@ -52,6 +58,8 @@ def cache_key(task: RunningSums, cfg: WarmstartConfig, seed: int) -> str:
         "ws": cfg.model_dump(exclude={"cache_dir"}),
         "seed": seed,
     }
+    if tag:  # another task's warm start (the built-in task's keys stay as they were)
+        spec["tag"] = tag
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -95,13 +103,22 @@ def warm_start(
     evaluate: Callable[[CausalLM, Tokenizer], float],
     report: Callable[[int, float, float | None], None] = lambda step, loss, acc: None,
     eval_every: int = 50,
+    init: Callable[[int], tuple[CausalLM, Tokenizer]] = init_builtin,
+    make_sample: Callable[[Prompt, Tokenizer], Sample] = supervised_sample,
+    tag: str = "",
 ) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
-    """The warm-started built-in model: from the cache, or trained now and cached atomically."""
-    folder = cache_root(cfg) / f"builtin-{cache_key(task, cfg, seed)}"
+    """The warm-started built-in model: from the cache, or trained now and cached atomically.
+
+    `init`, `make_sample` and `tag` make it another task's (the agentic task's: its alphabet,
+    its scripted tool-using traces, its own cache entry)."""
+    folder = (
+        cache_root(cfg)
+        / f"builtin-{tag + '-' if tag else ''}{cache_key(task, cfg, seed, init, tag)}"
+    )
     if (folder / "warmstart.json").exists():
         info = json.loads((folder / "warmstart.json").read_text())
         return load_pretrained(folder), load_tokenizer(folder), {**info, "cached": True}
-    model, tok = init_builtin(seed)
+    model, tok = init(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99))
     rng = random.Random(seed)
     train = task.train_prompts()
@@ -110,7 +127,7 @@ def warm_start(
         loss = supervised_step(
             model,
             opt,
-            [supervised_sample(rng.choice(train), tok) for _ in range(cfg.batch_size)],
+            [make_sample(rng.choice(train), tok) for _ in range(cfg.batch_size)],
             tok.pad_id,
         )
         acc_now = evaluate(model, tok) if step % eval_every == 0 else None

@@ -1,0 +1,162 @@
+"""The built-in agentic task (`task.kind=builtin_tools`): sync vs pipeline vs async, swept
+over the calculator latency's tail.
+
+For each tail ratio p99/median (default 1, 10, 30; the median is `--median` seconds) and each
+seed (default 0, 1, 2), the three schedules train the same config and budget. Measured per run:
+wall time until held-out accuracy first reaches `--target` (fixed before the runs), final
+accuracy, engine busy share (sync: the engine's forward time over the step time, since its
+loop also waits for environments; async schedules: the sampler's generating share), mean lag
+and token ESS.
+
+Run: python bench/agentic.py [--tails 1,10,30] [--seeds 0,1,2] [--target 0.3] [key=value ...]
+     python bench/agentic.py --tiny        (a smoke test: 2 steps, one tail, one seed)
+
+Prints a table and ends with one JSON line: `pipeline_speedup_vs_sync` (median over seeds of
+sync's time to target over pipeline's, at the largest tail), `speedup_by_tail` ({tail: that
+median}), `async_speedup_vs_sync`, `engine_busy` ({schedule: median}), `final_acc`.
+A speedup is None where a run never reached the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEDULES = ("sync", "pipeline", "async")
+TINY = [
+    "run.steps=2",
+    "warmstart.max_steps=5",
+    "trainer.batch_prompts=4",
+    "sampling.group_size=4",
+    "eval.every=2",
+    "eval.num_prompts=8",
+    "run.threads=1",
+    "filters.zero_variance=false",  # a 5-step model solves nothing: train on it anyway
+]
+
+
+def run_one(
+    out: Path, schedule: str, seed: int, median: float, tail: float, extra: list[str]
+) -> dict[str, Any]:
+    from slipstream.config import load_config
+    from slipstream.schedule.launch import train_async
+    from slipstream.schedule.sync import train_sync
+
+    cfg = load_config(None, [
+        "task.kind=builtin_tools", f'run.dir="{out}"', "run.quiet=true", f"run.seed={seed}",
+        f"env.tool_latency_median_s={median}", f"env.tool_latency_p99_s={median * tail}",
+        f'schedule.name="{schedule}"', *extra,
+    ])  # fmt: skip
+    t0 = time.perf_counter()
+    summary = train_sync(cfg) if schedule == "sync" else train_async(cfg)
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"summary": summary, "records": records, "bench_wall_s": time.perf_counter() - t0}
+
+
+def time_to(records: list[dict[str, Any]], target: float) -> float | None:
+    """Wall seconds at the first evaluation reaching `target` (None: never)."""
+    for r in records:
+        if r.get("heldout_acc", -1.0) >= target:
+            return float(r["wall_s"])
+    return None
+
+
+def measures(res: dict[str, Any], target: float) -> dict[str, Any]:
+    recs, s = res["records"], res["summary"]
+    busy = [r.get("engine/busy_frac", r.get("runtime/sampler_busy")) for r in recs]
+    busy = [b for b in busy if b is not None]
+    ess = [r["staleness/ess_token"] for r in recs if "staleness/ess_token" in r]
+    lag = [r["staleness/lag_mean"] for r in recs if "staleness/lag_mean" in r]
+    return {
+        "time_to_target_s": time_to(recs, target),
+        "final_acc": s.get("heldout_acc_end"),
+        "wall_s": s.get("wall_s"),
+        "engine_busy": statistics.mean(busy) if busy else None,
+        "lag_mean": statistics.mean(lag) if lag else 0.0,
+        "ess_token": statistics.mean(ess) if ess else 1.0,
+        "turns_mean": statistics.mean(r.get("env/turns_mean", 0.0) for r in recs),
+        "ledger_balanced": s["ledger"]["balanced"],
+    }
+
+
+def speedup(rows: list[dict[str, Any]], base: str, other: str, tail: float) -> float | None:
+    """Median over seeds of base's time to target over other's, at `tail`."""
+    ratios = []
+    for seed in sorted({r["seed"] for r in rows}):
+        t = {
+            r["schedule"]: r["time_to_target_s"]
+            for r in rows
+            if r["seed"] == seed and r["tail"] == tail
+        }
+        if t.get(base) is None or t.get(other) is None:
+            return None
+        ratios.append(t[base] / max(t[other], 1e-9))
+    return statistics.median(ratios) if ratios else None
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", help="key=value config overrides (every run)")
+    p.add_argument("--tails", default="1,10,30", help="p99/median ratios of the tool latency")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--median", type=float, default=0.02, help="median tool latency (s)")
+    p.add_argument("--target", type=float, default=0.3, help="held-out accuracy to reach")
+    p.add_argument("--tiny", action="store_true", help="smoke test: 2 steps, tail 30, seed 0")
+    p.add_argument("--out", default=None, help="output folder (default runs/agentic-<UTC time>)")
+    args = p.parse_args(argv)
+    tails = [30.0] if args.tiny else [float(x) for x in args.tails.split(",")]
+    seeds = [0] if args.tiny else [int(x) for x in args.seeds.split(",")]
+    out = Path(args.out or f"runs/agentic-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
+    tiny = [*TINY, f'warmstart.cache_dir="{out / "cache"}"']  # its 5-step model stays here
+    extra = [*tiny, *args.overrides] if args.tiny else args.overrides
+    rows = []
+    for tail in tails:
+        for seed in seeds:
+            for sched in SCHEDULES:
+                name = f"tail{tail:g}-seed{seed}-{sched}"
+                print(f"agentic: {name} ...", flush=True)
+                res = run_one(out / name, sched, seed, args.median, tail, extra)
+                rows.append(
+                    {"tail": tail, "seed": seed, "schedule": sched, **measures(res, args.target)}
+                )
+    print(
+        "| tail p99/median | seed | schedule | time to target (s) | final acc | engine busy | lag mean | ESS tok | turns | ledger |"
+    )
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        t = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
+        print(
+            f"| {r['tail']:g} | {r['seed']} | {r['schedule']} | {t} | {r['final_acc']:.3f} "
+            f"| {r['engine_busy'] or 0:.2f} | {r['lag_mean']:.2f} | {r['ess_token']:.3f} "
+            f"| {r['turns_mean']:.2f} | {r['ledger_balanced']} |"
+        )
+    top = max(tails)
+    line = {
+        "pipeline_speedup_vs_sync": speedup(rows, "sync", "pipeline", top),
+        "async_speedup_vs_sync": speedup(rows, "sync", "async", top),
+        "speedup_by_tail": {f"{t:g}": speedup(rows, "sync", "pipeline", t) for t in tails},
+        "engine_busy": {
+            s: statistics.median(r["engine_busy"] or 0.0 for r in rows if r["schedule"] == s)
+            for s in SCHEDULES
+        },
+        "final_acc": {
+            s: statistics.median(r["final_acc"] for r in rows if r["schedule"] == s)
+            for s in SCHEDULES
+        },
+        "target": args.target,
+        "tiny": args.tiny,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "agentic.json").write_text(json.dumps({**line, "runs": rows}, indent=2))
+    print(json.dumps(line))
+    return 0 if all(r["ledger_balanced"] for r in rows) else 1
+
+
+if __name__ == "__main__":  # the sampler processes are spawned: they import this module
+    sys.exit(main(sys.argv[1:]))

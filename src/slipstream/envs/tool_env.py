@@ -1,0 +1,85 @@
+"""`ToolEnv`: a tool class (envs.tools) as a token-level `Env`, one instance per sample.
+
+Each model turn is decoded and searched for tool calls (envs.parse). A turn without any is
+the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one,
+else by the `reward` function given (the task's verifier), else 0. A turn with calls gets
+every call's reply (errors included) rendered by the `Renderer` and appended as tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from slipstream.envs.base import Observation, StepResult
+from slipstream.envs.parse import ToolFormat, parse_tool_calls
+from slipstream.envs.render import Codec, PlainRenderer, Renderer, encode_tail
+from slipstream.envs.tools import ToolReply, call_tool, tool_specs
+from slipstream.types import Prompt
+
+RewardFn = Callable[[Prompt, str], float]
+
+
+def row_kwargs(row: Prompt) -> dict[str, Any]:
+    """What `reset(**row)` receives: `prompt`, `answer`, `id` and the row's other fields."""
+    return {**row.meta, "prompt": row.text, "answer": row.answer, "id": row.id}
+
+
+class ToolEnv:
+    """Runs the tools of `tools` (an instance of a tool class) for the episode of `row`."""
+
+    def __init__(
+        self,
+        tools: object,
+        row: Prompt,
+        tok: Codec,
+        fmt: ToolFormat = "plain",
+        renderer: Renderer | None = None,
+        reward: RewardFn | None = None,
+        max_calls_per_turn: int = 8,
+        max_reply_chars: int = 2000,
+    ) -> None:
+        self.tools, self.row, self.tok, self.fmt = tools, row, tok, fmt
+        self.renderer = renderer or PlainRenderer()
+        self.reward_fn = reward
+        self.max_calls, self.max_reply_chars = max_calls_per_turn, max_reply_chars
+        self.specs = tool_specs(tools)
+
+    def initial_observation(self) -> Observation:
+        text = self.row.text
+        reset = getattr(self.tools, "reset", None)
+        extra = reset(**row_kwargs(self.row)) if callable(reset) else None
+        if extra:
+            text = f"{text}\n{extra}"
+        text = self.renderer.prompt(text, self.specs)
+        return Observation(self.tok.encode(text), text)
+
+    def step(self, action_tokens: list[int]) -> StepResult:
+        text = self.tok.decode(action_tokens)
+        calls = parse_tool_calls(text, self.fmt)
+        if not calls:
+            return StepResult(reward=self._reward(text), done=True)
+        replies = [self._truncate(call_tool(self.specs, c)) for c in calls[: self.max_calls]]
+        if len(calls) > self.max_calls:
+            msg = f"error: at most {self.max_calls} tool calls a turn"
+            replies.append(ToolReply(calls[self.max_calls].name, msg, error=True))
+        obs = self.renderer.replies(replies)
+        metrics = {
+            "tool_calls": float(len(calls)),
+            "tool_errors": float(sum(r.error for r in replies)),
+        }
+        return StepResult(0.0, False, Observation(encode_tail(self.tok, obs), obs), metrics)
+
+    def _reward(self, completion: str) -> float:
+        own = getattr(self.tools, "reward", None)
+        if callable(own):
+            return float(own(completion=completion))
+        if self.reward_fn is not None:
+            return float(self.reward_fn(self.row, completion))
+        return 0.0
+
+    def _truncate(self, r: ToolReply) -> ToolReply:
+        n = self.max_reply_chars
+        if len(r.text) <= n:
+            return r
+        return ToolReply(r.name, r.text[:n] + f"... [{len(r.text) - n} chars cut]", r.error)

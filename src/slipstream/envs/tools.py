@@ -1,0 +1,160 @@
+"""The tool layer: a class whose public methods are the tools, as TRL users write them.
+
+    class Calculator:
+        def reset(self, **row) -> str | None:   # optional: called once per episode with the row
+            self.answer = row["answer"]          # (prompt, answer, and the row's other fields)
+        def add(self, a: float, b: float) -> float:
+            "Add two numbers."                   # the docstring is the tool's description
+            return a + b
+        def reward(self, completion: str) -> float:   # optional: scores the final answer
+            return float(completion.strip() == str(self.answer))
+
+Every public method but `reset` and `reward` is a tool; its typed arguments become the JSON
+schema the model is shown. A call with unknown or mistyped arguments, an unknown tool, or a
+tool that raises is answered with the error as the tool's reply (`error: ...`), and the
+episode goes on: the model reads it like any other output.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slipstream.envs.parse import ToolCall
+
+_RESERVED = {"reset", "reward"}
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its name, description, JSON schema of its parameters, and the bound method."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any]
+    types: dict[str, Any]  # parameter name -> annotated type (absent: not checked)
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI / Hermes function schema (what a tools chat template shows the model)."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    """A tool's reply as the model will read it; `error` if the call failed."""
+
+    name: str
+    text: str
+    error: bool = False
+
+
+def tool_specs(tools: object) -> list[ToolSpec]:
+    """The tools of `tools` (an instance): its public methods except `reset` and `reward`."""
+    specs = []
+    for name, fn in inspect.getmembers(tools, inspect.ismethod):
+        if name.startswith("_") or name in _RESERVED:
+            continue
+        specs.append(_spec(name, fn))
+    return specs
+
+
+def _spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
+    sig = inspect.signature(fn)
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: leave the arguments unchecked
+        hints = {}
+    props: dict[str, Any] = {}
+    required = []
+    types: dict[str, Any] = {}
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        t = hints.get(p.name)
+        prop: dict[str, Any] = {}
+        if t in _JSON_TYPES:
+            prop["type"] = _JSON_TYPES[t]
+            types[p.name] = t
+        props[p.name] = prop
+        if p.default is p.empty:
+            required.append(p.name)
+    params = {"type": "object", "properties": props, "required": required}
+    return ToolSpec(name, inspect.getdoc(fn) or "", params, fn, types)
+
+
+def call_tool(specs: list[ToolSpec], call: ToolCall) -> ToolReply:
+    """Run `call` against `specs`; every failure becomes an error reply, never an exception."""
+    if call.error:
+        return ToolReply(call.name, f"error: {call.error}", error=True)
+    spec = next((s for s in specs if s.name == call.name), None)
+    if spec is None:
+        names = ", ".join(s.name for s in specs) or "none"
+        return ToolReply(call.name, f"error: unknown tool {call.name!r} (tools: {names})", True)
+    args = dict(call.arguments)
+    if call.text is not None:  # plain format: free text is the first argument
+        first = next(iter(spec.parameters["properties"]), None)
+        if first is None:
+            return ToolReply(call.name, f"error: {call.name} takes no arguments", True)
+        args = {first: call.text}
+    problem = _check_args(spec, args)
+    if problem:
+        return ToolReply(call.name, f"error: {problem}", True)
+    try:
+        out = spec.fn(**args)
+    except Exception as e:  # a tool that raises answers with its error
+        return ToolReply(call.name, f"error: {type(e).__name__}: {e}", True)
+    if isinstance(out, ToolReply):
+        return out
+    return ToolReply(call.name, out if isinstance(out, str) else _to_text(out))
+
+
+def _check_args(spec: ToolSpec, args: dict[str, Any]) -> str:
+    """'' if `args` fit `spec`, else what is wrong (coerces text to a numeric type)."""
+    props, required = spec.parameters["properties"], spec.parameters["required"]
+    unknown = [k for k in args if k not in props]
+    if unknown:
+        return f"{spec.name} has no argument {unknown[0]!r} (arguments: {', '.join(props)})"
+    missing = [k for k in required if k not in args]
+    if missing:
+        return f"{spec.name} needs argument {missing[0]!r}"
+    for k, v in args.items():
+        t = spec.types.get(k)
+        if t is None or (isinstance(v, t) and not (t is int and isinstance(v, bool))):
+            continue
+        if t is float and isinstance(v, int) and not isinstance(v, bool):
+            args[k] = float(v)
+        elif t in (int, float) and isinstance(v, str):
+            try:
+                args[k] = t(v)
+            except ValueError:
+                return f"argument {k!r} of {spec.name} should be {t.__name__}, got {v!r}"
+        else:
+            return f"argument {k!r} of {spec.name} should be {t.__name__}, got {type(v).__name__}"
+    return ""
+
+
+def _to_text(out: object) -> str:
+    try:
+        return json.dumps(out)
+    except (TypeError, ValueError):
+        return str(out)

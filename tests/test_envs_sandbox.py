@@ -1,0 +1,70 @@
+"""The `python` sandbox tool: each misbehaviour ends as a recorded tool error within its limits."""
+
+from __future__ import annotations
+
+import glob
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from slipstream.envs import PythonTool, SandboxLimits, ToolCall, call_tool, run_python, tool_specs
+from slipstream.envs.sandbox import unshare_works
+
+LIM = SandboxLimits(wall_s=0.5, cpu_s=1, memory_mb=256, max_procs=8, max_output_chars=400)
+SLACK_S = 1.5  # start-up, killing and cleanup on a loaded 2-core machine
+
+
+def _dirs() -> set[str]:
+    return set(glob.glob(str(Path(tempfile.gettempdir()) / "slipstream-sandbox-*")))
+
+
+def test_clean_run_prints_and_writes_inside_its_directory() -> None:
+    before = _dirs()
+    r = run_python("open('a.txt', 'w').write('hi')\nprint(open('a.txt').read())", LIM)
+    assert (r.error, r.output) == ("", "hi\n")
+    assert _dirs() == before  # its working directory is gone
+
+
+@pytest.mark.slow  # ~3 s in all: each case starts two interpreters, the loop runs to its limit
+@pytest.mark.parametrize(
+    ("name", "code", "expect"),
+    [
+        ("infinite loop", "while True: pass", ("timeout", "SIGXCPU")),
+        ("fork bomb", "import os\nwhile True: os.fork()", ("BlockingIOError", "timeout")),
+        ("memory hog", "x = bytearray(2 * 1024**3)", ("MemoryError",)),
+        ("network", "import socket\nsocket.create_connection(('1.1.1.1', 80), 1)", ("network",)),
+        ("write outside", "open('{out}/new.txt', 'w')", ("outside the working",)),
+        ("remove outside", "import os\nos.remove('{out}/keep.txt')", ("outside the working",)),
+        (
+            "symlink out",
+            "import os\nos.symlink('{out}', 'l')\nopen('l/new.txt', 'w')",
+            ("outside",),
+        ),
+    ],
+)
+def test_misbehaviour_is_a_tool_error_within_the_limits(
+    name: str, code: str, expect: tuple[str, ...], tmp_path: Path
+) -> None:
+    (tmp_path / "keep.txt").write_text("x")
+    code = code.replace("{out}", str(tmp_path))
+    before = _dirs()
+    reply = call_tool(tool_specs(PythonTool(LIM)), ToolCall("python", {"code": code}))
+    assert reply.error and reply.text.startswith("error: "), (name, reply.text)
+    assert any(e in reply.text for e in expect), (name, reply.text)
+    r = run_python(code, LIM)
+    assert r.error and r.seconds < LIM.wall_s + SLACK_S, (name, r)
+    assert r.isolation == ("unshare+audit" if unshare_works() else "audit")
+    assert _dirs() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_output_cut_to_the_limit_keeping_head_and_tail() -> None:
+    r = run_python("print('a' * 1000 + 'END')", LIM)  # under 4x the limit: read whole
+    big = run_python("print('b' * 100_000 + 'END')", LIM)  # over: head and tail read only
+    assert big.output.startswith("bbb") and big.output.rstrip().endswith("END")
+    assert len(big.output) < LIM.max_output_chars + 60
+    assert not r.error and len(r.output) < LIM.max_output_chars + 60
+    assert r.output.startswith("aaa") and r.output.rstrip().endswith("END")
+    assert "[604 chars cut]" in r.output  # 1000 + len("END\n") - 400
+    assert "bytes cut" in big.output

@@ -1,0 +1,148 @@
+"""The tool layer: parsing tool calls, tool specs from a class, replies (errors included)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import string
+
+from slipstream.envs import (
+    HermesRenderer,
+    Observation,
+    PlainRenderer,
+    StepResult,
+    ToolCall,
+    ToolEnv,
+    call_tool,
+    parse_tool_calls,
+    resolve,
+    tool_specs,
+)
+from slipstream.model.tokenizer import char_tokenizer
+from slipstream.types import Prompt
+
+TOK = char_tokenizer(string.printable)
+
+
+class Calc:
+    def reset(self, **row: object) -> str | None:
+        self.answer = row["answer"]
+        return None
+
+    def add(self, a: float, b: float) -> float:
+        """Add two numbers."""
+        return a + b
+
+    def shout(self, text: str, times: int = 1) -> str:
+        """Repeat text in capitals."""
+        return text.upper() * times
+
+    def boom(self) -> str:
+        """Always fails."""
+        raise RuntimeError("kaput")
+
+    def reward(self, completion: str) -> float:
+        return float(completion.strip() == str(self.answer))
+
+    def _private(self) -> None: ...
+
+
+def test_parse_hermes_blocks_in_order_with_bad_json_reported() -> None:
+    text = (
+        'think <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+        '<tool_call>{"name": "shout", "arguments": "{\\"text\\": \\"hi\\"}"}</tool_call>'
+        "<tool_call>{not json}</tool_call>"
+    )
+    calls = parse_tool_calls(text, "hermes")
+    assert [c.name for c in calls] == ["add", "shout", ""]
+    assert calls[0].arguments == {"a": 1, "b": 2} and not calls[0].error
+    assert calls[1].arguments == {"text": "hi"}  # arguments given as a JSON string
+    assert "not valid JSON" in calls[2].error
+    assert parse_tool_calls("the answer is 3", "hermes") == []
+
+
+def test_parse_plain_lines() -> None:
+    text = 'x\nCALL add {"a": 1, "b": 2}\n  CALL shout hello world\nCALL boom\nno CALL here'
+    calls = parse_tool_calls(text, "plain")
+    assert calls == [
+        ToolCall("add", {"a": 1, "b": 2}),
+        ToolCall("shout", text="hello world"),
+        ToolCall("boom"),
+    ]
+    assert "not valid JSON" in parse_tool_calls("CALL add {a: 1}", "plain")[0].error
+
+
+def test_specs_from_public_methods_with_types_and_docstrings() -> None:
+    specs = {s.name: s for s in tool_specs(Calc())}
+    assert sorted(specs) == ["add", "boom", "shout"]  # not reset, reward, _private
+    add = specs["add"].schema()["function"]
+    assert add["description"] == "Add two numbers."
+    assert add["parameters"] == {
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    }
+    assert specs["shout"].parameters["required"] == ["text"]
+
+
+def test_call_tool_replies_and_errors() -> None:
+    specs = tool_specs(Calc())
+    assert call_tool(specs, ToolCall("add", {"a": 1, "b": 2.5})).text == "3.5"
+    assert call_tool(specs, ToolCall("add", {"a": "2", "b": 3})).text == "5.0"  # text coerced
+    assert call_tool(specs, ToolCall("shout", text="ab")).text == "AB"  # plain free text
+    for call, expect in [
+        (ToolCall("boom"), "error: RuntimeError: kaput"),
+        (ToolCall("nope"), "error: unknown tool 'nope'"),
+        (ToolCall("add", {"a": 1}), "error: add needs argument 'b'"),
+        (ToolCall("add", {"a": 1, "b": 2, "c": 3}), "error: add has no argument 'c'"),
+        (ToolCall("shout", {"text": "x", "times": "many"}), "error: argument 'times'"),
+        (ToolCall("add", {"a": [1], "b": 2}), "error: argument 'a' of add should be float"),
+        (ToolCall("", error="bad"), "error: bad"),
+    ]:
+        reply = call_tool(specs, call)
+        assert reply.error and reply.text.startswith(expect), (call, reply)
+
+
+def test_tool_env_episode_plain() -> None:
+    row = Prompt("p0", "What is 1+2?", answer="3.0")
+    env = ToolEnv(Calc(), row, TOK, fmt="plain", renderer=PlainRenderer())
+    first = env.initial_observation()
+    assert first.text.startswith("Tools:\n- add(a, b): Add two numbers.")
+    assert first.text.endswith("What is 1+2?")
+    assert TOK.decode(first.tokens) == first.text
+    r = env.step(TOK.encode('CALL add {"a": 1, "b": 2}\nCALL boom'))
+    assert not r.done and r.next_observation is not None
+    assert r.next_observation.text == "\nRESULT add: 3.0\nRESULT boom: error: RuntimeError: kaput\n"
+    assert r.metrics == {"tool_calls": 2.0, "tool_errors": 1.0}
+    end = env.step(TOK.encode("3.0"))
+    assert end.done and end.reward == 1.0
+
+
+def test_tool_env_hermes_render_and_task_reward() -> None:
+    class NoReward:
+        def add(self, a: int, b: int) -> int:
+            """Add."""
+            return a + b
+
+    row = Prompt("p1", "1+2?", answer="3")
+    env = ToolEnv(
+        NoReward(), row, TOK, "hermes", HermesRenderer(), reward=lambda p, c: float(p.answer in c)
+    )
+    text = env.initial_observation().text
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    tools_line = text.split("<tools>\n")[1].split("\n</tools>")[0]
+    assert json.loads(tools_line)["function"]["name"] == "add"
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    r = env.step(TOK.encode(call))
+    assert r.next_observation is not None
+    assert "<tool_response>\n3\n</tool_response>" in r.next_observation.text
+    assert env.step(TOK.encode("it is 3")).reward == 1.0
+
+
+def test_resolve_runs_async_envs() -> None:
+    async def obs() -> Observation:
+        await asyncio.sleep(0)
+        return Observation([1, 2])
+
+    assert resolve(obs()).tokens == [1, 2]
+    assert resolve(StepResult(1.0)).reward == 1.0

@@ -1,0 +1,104 @@
+"""`slipstream train task.kind=builtin_tools` end to end: sync and pipeline runs of episodes,
+with their metrics and a balanced ledger (a barely warm-started model: plumbing, not accuracy)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slipstream.schedule.launch import train_async
+from slipstream.schedule.sync import train_sync
+from tiny import read_jsonl, tiny_cfg
+
+TOOLS = (
+    "task.kind=builtin_tools",
+    "warmstart.max_steps=5",
+    "env.tool_latency_median_s=0.002",
+    "env.tool_latency_p99_s=0.06",
+    "env.max_turns=3",
+    "eval.num_prompts=8",
+)
+
+
+@pytest.mark.slow  # ~15 s of CPU: two short runs of the built-in agentic task
+def test_builtin_tools_trains_episodes_sync_and_pipeline(tmp_path) -> None:
+    runs = {
+        "sync": lambda: train_sync(tiny_cfg(tmp_path, "sync", *TOOLS, steps=2)),
+        "pipeline": lambda: train_async(
+            tiny_cfg(tmp_path, "pipeline", *TOOLS, "schedule.name=pipeline", steps=2)
+        ),
+    }
+    for name, run in runs.items():
+        summary = run()
+        led = summary["ledger"]
+        assert led["balanced"], name
+        # every episode of every generated group ended once, with one reason (G = 4)
+        assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"]), led
+        records = read_jsonl(tmp_path / name / "metrics.jsonl")
+        assert len(records) == 2
+        for r in records:
+            eps = r["env/episodes"]
+            assert eps > 0 and r["env/turns_mean"] >= 1.0, (name, r)
+            ends = sum(r[k] for k in r if k.startswith("env/end_"))
+            assert ends == eps, (name, r)  # each episode ended once, with one reason
+            assert r["env/tokens_trained"] > 0
+
+
+@pytest.mark.slow  # ~25 s of CPU: a local-runtime run whose samplers are SIGKILLed mid-episode
+def test_episode_ledger_balances_under_sigkilled_samplers(tmp_path) -> None:
+    cfg = tiny_cfg(
+        tmp_path, "chaos", *TOOLS, "schedule.name=pipeline", "runtime.kind=local",
+        "runtime.num_samplers=2", "runtime.chaos_kills=2", "runtime.chaos_every_s=1.5",
+        "runtime.max_restarts=5", "env.tool_latency_median_s=0.01", "env.tool_latency_p99_s=0.3",
+        steps=8,
+    )  # fmt: skip
+    summary = train_async(cfg)
+    led = summary["ledger"]
+    assert summary["steps"] == 8 and led["balanced"], led
+    assert summary["chaos_kills"] == 2 and summary["groups_trained_twice"] == 0
+    assert summary["groups_issued"] == led["generated"] + summary["groups_unfinished"]
+    # a lost or aborted group has no samples; every other one's 4 episodes ended once each
+    assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"] - led["lost"])
+
+
+@pytest.mark.slow  # ~25 s of CPU: a token-level environment of three turns, three ways
+def test_token_level_factory_runs_three_turn_episodes(tmp_path) -> None:
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
+    runs = {
+        "sync": lambda: train_sync(tiny_cfg(tmp_path, "sync", factory, steps=2)),
+        # weights between batches: the sampler drains its episodes, continuations included
+        "async": lambda: train_async(
+            tiny_cfg(tmp_path, "async", factory, "schedule.name=async", steps=2)
+        ),
+        "local": lambda: train_async(
+            tiny_cfg(
+                tmp_path, "local", factory, "schedule.name=pipeline", "runtime.kind=local", steps=2
+            )
+        ),
+    }
+    for name, run in runs.items():
+        summary = run()
+        assert summary["ledger"]["balanced"], name
+        for r in read_jsonl(tmp_path / name / "metrics.jsonl"):
+            assert r["env/turns_mean"] == 3.0 and r["env/end_done"] == r["env/episodes"], r
+            assert r["env/tokens_env"] == 2 * 4 * r["env/episodes"]  # two "1+2=" replies each
+
+
+@pytest.mark.slow  # ~20 s of CPU: a pipeline run, then its resumption from a checkpoint
+def test_resumed_run_restarts_the_episodes_in_flight_and_counts_them(tmp_path) -> None:
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
+    extra = (factory, "schedule.name=pipeline", "checkpoint.every=1", "checkpoint.keep=5")
+    first = train_async(tiny_cfg(tmp_path, "r", *extra, steps=3))
+    assert "episodes_restarted" not in first
+    ckpts = tmp_path / "r" / "checkpoints"
+    state = json.loads((ckpts / "step_000001" / "state.json").read_text())
+    in_flight = sum(len(r["seeds"]) for r in state["orchestrator"]["requests"])
+    assert in_flight > 0  # the pipeline had issued ahead of step 1
+    for later in ("step_000002", "step_000003"):  # as if the run had died after step 1
+        shutil.rmtree(ckpts / later)
+    resumed = train_async(tiny_cfg(tmp_path, "r", *extra, steps=3), resume=True)
+    assert resumed["episodes_restarted"] == in_flight and resumed["ledger"]["balanced"]
+    assert [r["step"] for r in read_jsonl(tmp_path / "r" / "metrics.jsonl")] == [1, 2, 3]
