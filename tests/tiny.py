@@ -8,7 +8,7 @@ from typing import Any
 
 from slipstream.config import Config, load_config
 
-TIMING = ("wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy", "goodput")
+TIMING = ("wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy", "busy_frac", "goodput")
 
 
 def tiny_cfg(tmp_path: Path, name: str, *extra: str, steps: int = 3) -> Config:
