@@ -2,8 +2,8 @@
 batching against static batches on the heavy-tailed built-in task.
 
 Run: python bench/engine.py [--device auto|cpu|cuda] [--model tiny|qwen2.5-0.5b]
-[--dtype float32|bfloat16] [--batch 64] [--max-new-tokens 128] [--repeats 3] [--eager] [--quick].
-Prints three readable tables, then one JSON line with the headline figures. `--device auto`
+[--vocab N] [--part all|sampling] [--dtype float32|bfloat16] [--batch 64] [--max-new-tokens 128]
+[--repeats 3] [--eager] [--quick]. Prints four readable tables, then one JSON line with the headline figures. `--device auto`
 (the default) runs on a GPU when there is one, where the engine replays its decode steps as CUDA
 graphs (`--eager`: it does not).
 
@@ -33,6 +33,10 @@ graphs (`--eager`: it does not).
    steps. Same engine, same tokens.
 3. The in-flight weight update pause (copy into the parameters, plus re-prefill in
    `recompute` mode) for the model of part 1 with a full pool of sequences in flight.
+4. Sampling at temperature: the engine at temperature 0, 0.6 and 1.0 on part 1's model
+   (`--vocab 151936` gives it Qwen2.5's vocabulary), each of its `sample()` calls timed during
+   the runs; `sampling_share_of_step` is sampling time over generation time at T = 0.6 (`_t1`:
+   at T = 1.0), both measured together (`--part sampling` runs this part alone).
 
 Measured (defaults, 2026-11-30):
 
@@ -149,19 +153,21 @@ MODELS = {
 }
 
 
-def describe(name: str) -> str:
+def describe(name: str, vocab: int | None = None) -> str:
     m = MODELS[name]
     return (
         f"{name}: {m['model_type']} hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
-        f"vocab {m['vocab_size']}"
+        f"vocab {vocab or m['vocab_size']}"
     )
 
 
-def hf_model_folder(path: Path, seed: int, name: str = "tiny") -> Path:
+def hf_model_folder(path: Path, seed: int, name: str = "tiny", vocab: int | None = None) -> Path:
     import transformers
 
     torch.manual_seed(seed)
     kw = dict(MODELS[name])
+    if vocab is not None:
+        kw["vocab_size"] = vocab
     cfg = transformers.AutoConfig.for_model(
         kw.pop("model_type"),
         **kw,
@@ -462,6 +468,69 @@ def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     return out
 
 
+# ---- 4. sampling at temperature ---------------------------------------------------------------
+def sampling_cost(args: argparse.Namespace, folder: Path) -> dict[str, float]:
+    """Generation at temperature 0 (greedy), 0.6 and 1.0, and the share of it the sampler
+    takes: every `sample()` call of the engine is timed during the same runs, so
+    `sampling_share_of_step` (T = 0.6, the default) and `_t1` (T = 1.0) are sampling time over
+    generation time measured together (a fair ratio on a shared machine)."""
+    import slipstream.engine.engine as engine_module
+
+    B, N = args.batch, args.max_new_tokens
+    model = load_pretrained(folder).to(args.device, getattr(torch, args.dtype))
+    V = model.config.vocab_size
+    engine = Engine(model, NO_STOP, B, PROMPT_LEN + N, decode_graph=graph_setting(args))
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(2, min(V, 512), (B, PROMPT_LEN), generator=g).tolist()
+    temps = (0.0, 0.6, 1.0)
+    spent = dict.fromkeys(map(str, temps), 0.0)
+    plain = engine_module.sample
+
+    def run(temp: float) -> Callable[[], float]:
+        params = SamplingParams(temperature=temp, max_new_tokens=N)
+        reqs = [Request(p, params, seed=i) for i, p in enumerate(prompts)]
+
+        def timed(*a: torch.Tensor) -> object:
+            t0 = time.perf_counter()
+            out = plain(*a)
+            out.tokens.tolist()  # waits for the device
+            spent[str(temp)] += time.perf_counter() - t0
+            return out
+
+        def go() -> float:
+            spent[str(temp)] = 0.0
+            engine_module.sample = timed  # type: ignore[assignment]
+            w0 = time.perf_counter()
+            try:
+                assert sum(len(c.tokens) for c in engine.generate(reqs)) == B * N
+            finally:
+                engine_module.sample = plain
+            return spent[str(temp)] / (time.perf_counter() - w0)
+
+        return go
+
+    t = side_by_side({str(x): run(x) for x in temps}, args.repeats)
+    print(
+        f"4. Sampling cost, {B} slots, vocab {V:,}, {N} new tokens "
+        f"({describe(args.model, V)}; median of {args.repeats})"
+    )
+    print(f"   {'temperature':14s}{'tokens/s':>10s}{'ms/step':>9s}{'sampling share':>16s}")
+    res: dict[str, float] = {"vocab": V}
+    for x in temps:
+        share = t[str(x)].result
+        assert isinstance(share, float)
+        print(
+            f"   {x:<14g}{B * N / t[str(x)].wall_s:10,.0f}{t[str(x)].wall_s / N * 1e3:9.1f}"
+            f"{share:16.1%}"
+        )
+        res[f"sampled_tokens_per_s_t{x:g}"] = B * N / t[str(x)].wall_s
+        res[f"sampling_share_t{x:g}"] = share
+    res["sampling_share_of_step"] = res["sampling_share_t0.6"]
+    res["sampling_share_of_step_t1"] = res["sampling_share_t1"]
+    print()
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=64, help="sequences per batch / engine slots")
@@ -491,6 +560,15 @@ def main() -> None:
     ap.add_argument(
         "--eager", action="store_true", help="no CUDA graphs for the engine's decode steps"
     )
+    ap.add_argument(
+        "--vocab", type=int, default=None, help="the model shape's vocabulary (e.g. 151936)"
+    )
+    ap.add_argument(
+        "--part",
+        default="all",
+        choices=["all", "sampling"],
+        help="`sampling`: part 4 only (sampling at temperature 0, 0.6 and 1.0)",
+    )
     ap.add_argument("--quick", action="store_true", help="a fast smoke run: small sizes, 1 repeat")
     args = ap.parse_args()
     if args.quick:
@@ -499,10 +577,13 @@ def main() -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = hf_model_folder(Path(tmp) / "model", seed=0, name=args.model)
-        res = vs_transformers(args, folder)
-        res |= continuous_vs_static(args)
-        res |= weight_pause(args, folder)
+        folder = hf_model_folder(Path(tmp) / "model", seed=0, name=args.model, vocab=args.vocab)
+        res: dict[str, object] = {}
+        if args.part == "all":
+            res |= vs_transformers(args, folder)
+            res |= continuous_vs_static(args)
+            res |= weight_pause(args, folder)
+        res |= sampling_cost(args, folder)
     res |= {"batch": args.batch, "max_new_tokens": args.max_new_tokens, "threads": args.threads}
     res["device"], res["model"], res["dtype"] = args.device, args.model, args.dtype
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()}))

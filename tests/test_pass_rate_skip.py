@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,10 +94,33 @@ def test_state_round_trip_keeps_the_streak_and_reads_old_snapshots():
     t.update("h", FAIL)
     restored = PassRateTracker(skip_prob=0.5)
     restored.load_state_dict(t.state_dict())
-    assert restored.state_dict() == t.state_dict() == {"records": {"h": [0, 16, None, 2]}}
+    assert restored.state_dict() == t.state_dict() == {"records": {"h": [0, 16, None, 2, 0]}}
     assert restored.skip_probability("h") == pytest.approx(0.75)
     restored.load_state_dict({"records": {"h": [0, 16, None]}})  # before the streak existed
     assert restored.skip_probability("h") == 0.0  # streak 0: drawn until its next group
+
+
+@pytest.mark.parametrize("settings", [{"skip_prob": 0.5}, {"retry_after": 3}])
+def test_a_tracker_restored_mid_run_decides_as_the_uninterrupted_one(settings):
+    """The skip decision hashes the skips since a prompt's last group (and re-admission counts
+    them), so a checkpoint must hold them: the decisions after a JSON round trip of the
+    state, taken between two draws, are those of the tracker that went on."""
+
+    def step(t: PassRateTracker, i: int) -> bool:
+        if i % 50 == 0:  # every prompt starts outside the band; now and then one more group
+            for j in range(5) if i == 0 else [i // 50]:
+                t.update(f"p{j}", FAIL)
+        return t.should_draw(f"p{i % 5}")[0]
+
+    whole = PassRateTracker(**settings)
+    first = PassRateTracker(**settings)
+    a = [step(whole, i) for i in range(200)]
+    b = [step(first, i) for i in range(113)]
+    resumed = PassRateTracker(**settings)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    b += [step(resumed, i) for i in range(113, 200)]
+    assert sum(a) > 10 and not all(a)  # both draws and skips
+    assert b == a
 
 
 def test_skip_prob_is_validated():

@@ -25,9 +25,22 @@ def _weights(run_dir, step):
     )
 
 
+# replay: its buffer and rng must be restored too. The soft pass-rate band over a pool of 2
+# prompts the 30-step warm start never solves: skips from step 2 on, and each decision hashes
+# the prompt's skips since its last group.
+SETTINGS = {
+    "replay": ("replay.enabled=true",),
+    "soft_band": (
+        "filters.pass_rate_band=true", "filters.pass_rate_skip_prob=0.5",
+        "filters.pass_rate_min_attempts=4", "task.max_train_prompts=2",
+    ),
+}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch):
-    steps = ("replay.enabled=true",)  # replay: its buffer and rng must be restored too
+@pytest.mark.parametrize("case", list(SETTINGS))
+def test_killed_and_resumed_run_is_bit_identical(tmp_path, monkeypatch, case):
+    steps = SETTINGS[case]
     whole = train_sync(tiny_cfg(tmp_path, "whole", *steps, steps=4))
 
     write = RolloutWriter.write

@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from slipstream.runtime.channels import ChannelEnd, Channels, SamplerMessage
-from slipstream.runtime.local import LocalRuntime, default_threads
+from slipstream.runtime.local import ERROR_EXIT, LocalRuntime, default_threads
 
 
 class EchoWorker:
@@ -102,6 +102,25 @@ def test_a_failing_sampler_surfaces_its_error_and_leaves_no_process():
 
 
 @pytest.mark.slow
+def test_a_sampler_that_reported_an_error_is_not_restarted():
+    rt = _runtime(1)
+    try:
+        rt.start(FailingWorker)
+        _ready(rt, 1)
+        first = rt.procs[0]
+        first.join(30)
+        assert first.exitcode == ERROR_EXIT
+        for _ in range(3):
+            assert rt.check() == []
+        assert rt.procs[0] is first and rt.restarts == [0] and not first.is_alive()
+        m = rt.channels.groups.get(5.0)
+        assert m is not None and m.kind == "error" and "injected failure" in m.error
+    finally:
+        rt.shutdown()
+    _assert_gone(rt)
+
+
+@pytest.mark.slow
 def test_shutdown_kills_a_sampler_that_ignores_stop():
     rt = _runtime(1, shutdown_s=0.5)
     rt.start(StubbornWorker)
@@ -158,3 +177,22 @@ def test_router_sends_to_the_least_loaded_live_sampler_and_knows_what_a_dead_one
     r.up(0)
     assert r.put([_req(5)], timeout=0) and r.owner[5] == 0 and fresh.items
     assert not Router([ListInbox(room=0)]).put([_req(6)], timeout=0.01)  # full: False, no hang
+
+
+def test_the_router_remembers_what_is_in_flight_not_every_group_of_the_run():
+    from slipstream.runtime.channels import Router
+
+    inbox = ListInbox(room=10**6)
+    r = Router([inbox])
+    for gid in range(1000):
+        assert r.put([_req(gid)], timeout=0)
+        r.done(gid)
+    assert len(r.sent[0]) == 0 and r.skipped == [1000]
+    for gid in range(1000, 1005):
+        r.put([_req(gid)], timeout=0)
+    r.done(1001)  # back out of order: 1000 is still held, so nothing is forgotten yet
+    assert list(r.sent[0]) == [1000, 1001, 1002, 1003, 1004]
+    r.done(1000)
+    assert list(r.sent[0]) == [1002, 1003, 1004]
+    # it dies having started 1003 requests in all: 1002 (and 1000, 1001, back already)
+    assert r.down(0, started=1003) == ([1002], [1003, 1004])

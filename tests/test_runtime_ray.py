@@ -54,6 +54,8 @@ def _balanced(ledger: dict) -> bool:
         + ledger["stale"]
         + ledger["aborted"]
         + ledger["lost"]
+        + ledger["poisoned"]
+        + ledger["unfinished"]
     )
     return ledger["generated"] == settled + ledger["in_flight"] and ledger["balanced"]
 
@@ -252,3 +254,17 @@ def test_the_default_task_on_ray_matches_the_local_runtime(tmp_path):
         for k in ("local", "ray")
     )
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_math_verify_scores_in_the_ray_actors_threads(assets, tmp_path):
+    """The actors score in threads, where math-verify's `signal.alarm` timeout raises: with
+    it bounded by `call_with_deadline` instead, no sample is an error. (A random model earns
+    no math reward: zero-variance groups are kept so that the run has steps.)"""
+    extra = ("run.steps=2", 'task.reward="math_verify"', "filters.zero_variance=false")
+    cfg = _cfg(assets, tmp_path / "mv", *RAY, *extra)
+    summary = train_async(cfg)
+    records = _records(tmp_path / "mv")
+    assert summary["steps"] == 2 and len(records) == 2
+    assert all(r.get("reward/errors_raised", 0) == 0 for r in records), [
+        {k: v for k, v in r.items() if "reward" in k} for r in records
+    ]

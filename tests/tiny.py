@@ -8,7 +8,10 @@ from typing import Any
 
 from slipstream.config import Config, load_config
 
-TIMING = ("wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy", "goodput", "weights/")
+TIMING = (
+    "wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy", "busy_frac", "goodput",
+    "weights/",
+)
 
 
 def tiny_cfg(tmp_path: Path, name: str, *extra: str, steps: int = 3) -> Config:

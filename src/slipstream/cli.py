@@ -7,9 +7,8 @@ import json
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
 
-from slipstream.config import ConfigError, load_config
+from slipstream.config import Config, ConfigError, load_config
 from slipstream.tasks import TaskError
 
 USAGE = """slipstream COMMAND ...
@@ -48,6 +47,9 @@ def _train(argv: list[str]) -> int:
     elif overrides and "=" not in overrides[0]:
         path = overrides.pop(0)
     cfg = load_config(path, overrides)
+    from slipstream.schedule.preflight import preflight
+
+    preflight(cfg)  # a missing model folder or library: one line, exit 2, before any work
     try:
         if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
             from slipstream.schedule.sync import train_sync
@@ -67,7 +69,7 @@ def _train(argv: list[str]) -> int:
     return 0
 
 
-def _where_to_resume(cfg: Any, e: BaseException) -> None:
+def _where_to_resume(cfg: Config, e: BaseException) -> None:
     """The trainer stopped (an error, Ctrl-C): the traceback, then where to resume from."""
     from slipstream.train.checkpoint import list_checkpoints
 

@@ -142,6 +142,11 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"{key.strip()!r}: {p!r} is a value, not a section")
         node = child
+    if not value.strip():  # `run.dir=` is a mistake, not a request for the default
+        raise ConfigError(
+            f"override {item!r}: empty value; give one, or leave {key.strip()!r} out for its "
+            'default (an empty string is "")'
+        )
     node[parts[-1]] = parse_value(value.strip())
 
 

@@ -9,6 +9,8 @@ from pydantic import Field, model_validator
 from slipstream.config.base import _check_name, _Section, check_device_name
 from slipstream.schedule.presets import PRESETS
 
+Sink = Literal["jsonl", "tensorboard", "wandb"]
+
 
 class RunConfig(_Section):
     dir: str | None = None
@@ -21,7 +23,7 @@ class RunConfig(_Section):
     """No live display: one plain line per evaluation, for logs and CI."""
     threads: int = Field(0, ge=0)
     """torch intra-op threads; 0 uses every core."""
-    sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(default_factory=lambda: ["jsonl"])
+    sinks: list[Sink] = Field(default_factory=lambda: list[Sink](["jsonl"]))
     """Metrics sinks; JSONL is always written. tensorboard -> RUN_DIR/tensorboard; wandb as the
     `[wandb]` section says (offline by default: upload later with `wandb sync`)."""
     rollouts_per_step: int = Field(4, ge=0)
@@ -133,6 +135,10 @@ class RuntimeConfig(_Section):
     max_restarts: int = Field(3, ge=0)
     """A sampler that dies (killed, crashed) is restarted with the latest weights at most this
     many times; its in-flight prompts are issued again and counted `lost` in the ledger."""
+    max_request_retries: int = Field(2, ge=0)
+    """A prompt request lost with a dying sampler is issued again at most this many times;
+    lost once more, it is dropped (ledger: `poisoned`) with a warning naming its prompt, so a
+    prompt that crashes its sampler every time costs one group, not the run's `max_restarts`."""
     sampler_timeout_s: float = Field(300.0, gt=0.0)
     """A sampler holding work that sends nothing (not even its counters, sent every 0.5 s
     while busy) for this long is killed and restarted."""
@@ -144,7 +150,8 @@ class RuntimeConfig(_Section):
     """Seconds between injected sampler kills."""
     defer_eval: bool = False
     """Snapshot the weights at evaluation steps and evaluate them after the run, so that
-    evaluation takes no time from training (benchmarks: time to a target accuracy)."""
+    evaluation takes no time from training (benchmarks: time to a target accuracy). The
+    snapshots are files in `<run.dir>/eval_snapshots/`, deleted once scored."""
 
     @model_validator(mode="after")
     def _devices(self) -> RuntimeConfig:

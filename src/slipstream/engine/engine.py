@@ -199,6 +199,7 @@ class Engine:
         self._packed: PackedWeights | None = None
         self.slots: list[_Slot | None] = [None] * num_slots
         self.waiting: deque[Request] = deque()
+        self._version: int = version
         self.version = version
         self.kv_mode: KVMode = kv_mode
         self.refill = refill

@@ -89,7 +89,7 @@ class PackedWeights:
                     **mats,  # type: ignore[arg-type]
                 )
             )
-        self.cos, self.sin = _rope_tables(cast(torch.Tensor, model.inv_freq), max_len, p.dtype)
+        self.cos, self.sin = _rope_tables(model.inv_freq, max_len, p.dtype)
         self._stamp = -1
         self.sync()
 

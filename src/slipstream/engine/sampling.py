@@ -1,11 +1,15 @@
 """Token sampling with counter-based randomness, and the behaviour log-probability.
 
-Randomness. Each request carries a seed; the noise for its t-th token is a hash of
-(seed, t, vocabulary index), turned into Gumbel noise, and the token is
-`argmax(logits / temperature + gumbel)` over the kept vocabulary (the Gumbel-max trick samples
-exactly from the softmax). Nothing depends on which slot or batch a request lands in, so a
+Randomness. Each request carries a seed; its t-th token takes one uniform number `u`, a hash
+of (seed, t), and is the inverse-CDF draw from the softmax of its row: the first token `a`
+whose cumulative probability exceeds `u` (this samples exactly from the softmax). The row's
+computation reads only that row, always in the same order (the vocabulary in fixed chunks of
+`CHUNK`: exponentials, chunk sums, then the cumulative sum inside the chunk `u` falls in), so a
 request sampled inside a continuous batch gives the same tokens as sampled alone, and a run is
-reproducible from its seeds.
+reproducible from its seeds. One uniform per row instead of one Gumbel variate per vocabulary
+entry: at a 151,936-token vocabulary, hashing the whole `[rows, vocab]` table cost several
+times the decode step's own matrix products on a CPU. On a CPU the chunks stay in cache and no
+`[rows, vocab]` temporary is allocated; elsewhere the whole row is one chunk (fewer kernels).
 
 Behaviour log-probability. We record `log p(a)`, `p = softmax(logits / temperature)` over the
 whole vocabulary: the distribution the trainer evaluates (`train.batch.token_logprobs`), so
@@ -34,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 _MASK32 = 0xFFFFFFFF
+CHUNK = 4096  # vocabulary entries per chunk on a CPU (a [rows, CHUNK] scratch stays in cache)
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -46,12 +51,11 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise `[B, V]` from request seeds `[B]` and token indices `[B]`."""
-    v = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    key = _hash32(_hash32(seeds.to(torch.int64) * 0x9E3779B1 + steps.to(torch.int64))[:, None] + v)
-    u = (key.double() + 0.5) / 4294967296.0  # in (0, 1)
-    return -torch.log(-torch.log(u))
+def row_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One uniform number in (0, 1) per row `[B]` (float64) from request seeds and token
+    indices `[B]`."""
+    key = _hash32(_hash32(seeds.to(torch.int64) * 0x9E3779B1 + steps.to(torch.int64)) + 0x2545F491)
+    return (key.double() + 0.5) / 4294967296.0
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -65,7 +69,9 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     drop = rank >= k
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    drop |= mass_before >= top_p[:, None]  # always keeps the most likely token
+    # always keeps the most likely token; a row with top_p 1 keeps all (its cumulative mass
+    # can round to 1 before the end, which must not cut its tail when a neighbour filters)
+    drop |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
@@ -87,21 +93,100 @@ def sample(
     """Next tokens `[B]` and their behaviour log-probs `[B]` from last-position logits `[B, V]`.
 
     `temperature`, `top_k`, `top_p`, `seeds` and `steps` (the index of the token being sampled
-    within its completion) are per row `[B]`. Rows with temperature 0 are greedy.
+    within its completion) are per row `[B]`. Rows with temperature 0 are greedy. `logits` is
+    not modified.
+
+    Every row goes through the same arithmetic, filtered or not: `e = exp(x / t - m)` with
+    `m = max(x) / t` (the row's largest scaled logit: scaling by `1 / t > 0` keeps the order),
+    zeroed outside the kept set, so a row's token does not depend on whether a neighbour in
+    the batch filters. The recorded log-prob is `x_a / t - m - log sum(e)` over the whole row,
+    computed with a float64 sum of float32 chunk sums (closer to the exact value than a float32
+    `log_softmax`).
     """
     logits = logits.float()
     greedy = temperature <= 0
-    all_greedy = bool(greedy.all())
-    t = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    scaled = logits / t
-    logp_all = scaled.log_softmax(dim=-1)
-    kept = filter_logits(scaled, top_k, top_p)
-    if all_greedy:
-        tokens = scaled.argmax(dim=-1)
+    t = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None].float()
+    inv_t = 1.0 / t
+    neg_m = -(logits.amax(dim=-1, keepdim=True) * inv_t)  # [B, 1]
+    filtered = not (bool((top_k <= 0).all()) and bool((top_p >= 1.0).all()))
+    keep = torch.isfinite(filter_logits(logits / t, top_k, top_p)) if filtered else None
+    chunk = CHUNK if logits.device.type == "cpu" else logits.shape[-1]
+    full, kept = _chunk_sums(logits, inv_t, neg_m, keep, chunk)  # [B, C] each
+    log_full = full.sum(dim=-1).log()  # log sum_a exp(x_a / t - m), float64
+    if bool(greedy.all()):
+        tokens = logits.argmax(dim=-1)
     else:
-        noisy = kept + gumbel_noise(seeds, steps, logits.shape[-1]).to(kept.dtype)
-        tokens = torch.where(greedy, scaled.argmax(dim=-1), noisy.argmax(dim=-1))
-    logmass = None
-    if kept is not scaled:  # log Z = logsumexp over the kept set of the normalised log-probs
-        logmass = (logp_all + (kept - scaled)).logsumexp(dim=-1)
-    return Sampled(tokens, logp_all.gather(-1, tokens[:, None]).squeeze(-1), logmass)
+        tokens = _draw(logits, inv_t, neg_m, keep, kept, row_uniform(seeds, steps), chunk)
+        if bool(greedy.any()):
+            tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
+    s_a = torch.addcmul(neg_m, logits.gather(-1, tokens[:, None]), inv_t)  # x_a / t - m
+    logp = (s_a.squeeze(-1).double() - log_full).float()
+    logmass = (kept.sum(dim=-1).log() - log_full).float() if filtered else None
+    return Sampled(tokens, logp, logmass)
+
+
+def _exp_chunk(
+    x: torch.Tensor, inv_t: torch.Tensor, neg_m: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`exp(x / t - m)` of a `[B, n]` slice of logits (one fused multiply-add, then the
+    exponential in place), into `out` when given."""
+    return torch.addcmul(neg_m, x, inv_t, out=out).exp_()
+
+
+def _chunk_sums(
+    logits: torch.Tensor,
+    inv_t: torch.Tensor,
+    neg_m: torch.Tensor,
+    keep: torch.Tensor | None,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-chunk sums `[B, C]` (float64) of `exp(x / t - m)` over the whole row and over the
+    kept set (the same tensor when nothing is filtered)."""
+    B, V = logits.shape
+    n_chunks = -(-V // chunk)
+    full = torch.empty(B, n_chunks, dtype=torch.float64, device=logits.device)
+    kept = full if keep is None else torch.empty_like(full)
+    scratch = torch.empty(B, min(chunk, V), dtype=torch.float32, device=logits.device)
+    for c in range(n_chunks):
+        a, b = c * chunk, min((c + 1) * chunk, V)
+        e = _exp_chunk(logits[:, a:b], inv_t, neg_m, scratch[:, : b - a])
+        full[:, c] = e.sum(dim=-1)
+        if keep is not None:
+            kept[:, c] = e.masked_fill_(~keep[:, a:b], 0.0).sum(dim=-1)
+    return full, kept
+
+
+def _draw(
+    logits: torch.Tensor,
+    inv_t: torch.Tensor,
+    neg_m: torch.Tensor,
+    keep: torch.Tensor | None,
+    sums: torch.Tensor,
+    u: torch.Tensor,
+    chunk: int,
+) -> torch.Tensor:
+    """Inverse-CDF draw `[B]`: the chunk where `u x total` falls, then the entry inside it
+    (the entry's exponentials recomputed, in float64 cumulative sums)."""
+    B, V = logits.shape
+    rows = torch.arange(B, device=logits.device)
+    cum = sums.cumsum(dim=-1)  # [B, C]
+    target = u * cum[:, -1]
+    c = _first_above(cum, target)
+    before = torch.where(c > 0, cum[rows, (c - 1).clamp(min=0)], torch.zeros_like(target))
+    cols = c[:, None] * chunk + torch.arange(min(chunk, V), device=logits.device)[None, :]
+    inside = cols < V
+    cols = cols.clamp(max=V - 1)
+    e = _exp_chunk(logits.gather(-1, cols), inv_t, neg_m)
+    mass = inside if keep is None else inside & keep.gather(-1, cols)
+    e = e.masked_fill_(~mass, 0.0).double()
+    return cols[rows, _first_above(e.cumsum(dim=-1), target - before)]
+
+
+def _first_above(cum: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Per row of non-decreasing `cum` `[B, n]`, the first index whose entry exceeds `value`
+    `[B]`. `value` is first held below the row's last entry, so the index always has a term
+    `cum[i] - cum[i - 1] > 0` (rounding can put `u x total` past the end; the draw then takes
+    the last entry with mass, never one with probability 0)."""
+    last = cum[:, -1]
+    value = torch.minimum(value.clamp(min=0.0), torch.nextafter(last, torch.zeros_like(last)))
+    return torch.searchsorted(cum, value[:, None].contiguous(), right=True).squeeze(-1)

@@ -91,6 +91,7 @@ class KVCache:
     def __init__(
         self, cfg: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype, device: Any = None
     ) -> None:
+        assert cfg.head_dim is not None  # set by ModelConfig.__post_init__
         shape = (num_slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
         self.k = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)
@@ -118,7 +119,8 @@ class RMSNorm(nn.Module):
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """Inverse frequencies `[head_dim/2]`, with Llama-3 scaling when the config asks for it."""
     dim = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))  # type: ignore[operator]
+    assert dim is not None  # set by ModelConfig.__post_init__
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind in (None, "default"):
@@ -223,8 +225,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+<<<<<<< HEAD
     def forward(self, x, cos, sin, positions, cache, slots, mask=None):  # type: ignore[no-untyped-def]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, slots, mask)
+=======
+    def forward(self, x, cos, sin, positions, cache, slots):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, slots)
+>>>>>>> defects
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -246,6 +253,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.activation_checkpointing = False  # see `hidden`
 

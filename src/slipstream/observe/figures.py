@@ -30,6 +30,7 @@ KIND_COLORS = {
     "weight_sync": "#9467bd",
     "eval": "#b0b0b0",
     "wait": "#f6c9c9",
+    "blocked": "#e15759",
     "down": "#222222",
 }
 # Schedules whose samplers never run ahead of the trainer: every token has lag 0 and the

@@ -43,9 +43,9 @@ def _ledger(r: Mapping[str, Any]) -> str | None:
     if _num(r, "ledger/generated") is None:
         return None
     parts = [f"{int(_num(r, 'ledger/generated') or 0)} gen"]
-    for k in ("trained", "filtered", "stale", "aborted", "lost"):
+    for k in ("trained", "filtered", "stale", "aborted", "lost", "poisoned"):
         v = _num(r, f"ledger/{k}")
-        # stale, aborted and lost are rare: show them only once they happen
+        # stale, aborted, lost and poisoned are rare: show them only once they happen
         if v is not None and (v or k in ("trained", "filtered")):
             parts.append(f"{int(v)} {k}")
     return " · ".join(parts)

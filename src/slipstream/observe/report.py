@@ -84,8 +84,9 @@ def summary_rows(run: RunData, first: RunData | None) -> dict[str, str]:
     filtered = led.get("filtered") or {}
     rows["ledger: generated / trained"] = f"{led.get('generated', '–')} / {led.get('trained', '–')}"
     rows["ledger: filtered"] = ", ".join(f"{k} {v}" for k, v in filtered.items()) or "0"
-    rows["ledger: stale / aborted / lost / in flight"] = " / ".join(
-        str(led.get(k, "–")) for k in ("stale", "aborted", "lost", "in_flight")
+    kinds = ("stale", "aborted", "lost", "poisoned", "unfinished", "in_flight")
+    rows["ledger: " + " / ".join(k.replace("_", " ") for k in kinds)] = " / ".join(
+        str(led.get(k, "–")) for k in kinds
     )
     rows["ledger balanced"] = {True: "yes", False: "NO"}.get(led.get("balanced"), "–")  # type: ignore[arg-type]
     rows["goodput"] = _f(s.get("goodput"), ".0%")

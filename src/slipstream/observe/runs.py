@@ -17,6 +17,8 @@ from typing import Any
 from slipstream.observe.rollouts import last_steps
 from slipstream.observe.timeline import Interval, read_timeline
 
+HELDOUT_KEYS = ("eval/heldout_acc", "heldout_acc")
+
 
 class ReportError(ValueError):
     """A run folder is missing what the report needs, or holds a malformed file."""
@@ -109,6 +111,29 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def with_deferred_heldout(
+    rows: list[dict[str, Any]], summary: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """`rows` with the held-out accuracy of deferred evaluation (`runtime.defer_eval`) put in
+    the step records it belongs to: such a run scores its snapshots after the run, so the
+    accuracy is only in summary.json's `heldout_curve` ({step, wall_s, heldout_acc}), not in
+    metrics.jsonl. A row that recorded an accuracy itself keeps it."""
+    curve = (summary or {}).get("heldout_curve")
+    if not isinstance(curve, list):
+        return rows
+    acc = {
+        p["step"]: float(p["heldout_acc"])
+        for p in curve
+        if isinstance(p, dict) and isinstance(p.get("heldout_acc"), int | float)
+    }
+    out = []
+    for row in rows:
+        if row.get("step") in acc and not any(k in row for k in HELDOUT_KEYS):
+            row = {**row, "heldout_acc": acc[row["step"]]}
+        out.append(row)
+    return out
+
+
 def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     d = Path(run_dir)
     if not d.is_dir():
@@ -133,12 +158,13 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
         rollouts = (
             last_steps((d / "rollouts.txt").read_text(encoding="utf-8", errors="replace")) or None
         )
+    metrics, summary = read_metrics(metrics_path), _json(d / "summary.json")
     return RunData(
         dir=d,
         label=label or d.resolve().name,
-        metrics=read_metrics(metrics_path),
+        metrics=with_deferred_heldout(metrics, summary),
         config=config,
-        summary=_json(d / "summary.json"),
+        summary=summary,
         ledger=_json(d / "ledger.json"),
         timeline=timeline,
         rollouts=rollouts,

@@ -7,7 +7,8 @@
 `actor` is `sampler<N>` or `trainer` (any short name works); `kind` is one of `KINDS`; `t0`
 and `t1` are seconds since the run started. Time not covered by an interval is idle. `wait`
 marks idle time whose cause is known (the trainer waiting for a batch, a sampler waiting for
-weights), so the figure can tell it apart.
+weights), so the figure can tell it apart; `blocked` is a sampler waiting for room in the full
+group queue (backpressure from the trainer).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from pathlib import Path
 
 from slipstream.observe.sinks import JsonlSink, SafeSink
 
-KINDS = ("generate", "train", "weight_sync", "eval", "wait", "down")
-"""Interval kinds; all but `wait` and `down` (a dead sampler until its replacement is ready)
-count as busy."""
+KINDS = ("generate", "train", "weight_sync", "eval", "wait", "blocked", "down")
+"""Interval kinds; all but `wait`, `blocked` (a sampler holding a finished group while the
+group queue is full: not generating) and `down` (a dead sampler until its replacement is
+ready) count as busy."""
 
-BUSY_KINDS = frozenset(KINDS) - {"wait", "down"}
+BUSY_KINDS = frozenset(KINDS) - {"wait", "blocked", "down"}
 
 
 @dataclass(frozen=True)

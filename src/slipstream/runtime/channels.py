@@ -23,7 +23,9 @@ from the router (`Router.down`) and issues them again.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -44,6 +46,7 @@ class PromptRequest:
     group_size: int  # G
     issue_version: int  # trainer version when the orchestrator issued it
     batch: int = -1  # fixed batching: the batch (step window) it belongs to; -1: continuous
+    retries: int = 0  # times this draw was issued again after a sampler died holding it
 
 
 @dataclass
@@ -54,7 +57,8 @@ class SamplerReport:
     sampler_id: int
     t: float
     t_ready: float  # when the sampler began taking work
-    busy_s: float = 0.0  # generating: engine steps, scoring
+    busy_s: float = 0.0  # generating: engine steps, scoring (not `blocked_s`)
+    blocked_s: float = 0.0  # holding a message while the group queue is full
     weight_sync_s: float = 0.0  # reading the weight channel and copying into the model
     weight_loads: int = 0
     tokens_generated: int = 0
@@ -160,7 +164,7 @@ class StopFlag(Protocol):
 class Channels:
     """Everything a sampler or the orchestrator talks through."""
 
-    prompts: PromptChannel
+    prompts: PromptChannel  # the trainer's end: a `Router` over one inbox per sampler
     groups: GroupChannel
     weights: WeightChannel
     stop: StopFlag
@@ -178,12 +182,17 @@ class Router:
     is live again once `up(i)` (its replacement reported ready).
     """
 
+    prefetch = False
+
     def __init__(self, inboxes: list[PromptChannel]) -> None:
         self.inboxes = list(inboxes)
         self.live = [True] * len(self.inboxes)
         self.load = [0] * len(self.inboxes)
         self.owner: dict[int, int] = {}
-        self.sent: list[list[int]] = [[] for _ in self.inboxes]  # per inbox, in put order
+        # per inbox, in put order, from the oldest still held: the ids before it came back and
+        # are forgotten (`skipped` counts them), so this holds what is in flight, not the run
+        self.sent: list[deque[int]] = [deque() for _ in self.inboxes]
+        self.skipped = [0] * len(self.inboxes)
 
     def put(self, requests: list[PromptRequest], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -201,21 +210,36 @@ class Router:
                 return False
             time.sleep(min(0.005, max(deadline - time.monotonic(), 0.0)))
 
+    def get(self, timeout: float) -> list[PromptRequest] | None:  # samplers read their inboxes
+        raise TypeError("the trainer's end of the prompt channels is write-only")
+
     def done(self, group_id: int) -> None:
         i = self.owner.pop(group_id, None)
-        if i is not None:
-            self.load[i] -= 1
+        if i is None:
+            return
+        self.load[i] -= 1
+        sent = self.sent[i]
+        while sent and self.owner.get(sent[0]) != i:
+            sent.popleft()
+            self.skipped[i] += 1
 
     def down(self, i: int, started: int = 0) -> tuple[list[int], list[int]]:
         """Sampler `i` died having started generating the first `started` requests sent to it:
         the ids of the groups it held, as (started, not started), each in the order sent."""
         self.live[i] = False
-        begun = set(self.sent[i][:started])
-        held = [g for g in self.sent[i] if self.owner.get(g) == i]
-        for g in held:
+        begun, queued = self.held(i, started)
+        for g in begun + queued:
             del self.owner[g]
         self.load[i] = 0
-        self.sent[i] = []
+        self.sent[i], self.skipped[i] = deque(), 0
+        return begun, queued
+
+    def held(self, i: int, started: int = 0) -> tuple[list[int], list[int]]:
+        """The ids of the groups sampler `i` holds, as (started, not started), each in the
+        order sent, if it had started the first `started` requests sent to it (as `down`,
+        without forgetting them)."""
+        begun = set(itertools.islice(self.sent[i], max(started - self.skipped[i], 0)))
+        held = [g for g in self.sent[i] if self.owner.get(g) == i]
         return [g for g in held if g in begun], [g for g in held if g not in begun]
 
     def up(self, i: int) -> None:
@@ -243,6 +267,10 @@ class Runtime(Protocol):
 
     def start(self, factory: Callable[[int], Any]) -> None:
         """Start one sampler per id; `factory(i)` builds the worker where it runs."""
+        ...
+
+    def pids(self) -> list[int]:
+        """Process ids of the samplers (0 for one not started yet)."""
         ...
 
     def check(self) -> list[int]:

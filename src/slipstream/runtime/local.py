@@ -54,6 +54,8 @@ class Worker(Protocol):
 WorkerFactory = Callable[[int], Worker]
 """Picklable; called in the child with the sampler id to build the worker there."""
 
+ERROR_EXIT = 3  # a sampler's exit code after it sent its `error` message: not restarted
+
 
 def default_threads(num_samplers: int, cores: int | None = None) -> int:
     """Threads per process when the cores are split between the trainer and the samplers."""
@@ -147,7 +149,7 @@ def _child_main(
         # flushed before exit (no cancel_join_thread here): the parent must see why
         msg = SamplerMessage("error", sampler_id, error=traceback.format_exc())
         channels.groups.put(msg, timeout=5.0)
-        raise SystemExit(1) from None
+        raise SystemExit(ERROR_EXIT) from None
     for ch in (channels.prompts, channels.groups):
         assert isinstance(ch, QueueChannel)
         ch._q.cancel_join_thread()  # stopping: unread items may be dropped, never block exit
@@ -267,6 +269,7 @@ class LocalRuntime:
         )
         self.procs: list[Any] = []
         self.restarts = [0] * num_samplers
+        self.failed: set[int] = set()  # samplers that exited after reporting an error
         self.factory: WorkerFactory | None = None
         self._closed = False
 
@@ -307,9 +310,12 @@ class LocalRuntime:
             return []
         restarted = []
         for i, p in enumerate(self.procs):
-            if p.exitcode is None:
+            if p.exitcode is None or i in self.failed:
                 continue
             self.merged.detach(i, timeout=0.5)  # its last messages (an error?) go through
+            if p.exitcode == ERROR_EXIT:  # its error message is on its way: the run stops
+                self.failed.add(i)
+                continue
             if self.restarts[i] >= self.max_restarts:
                 raise RuntimeError(
                     f"sampler {i} (pid {p.pid}) exited with code {p.exitcode} and was already "

@@ -137,7 +137,7 @@ class _Stop:
         self._event.set()
 
 
-@ray.remote(max_concurrency=4)
+@ray.remote(max_concurrency=4)  # type: ignore[call-overload]  # an actor option ray's stubs lack
 class SamplerHost:
     """One sampler: `run` hosts the `SamplerWorker` that `factory(sampler_id)` builds; the
     other methods run beside it on the actor's other threads."""
@@ -201,7 +201,7 @@ class SamplerHost:
         return os.getpid()
 
 
-@ray.remote(max_concurrency=2, max_restarts=0)
+@ray.remote(max_concurrency=2, max_restarts=0)  # type: ignore[call-overload]
 class TrainerHost:
     """Hosts the trainer: `call(fn, args, kwargs)` runs it with a stop flag (`Interrupts`-like: an
     object with `requested`) as its keyword `signals`; `stop` sets the flag from the driver."""
@@ -230,7 +230,7 @@ def host_trainer(
     `KeyboardInterrupt`; a second signal skips the wait."""
     from slipstream.runtime.local import Interrupts
 
-    host = TrainerHost.options(**actor_options(resources)).remote(signals)
+    host = TrainerHost.options(**actor_options(resources)).remote(signals)  # type: ignore[attr-defined]
     ref = host.call.remote(fn, args, kwargs)
     here = Interrupts()
     try:
@@ -318,7 +318,7 @@ class RayRuntime:
             self.actors.append(
                 # Ray restarts it as often as it dies; `check()` holds the budget, since a
                 # kill that lands while it restarts may or may not count for Ray
-                SamplerHost.options(max_restarts=-1, **opts).remote(
+                SamplerHost.options(max_restarts=-1, **opts).remote(  # type: ignore[attr-defined]
                     factory, i, self.threads, self.weights.layout, self.call_timeout_s
                 )
             )

@@ -155,7 +155,7 @@ class RayQueue(ChannelEnd):
 
     @classmethod
     def create(cls, name: str, maxsize: int, call_timeout_s: float) -> RayQueue:
-        return cls(name, QueueActor.remote(maxsize), call_timeout_s)
+        return cls(name, QueueActor.remote(maxsize), call_timeout_s)  # type: ignore[attr-defined]
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy (another process, a restarted sampler) is a new writer, numbered from 0

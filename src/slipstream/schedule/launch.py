@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from slipstream.config import Config
 from slipstream.schedule.orchestrator import Options, Orchestrator
 
+if TYPE_CHECKING:  # imported where they are used: building them starts torch work
+    from slipstream.runtime.channels import Runtime
+    from slipstream.schedule.learner import RunLearner
+    from slipstream.schedule.sampler import SamplerSpec
+    from slipstream.schedule.setup import Run
 
-def train_async(cfg: Any, signals: Any = None, resume: bool = False) -> dict[str, Any]:
+
+def train_async(cfg: Config, signals: Any = None, resume: bool = False) -> dict[str, Any]:
     """Train with `cfg.schedule` on the local or the Ray runtime (`runtime.kind`); the run
     folder is `train_sync`'s: config.toml, metrics.jsonl, ledger.json, summary.json,
     timeline.jsonl, rollouts, checkpoints/. Ctrl-C, SIGTERM and errors take the runtime's one
@@ -47,7 +54,7 @@ def train_async(cfg: Any, signals: Any = None, resume: bool = False) -> dict[str
     return _train(cfg, signals or Interrupts(), resume)
 
 
-def _train(cfg: Any, signals: Any, resume: bool) -> dict[str, Any]:
+def _train(cfg: Config, signals: Any, resume: bool) -> dict[str, Any]:
     """The run in this process: build, restore, start the samplers, loop, shut down, finish."""
     from slipstream.schedule.sync import finish, latest_checkpoint, restore, rewind
 
@@ -92,7 +99,7 @@ def _train(cfg: Any, signals: Any, resume: bool) -> dict[str, Any]:
         raise
     finally:
         rt.shutdown()
-        run.ledger.in_flight = orch.leftover()
+        run.info["tokens_unfinished"] = orch.settle_unfinished()
         (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
     learner.evaluate_deferred()
     curve = sorted(learner.curve, key=lambda c: c["step"])
@@ -110,12 +117,15 @@ def _train(cfg: Any, signals: Any, resume: bool) -> dict[str, Any]:
             torch.cuda.max_memory_allocated(run.placement.trainer) / 2**30
         )
     if rc.kind == "ray":
+        from slipstream.runtime.ray import RayRuntime
+
+        assert isinstance(rt, RayRuntime)
         run.info.update(weight_transport=rc.weight_transport, weight_fallbacks=rt.weights.fallbacks)
     acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
     return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
 
 
-def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
+def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, SamplerSpec]:
     """The run, the runtime (not started), the learner, the orchestrator, the sampler spec."""
     from slipstream.runtime import make_runtime
     from slipstream.runtime.local import default_threads
@@ -152,6 +162,7 @@ def _build(cfg: Any) -> tuple[Any, Any, Any, Orchestrator, Any]:
         dynamic_sampling=f.dynamic_sampling,
         max_extra_draws=f.max_extra_draws,
         sampler_timeout_s=rc.sampler_timeout_s,
+        max_request_retries=rc.max_request_retries,
         chaos_kills=rc.chaos_kills,
         chaos_every_s=rc.chaos_every_s,
         chaos_seed=cfg.run.seed,

@@ -4,17 +4,19 @@ Draws and seeds come from the `Run` (one draw counter, so `sync` on the local ru
 the same prompts with the same seeds as the in-process loop); settling, the optimizer step,
 evaluation, checkpoints and the metrics sink are the ones `train_sync` uses.
 
-With `runtime.defer_eval`, an evaluation step only snapshots the weights (a copy in memory)
-with its wall time; `evaluate_deferred` scores the snapshots after the run. Evaluation then
-takes no time from training, which a time-to-accuracy benchmark needs; the cost is one copy of
-the weights per evaluation step, held until the end.
+With `runtime.defer_eval`, an evaluation step only snapshots the weights with its wall time,
+written to `<run.dir>/eval_snapshots/` (not held in memory: a long run has many evaluation
+steps); `evaluate_deferred` scores the snapshots after the run and deletes them. Evaluation
+then takes no time from training beyond the write, which a time-to-accuracy benchmark needs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,7 +39,7 @@ class RunLearner:
         self.t_start = time.perf_counter()
         self.acc: float | None = None
         self.curve: list[dict[str, float]] = []  # {step, wall_s, heldout_acc}
-        self._snapshots: list[tuple[int, float, dict[str, torch.Tensor]]] = []
+        self._snapshots: list[tuple[int, float, Path]] = []  # (step, wall_s, weights file)
         self._mark = Counter(run.counters)  # the run's counters at the last step record
         self.extra_state: Callable[[], dict[str, Any]] = dict  # more for each checkpoint
 
@@ -76,8 +78,10 @@ class RunLearner:
         """Held-out accuracy now, or (deferred) a snapshot to score after the run."""
         wall = time.perf_counter() - self.t_start
         if self.defer_eval:
-            state = {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
-            self._snapshots.append((step, wall, state))
+            path = self.run.dir / "eval_snapshots" / f"step_{step:06d}.pt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(self.run.model.state_dict(), path)  # tied weights stay tied
+            self._snapshots.append((step, wall, path))
             return None
         t0 = time.perf_counter()
         acc = self.acc = self.run.evaluate()
@@ -110,9 +114,12 @@ class RunLearner:
         if not self._snapshots:
             return
         final = {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
-        for step, wall, state in self._snapshots:
-            self.run.model.load_state_dict(state)
+        for step, wall, path in self._snapshots:
+            self.run.model.load_state_dict(torch.load(path, weights_only=True))
             self.acc = self.run.evaluate()
             self.curve.append({"step": step, "wall_s": wall, "heldout_acc": self.acc})
+            path.unlink()
         self.run.model.load_state_dict(final)
+        with contextlib.suppress(OSError):  # not empty: someone else's files, left alone
+            self._snapshots[0][2].parent.rmdir()
         self._snapshots = []

@@ -1,7 +1,10 @@
 """The group ledger: every generated group ends in exactly one place.
 
-trained, filtered (with a reason), stale (dropped beyond the lag bound), aborted, or lost (to a
-failure). `balanced()` is the invariant that tests hold for every schedule.
+trained, filtered (with a reason), stale (dropped beyond the lag bound), aborted, lost (to a
+failure, and issued again) or poisoned (lost with its sampler more than
+`runtime.max_request_retries` times, and given up); a group the end of a run cut off is
+`unfinished` (started, not back) or `in_flight` (back, not trained). `balanced()` is the
+invariant that tests hold for every schedule.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ class Ledger:
     stale: int = 0
     aborted: int = 0
     lost: int = 0
+    poisoned: int = 0  # lost once more than the retries allow: dropped, not issued again
+    unfinished: int = 0  # started by a sampler, not back when the run ended
     in_flight: int = 0  # generated, not yet settled (queued at the end of a run)
     # multi-turn runs: how each episode of a generated group ended (types.EpisodeStats.end);
     # an aborted group's episodes are counted with it, in `aborted`
@@ -30,7 +35,15 @@ class Ledger:
         self.episodes.update(s.episode.end for s in group.samples if s.episode is not None)
 
     def settled(self) -> int:
-        return self.trained + sum(self.filtered.values()) + self.stale + self.aborted + self.lost
+        return (
+            self.trained
+            + sum(self.filtered.values())
+            + self.stale
+            + self.aborted
+            + self.lost
+            + self.poisoned
+            + self.unfinished
+        )
 
     def balanced(self) -> bool:
         return self.generated == self.settled() + self.in_flight
@@ -43,6 +56,8 @@ class Ledger:
             "stale": self.stale,
             "aborted": self.aborted,
             "lost": self.lost,
+            "poisoned": self.poisoned,
+            "unfinished": self.unfinished,
             "in_flight": self.in_flight,
             "balanced": self.balanced(),
             **({"episodes": dict(self.episodes)} if self.episodes else {}),
@@ -52,7 +67,7 @@ class Ledger:
         """`ledger/...` metrics for a step record."""
         out = {
             f"ledger/{k}": getattr(self, k)
-            for k in ("generated", "trained", "stale", "aborted", "lost")
+            for k in ("generated", "trained", "stale", "aborted", "lost", "poisoned")
         }
         out["ledger/filtered"] = sum(self.filtered.values())
         return out
@@ -61,5 +76,6 @@ class Ledger:
         self.generated, self.trained = d["generated"], d["trained"]
         self.filtered = Counter(d["filtered"])
         self.stale, self.aborted, self.lost = d["stale"], d["aborted"], d["lost"]
-        self.in_flight = d.get("in_flight", 0)
+        self.poisoned, self.in_flight = d.get("poisoned", 0), d.get("in_flight", 0)
+        self.unfinished = d.get("unfinished", 0)
         self.episodes = Counter(d.get("episodes", {}))

@@ -37,14 +37,17 @@ newer weights, would never ripen while admission waits for it to be consumed.
 A sampler that dies takes the requests it held with it: the runtime restarts it, the router
 says which requests it held, the ledger counts each as `lost`, and each is issued again as a
 new request (same prompt, seeds and batch), so no window waits forever and no group is
-trained twice (a group of a lost request that still arrives is dropped). A sampler that holds
-work and sends nothing for `sampler_timeout_s` is killed and treated the same way.
+trained twice (a group of a lost request that still arrives is dropped). A request lost more
+than `max_request_retries` times is dropped instead (ledger: poisoned), with a warning. A
+sampler that holds work and sends nothing for `sampler_timeout_s` is killed and treated the
+same way.
 """
 
 from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -93,6 +96,7 @@ class Options:
     stall_timeout_s: float = 600.0
     max_empty_windows: int = 20
     sampler_timeout_s: float = 300.0  # a sampler holding work and silent this long is killed
+    max_request_retries: int = 2  # a request lost more often than this is dropped (poisoned)
     chaos_kills: int = 0  # fault injection: kill a random sampler this many times...
     chaos_every_s: float = 5.0  # ...one every this many seconds (of the loop)
     chaos_seed: int = 0
@@ -378,10 +382,14 @@ class Orchestrator:
             req = st.outstanding.pop(gid)
             st.lost_ids.add(gid)
             self.learner.ledger.generated += 1
+            if req.retries >= self.opts.max_request_retries:
+                self._poisoned(req)
+                continue
             self.learner.ledger.lost += 1
             new = PromptRequest(
-                st.issued, req.prompt, req.seeds, req.group_size, self.learner.version, req.batch
-            )
+                st.issued, req.prompt, req.seeds, req.group_size, self.learner.version, req.batch,
+                req.retries + 1,
+            )  # fmt: skip
             st.issued += 1
             st.outstanding[new.group_id] = new
             again.append(new)
@@ -394,6 +402,19 @@ class Orchestrator:
                 )
         else:
             st.reissue.extend([r] for r in sorted(again, key=lambda r: r.group_id))
+
+    def _poisoned(self, req: PromptRequest) -> None:
+        """Give up a request lost with its sampler once more than the retries allow: a
+        prompt that crashes every sampler it reaches must not use up `max_restarts`."""
+        self.learner.ledger.poisoned += 1
+        self._out_of_bound(req)  # its window no longer waits for it; admission frees its place
+        warnings.warn(
+            f"prompt {req.prompt.id!r} (group {req.group_id}) was lost with its sampler "
+            f"{req.retries + 1} times: dropped (ledger: poisoned; runtime.max_request_retries "
+            f"= {self.opts.max_request_retries})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     def _check_silent(self, now: float) -> None:
         """Kill a sampler that holds work and has sent nothing for `sampler_timeout_s` (its
@@ -570,6 +591,21 @@ class Orchestrator:
         """Groups received but never trained or dropped (the end of the run cut them off)."""
         st = self.state
         return len(st.window) + sum(len(v) for v in st.batches.values()) + len(st.kept)
+
+    def settle_unfinished(self) -> int:
+        """At the end of the run: count the requests samplers had started and not delivered
+        in the ledger (`unfinished`), and the received groups never trained (`in_flight`).
+        Returns the tokens generated for both (as of the samplers' last reports), which never
+        reach an optimizer step."""
+        st, led = self.state, self.learner.ledger
+        led.in_flight = self.leftover()
+        for i in range(len(self.router.inboxes)):
+            report = self.stats.reports.get(i)
+            led.unfinished += len(self.router.held(i, report.started if report else 0)[0])
+        led.generated += led.unfinished
+        tokens = sum(self.stats.undelivered_tokens(i) for i in self.stats.reports)
+        received = [g for _, g in st.window] + [g for v in st.batches.values() for _, g in v]
+        return tokens + sum(g.num_tokens for g in received + st.kept)
 
     def _waited(self, t0: float, t1: float) -> None:
         """Extend the trainer's open wait interval, or close it and open a new one."""

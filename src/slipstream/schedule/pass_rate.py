@@ -27,7 +27,7 @@ class PromptRecord:
     passes: int = 0
     attempts: int = 0
     ema: float | None = None  # exponential moving average of per-group pass rates
-    skips: int = 0  # band skips since the last group (not checkpointed: restarts at 0)
+    skips: int = 0  # band skips since the last group (the skip hash and re-admission read it)
     streak: int = 0  # z: the latest groups in a row whose own pass rate was outside the band
 
     def rate(self, decay: float | None) -> float:
@@ -49,7 +49,7 @@ class PassRateTracker:
     `1 - (1 - s)^z`, z its streak of groups outside the band (0 after a group inside it: always
     drawn), and drawn otherwise (reason `"explore"`); the uniform number behind each decision
     is a hash of `(seed, prompt id, attempts, skips)`, so decisions are reproducible and need
-    no random state in a checkpoint. `s = 1` is the hard band.
+    no random state in a checkpoint (the skips are in it). `s = 1` is the hard band.
     """
 
     def __init__(
@@ -155,13 +155,16 @@ class PassRateTracker:
 
     def state_dict(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of the table: `{prompt_id: [passes, attempts, ema,
-        streak]}` (snapshots without the streak load with streak 0).
+        streak, skips]}` (snapshots without the streak or the skips load them as 0). The
+        skips are saved because the next decision hashes them: a resumed run decides as the
+        uninterrupted one.
 
         Settings are not saved: they come from the config, which may change on resume.
         """
         return {
             "records": {
-                pid: [r.passes, r.attempts, r.ema, r.streak] for pid, r in self._records.items()
+                pid: [r.passes, r.attempts, r.ema, r.streak, r.skips]
+                for pid, r in self._records.items()
             }
         }
 
@@ -172,6 +175,7 @@ class PassRateTracker:
                 int(v[0]),
                 int(v[1]),
                 None if v[2] is None else float(v[2]),
+                skips=int(v[4]) if len(v) > 4 else 0,
                 streak=int(v[3]) if len(v) > 3 else 0,
             )
             for pid, v in state["records"].items()

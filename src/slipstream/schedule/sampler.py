@@ -126,6 +126,7 @@ class SamplerState:
     t_last_report: float = 0.0
     started_reported: int = 0  # `report.started` as last sent
     span: list[Any] | None = None  # open timeline interval [kind, t0, t1]
+    blocked: list[tuple[float, float]] = field(default_factory=list)  # not yet accounted
     report: SamplerReport = field(default_factory=lambda: SamplerReport(0, 0.0, 0.0))
 
 
@@ -382,11 +383,25 @@ class SamplerWorker:
 
     # ---- reporting -------------------------------------------------------------------------
     def _account(self, kind: str, t0: float) -> None:
-        """Time since `t0` was spent on `kind`; extend or close the open timeline interval."""
+        """Time since `t0` was spent on `kind`, but for the spells blocked on a full group
+        queue (`_send`), which are `blocked`: not generating, not busy."""
         t1 = time.perf_counter()
+        blocked, self.state.blocked = self.state.blocked, []
+        for b0, b1 in blocked:
+            if b0 > t0:
+                self._span(kind, t0, b0)
+            self._span("blocked", b0, b1)
+            t0 = max(t0, b1)
+        if t1 > t0:
+            self._span(kind, t0, t1)
+
+    def _span(self, kind: str, t0: float, t1: float) -> None:
+        """Count `[t0, t1]` as `kind`; extend or close the open timeline interval."""
         st, r = self.state, self.state.report
         if kind == "generate":
             r.busy_s += t1 - t0
+        elif kind == "blocked":
+            r.blocked_s += t1 - t0
         if st.span and st.span[0] == kind and t0 - st.span[2] < 1e-3:
             st.span[2] = t1
             return
@@ -400,8 +415,11 @@ class SamplerWorker:
         r.t, r.tokens_generated = time.perf_counter(), s.tokens_generated
         r.decode_steps, r.prefill_tokens = s.decode_steps, s.prefill_tokens
         msg.report = replace(r, intervals=list(r.intervals))  # the queue pickles it later
-        while not ch.groups.put(msg, timeout=self.poll_s):
-            if ch.stop.is_set():
-                return
+        t0 = time.perf_counter()
+        if not ch.groups.put(msg, timeout=0):  # full: blocked until the trainer makes room
+            while not ch.groups.put(msg, timeout=self.poll_s):
+                if ch.stop.is_set():
+                    return
+            st.blocked.append((t0, time.perf_counter()))
         st.t_last_report, st.started_reported = r.t, r.started
         r.intervals = []

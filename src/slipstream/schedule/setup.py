@@ -361,7 +361,7 @@ def build_task(cfg: Config) -> GuardedTask:
     """The task, its reward behind a `RewardGuard` (timeouts, isolation, `reward_errors`)."""
     t = cfg.task
     if t.kind in ("builtin", "builtin_tools"):
-        task = RunningSums() if t.kind == "builtin" else tool_sums_task()
+        task: Task = RunningSums() if t.kind == "builtin" else tool_sums_task()
         isolation: Isolation = "inline" if t.reward_isolation == "auto" else t.reward_isolation
         return GuardedTask(
             task, RewardGuard(task.reward, isolation, t.reward_timeout_s, t.reward_errors)

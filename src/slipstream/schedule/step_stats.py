@@ -3,7 +3,9 @@
 Samplers report cumulative counters (`SamplerReport`) with each message; a step's values are
 the change since the previous step record, so nothing is lost when a sampler reports late.
 `runtime/sampler_busy` is generating time over the time the reports span, summed over
-samplers (so it never exceeds 1); `runtime/trainer_wait` is the share of the step the trainer
+samplers (so it never exceeds 1); `runtime/sampler_blocked` the same for time a sampler held a
+finished group while the group queue was full (not generating: neither busy nor useful in
+goodput); `runtime/trainer_wait` is the share of the step the trainer
 spent blocked on the group queue. Clocks are `time.perf_counter()`, the system-wide monotonic
 clock on Linux, so the trainer's and the samplers' readings compare.
 
@@ -29,6 +31,7 @@ from slipstream.types import Group, Sample
 
 COUNTERS = (
     "busy_s",
+    "blocked_s",
     "weight_sync_s",
     "tokens_generated",
     "decode_steps",
@@ -130,10 +133,18 @@ class StepStats:
         if r is None:
             return 0
         self.offset[i] = {k: float(getattr(r, k)) for k in COUNTERS}
-        accounted = self.delivered.get(i, 0) + r.cancelled_tokens + r.aborted_tokens
-        lost = max(int(r.tokens_generated - accounted - self.lost_by.get(i, 0)), 0)
+        lost = self.undelivered_tokens(i)
         self.lost_by[i] = self.lost_by.get(i, 0) + lost
         return lost
+
+    def undelivered_tokens(self, i: int) -> int:
+        """Tokens sampler i generated (as of its last report) for groups it has not delivered,
+        cancelled or aborted, and that were not already counted lost: the groups it holds."""
+        r = self.reports.get(i)
+        if r is None:
+            return 0
+        accounted = self.delivered.get(i, 0) + r.cancelled_tokens + r.aborted_tokens
+        return max(int(r.tokens_generated - accounted - self.lost_by.get(i, 0)), 0)
 
     def sampler_back(self, i: int, now: float) -> None:
         """Sampler i's replacement reported ready."""
@@ -173,6 +184,7 @@ class StepStats:
             **{f"staleness/{k}": v for k, v in lag.items()},
             "staleness/drift_kl": metrics.get("train/approx_kl", 0.0),  # current vs sampler
             "runtime/sampler_busy": d["busy_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
+            "runtime/sampler_blocked": d["blocked_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
             "runtime/trainer_wait": self.wait_s / max(step_s, 1e-9),
             "runtime/weight_sync_s": publish_s + d["weight_sync_s"] / n,
             "runtime/weight_publish_s": publish_s,
@@ -211,6 +223,7 @@ class StepStats:
         toks = sum(t for *_, t in self.lags) or 1
         return {
             "sampler_busy": d["busy_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
+            "sampler_blocked": d["blocked_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
             "trainer_wait": (self.wait_total + self.wait_s) / max(wall, 1e-9),
             "lag_mean": sum(m * t for m, _, t in self.lags) / toks,
             "lag_max": max((m for _, m, _ in self.lags), default=0),
@@ -230,21 +243,31 @@ class StepStats:
 
 
 def goodput(
-    records: list[dict[str, Any]], wall_s: float, samplers: int, lost_tokens: int = 0
+    records: list[dict[str, Any]],
+    wall_s: float,
+    samplers: int,
+    lost_tokens: int = 0,
+    unfinished_tokens: int = 0,
+    totals: tuple[float, float] | None = None,
 ) -> dict[str, float]:
     """Useful time over wall time, from a run's step records.
 
     Useful is the trainer's optimizer steps plus the samplers' generation that reached the
     trainer as training data: generating time scaled by the share of generated tokens not
-    wasted (filtered, stale, cancelled, aborted, lost to a failure). The denominator is the
-    wall time of every actor: the trainer and `samplers` sampler processes, or one process
-    doing both in the in-process loop (`samplers = 0`). Idle time (a sampler waiting for
-    weights, a trainer waiting for groups) is not useful, so sync runs score low on it too.
+    wasted (filtered, stale, cancelled, aborted, lost to a failure, or unfinished: cut off by
+    the end of the run). The denominator is the wall time of every actor: the trainer and
+    `samplers` sampler processes, or one process doing both in the in-process loop
+    (`samplers = 0`). Idle time (a sampler waiting for weights, a trainer waiting for groups)
+    is not useful, so sync runs score low on it too. `totals`: (tokens generated, generating
+    seconds) of the whole run, where known (the samplers' final reports), in place of the
+    records' sums, which end at the last step record.
     """
     train_s = sum(r.get("time/train_s", 0.0) for r in records)
     gen_s = sum(r.get("time/generate_s", 0.0) for r in records) * max(samplers, 1)
     generated = sum(r.get("tokens/generated", 0) for r in records)
-    wasted = sum(r.get("tokens/wasted", 0) for r in records) + lost_tokens
+    if totals is not None:
+        generated, gen_s = max(generated, totals[0]), max(gen_s, totals[1])
+    wasted = sum(r.get("tokens/wasted", 0) for r in records) + lost_tokens + unfinished_tokens
     useful_share = 1.0 - min(wasted / generated, 1.0) if generated else 0.0
     useful_s = train_s + gen_s * useful_share
     actor_s = wall_s * (samplers + 1 if samplers else 1)
@@ -254,4 +277,5 @@ def goodput(
         "actor_s": actor_s,
         "tokens_wasted": wasted,
         "tokens_lost": lost_tokens,
+        "tokens_unfinished": unfinished_tokens,
     }

@@ -101,7 +101,7 @@ def marks(run: Run) -> dict[str, float]:
 
 def step_record(
     run: Run, groups: list[Group], metrics, mark, t_gen, t_train, t_step, t_start
-) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+) -> dict[str, Any]:
     now = marks(run)
     d = {k: now[k] - mark[k] for k in now}
     lens = [s.num_tokens for g in groups for s in g.samples]
@@ -262,7 +262,16 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
     run.timeline.close()
     samplers = run.info.get("samplers", 0)
     records = read_records(run.dir / "metrics.jsonl")
-    good = goodput(records, wall, samplers, run.info.get("tokens_lost", 0))
+    info = run.info
+    totals = (info["tokens_generated"], info["busy_s"]) if "busy_s" in info else None
+    good = goodput(
+        records,
+        wall,
+        samplers,
+        info.get("tokens_lost", 0),
+        info.get("tokens_unfinished", 0),
+        totals,
+    )
     summary = {
         "heldout_acc_start": acc_start,
         "heldout_acc_end": acc_end,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 from pathlib import Path
 
 from slipstream.tasks.base import RewardFn
+from slipstream.tasks.deadline import call_with_deadline
 from slipstream.types import Prompt
 
 
@@ -15,13 +17,44 @@ class TaskError(ValueError):
     """A bad task file or reward function: names the file and line, or the function."""
 
 
+MATH_VERIFY_TIMEOUT_S = 5.0  # per parse and per comparison, math-verify's own defaults
+
+
 def math_verify_reward(prompt: Prompt, completion: str) -> float:
-    """1.0 when math-verify finds the completion's final answer equal to the reference."""
+    """1.0 when math-verify finds the completion's final answer equal to the reference.
+
+    math-verify's own timeouts use `signal.alarm`, which raises outside the main thread (the
+    Ray actors score in threads), so they are off and `call_with_deadline` bounds each parse
+    and the comparison instead; past the bound a call counts as math-verify's own timeout
+    does: no answer found, or not equal (reward 0)."""
     from math_verify import parse, verify
 
-    gold = parse(prompt.answer if "$" in prompt.answer else f"${prompt.answer}$")
-    pred = parse(completion)
-    return 1.0 if gold and pred and verify(gold, pred) else 0.0
+    _quiet_math_verify()
+
+    def parsed(text: str) -> list[object]:
+        return call_with_deadline(lambda: parse(text, parsing_timeout=0), MATH_VERIFY_TIMEOUT_S, [])
+
+    gold = parsed(prompt.answer if "$" in prompt.answer else f"${prompt.answer}$")
+    pred = parsed(completion) if gold else []
+
+    def same() -> bool:
+        return bool(verify(gold, pred, timeout_seconds=None))
+
+    if not pred:
+        return 0.0
+    return 1.0 if call_with_deadline(same, MATH_VERIFY_TIMEOUT_S, False) else 0.0
+
+
+def _drop_timeout_warning(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Timeout is disabled")
+
+
+def _quiet_math_verify() -> None:
+    """math-verify warns once that its timeout is off; here it is bounded by the caller."""
+    for name in ("math_verify.parser", "math_verify.grader"):
+        log = logging.getLogger(name)
+        if _drop_timeout_warning not in log.filters:
+            log.addFilter(_drop_timeout_warning)
 
 
 def exact_reward(prompt: Prompt, completion: str) -> float:

@@ -202,9 +202,9 @@ class DatasetTask:
             held = read_prompts(source, fmt, self.heldout_split or self.split)
             self._train, self._heldout = rows, held
         else:
-            held = heldout_split(len(rows), self.heldout_fraction, self.seed)
-            self._heldout = [r for i, r in enumerate(rows) if i in held]
-            self._train = [r for i, r in enumerate(rows) if i not in held]
+            held_ids = heldout_split(len(rows), self.heldout_fraction, self.seed)
+            self._heldout = [r for i, r in enumerate(rows) if i in held_ids]
+            self._train = [r for i, r in enumerate(rows) if i not in held_ids]
         if not self._train:
             raise TaskError(f"{self.path}: no training rows left after the held-out split")
 

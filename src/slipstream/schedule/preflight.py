@@ -1,0 +1,84 @@
+"""Checks of a config against this machine before any work starts: a model folder that is
+missing or malformed, and an optional library a setting needs but that is not installed, are
+a `ConfigError` naming the setting (and the install command), not a traceback minutes in.
+
+Only what is cheap is checked (files, JSON, whether a package can be found); the weights
+themselves are read when the run loads them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from slipstream.config import Config, ConfigError
+
+# setting -> (package to find, what to install)
+EXTRAS = {"ray": "ray", "tensorboard": "tensorboard", "wandb": "wandb"}
+FOLDER = "expected a Hugging Face model folder: config.json, *.safetensors, tokenizer.json"
+
+
+def preflight(cfg: Config) -> None:
+    """Raise `ConfigError` for the first problem found (module docstring)."""
+    if cfg.runtime.kind == "ray":
+        _need("ray", "runtime.kind = 'ray'")
+    for sink in cfg.run.sinks:
+        if sink in EXTRAS:
+            _need(sink, f"run.sinks includes {sink!r}")
+    if cfg.model.path is not None:
+        check_model_folder(Path(cfg.model.path))
+
+
+def importable(name: str) -> bool:
+    """Whether `import name` can find the package (without importing it)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent missing, or `sys.modules[name] = None`
+        return False
+
+
+def _need(package: str, setting: str) -> None:
+    if not importable(package):
+        raise ConfigError(
+            f"{setting}: needs the {package} package, which is not installed; "
+            f"pip install 'slipstream[{EXTRAS[package]}]'"
+        )
+
+
+def check_model_folder(path: Path) -> None:
+    """`model.path` names a folder with a readable config.json, safetensors weights and a
+    tokenizer.json."""
+    key = f"model.path: {path}"
+    if not path.exists():
+        raise ConfigError(f"{key} does not exist ({FOLDER})")
+    if not path.is_dir():
+        raise ConfigError(f"{key} is a file, not a folder ({FOLDER})")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ConfigError(f"{key} has no config.json ({FOLDER})")
+    try:
+        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{cfg_file}: not valid JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{cfg_file}: expected a JSON object of model settings")
+    from slipstream.model.hf import config_from_dict
+
+    try:
+        config_from_dict(raw)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(f"{cfg_file}: not a model config slipstream can load ({e})") from None
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, AttributeError, TypeError):
+            raise ConfigError(f"{index}: not a safetensors index (no 'weight_map')") from None
+    elif not any(path.glob("*.safetensors")):
+        raise ConfigError(
+            f"{key} has no *.safetensors weights (only safetensors are loaded; convert .bin "
+            "checkpoints first)"
+        )
+    if not (path / "tokenizer.json").is_file():
+        raise ConfigError(f"{key} has no tokenizer.json ({FOLDER})")

@@ -1,0 +1,78 @@
+"""Errors a new user meets are one line naming the setting, exit 2, before any work starts:
+a missing or malformed model folder, a missing optional library, an empty override value."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from slipstream.cli import main
+
+
+def _train(capsys, tmp_path, *overrides: str) -> tuple[int, str]:
+    run = tmp_path / "run"
+    rc = main(["train", f'run.dir="{run}"', "run.steps=1", "run.quiet=true", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert not run.exists()  # nothing started
+    return rc, err
+
+
+def _one_line(err: str, *parts: str) -> None:
+    assert err.startswith("slipstream: error: ") and "\n" not in err, err
+    assert "Traceback" not in err and all(p in err for p in parts), err
+
+
+def test_a_missing_model_folder(capsys, tmp_path):
+    rc, err = _train(capsys, tmp_path, "model.path=/no/such/folder")
+    assert rc == 2
+    _one_line(err, "model.path", "/no/such/folder", "does not exist")
+
+
+CONFIG = json.dumps({"model_type": "llama", "vocab_size": 8, "hidden_size": 4})
+
+
+@pytest.mark.parametrize(
+    "files, said",
+    [
+        ({}, "no config.json"),
+        ({"config.json": "{not json"}, "not valid JSON"),
+        ({"config.json": "[1]"}, "expected a JSON object"),
+        ({"config.json": CONFIG}, "no *.safetensors"),
+        ({"config.json": CONFIG, "model.safetensors": ""}, "no tokenizer.json"),
+        ({"config.json": CONFIG, "model.safetensors.index.json": "{}"}, "safetensors index"),
+    ],
+)
+def test_a_malformed_model_folder(capsys, tmp_path, files, said):
+    d = tmp_path / "model"
+    d.mkdir()
+    for name, text in files.items():
+        (d / name).write_text(text)
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
+    assert rc == 2
+    _one_line(err, said)
+
+
+@pytest.mark.parametrize(
+    "package, overrides",
+    [
+        ("ray", ['runtime.kind="ray"']),
+        ("tensorboard", ['run.sinks=["jsonl", "tensorboard"]']),
+        ("wandb", ['run.sinks=["wandb"]']),
+    ],
+)
+def test_a_missing_optional_library_names_the_install_command(
+    capsys, tmp_path, monkeypatch, package, overrides
+):
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` fails
+    rc, err = _train(capsys, tmp_path, *overrides)
+    assert rc == 2
+    _one_line(err, package, f"pip install 'slipstream[{package}]'")
+
+
+def test_an_empty_value_is_an_error_not_the_default(capsys, tmp_path):
+    rc = main(["train", "run.dir=", "run.steps=1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    _one_line(err, "'run.dir='", "empty value")

@@ -1,0 +1,76 @@
+"""The inverse-CDF sampler at vocabularies of several chunks: it samples the softmax, a row's
+token and log-prob do not depend on its neighbours (filtered, greedy or not), the log-prob is
+log softmax(logits / T) of the token, and a token of probability 0 is never drawn."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slipstream.engine.sampling import CHUNK, sample
+
+V = 3 * CHUNK + 7  # three full chunks and a short one
+
+
+def _args(n: int, temp: float = 1.0, top_k: int = 0, top_p: float = 1.0, step: int = 0):
+    return (
+        torch.full((n,), temp),
+        torch.full((n,), top_k, dtype=torch.long),
+        torch.full((n,), top_p),
+        torch.arange(n),
+        torch.full((n,), step, dtype=torch.long),
+    )
+
+
+def _peaked() -> torch.Tensor:
+    """Logits with mass spread over chunks: 4 strong entries, one per chunk, and a flat rest."""
+    x = torch.full((V,), -2.0)
+    for i, v in zip((5, CHUNK + 9, 2 * CHUNK + 100, 3 * CHUNK + 3), (3.0, 2.5, 2.0, 1.5)):
+        x[i] = v
+    return x
+
+
+@pytest.mark.slow
+def test_draws_follow_the_softmax_across_chunks():
+    n, temp = 3000, 0.7
+    x = _peaked()
+    got = sample(x[None].expand(n, V), *_args(n, temp))
+    p = (x.double() / temp).softmax(-1)
+    freq = torch.bincount(got.tokens, minlength=V).double() / n
+    strong = [5, CHUNK + 9, 2 * CHUNK + 100, 3 * CHUNK + 3]
+    torch.testing.assert_close(freq[strong], p[strong], atol=0.03, rtol=0)
+    rest = 1 - p[strong].sum()  # the flat entries together
+    assert abs((1 - freq[strong].sum()) - rest) < 0.03
+
+
+def test_the_log_prob_is_the_temperature_softmax_of_the_token():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, V, generator=g) * 4
+    for temp in (0.6, 1.0):
+        got = sample(x, *_args(8, temp))
+        ref = (x.double() / temp).log_softmax(-1).gather(-1, got.tokens[:, None]).squeeze(-1)
+        torch.testing.assert_close(got.logp.double(), ref, atol=2e-6, rtol=0)
+
+
+def test_a_rows_token_does_not_depend_on_its_neighbours():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, V, generator=g) * 3
+    temp, k, p, seeds, steps = _args(6, 0.8, step=4)
+    alone = [sample(x[i : i + 1], temp[:1], k[:1], p[:1], seeds[i : i + 1], steps[:1]) for i in range(6)]  # fmt: skip
+    # the same rows together, with a neighbour filtering (top-p) and a greedy one
+    x2 = torch.cat([x, torch.randn(2, V, generator=g)])
+    temp2, k2, p2 = torch.cat([temp, torch.tensor([0.8, 0.0])]), torch.cat([k, k[:2]]), torch.cat([p, torch.tensor([0.5, 1.0])])  # fmt: skip
+    together = sample(x2, temp2, k2, p2, torch.cat([seeds, seeds[:2]]), torch.cat([steps, steps[:2]]))  # fmt: skip
+    assert together.tokens[:6].tolist() == [int(a.tokens) for a in alone]
+    assert together.logp[:6].tolist() == [float(a.logp) for a in alone]  # bit for bit
+    assert together.kept_logmass is not None and together.kept_logmass[:6].abs().max() == 0
+
+
+def test_no_token_of_probability_zero_is_ever_drawn():
+    x = torch.full((V,), float("-inf"))
+    x[[3, CHUNK + 1, 3 * CHUNK + 6]] = torch.tensor([0.0, 30.0, -30.0])  # the last: tiny mass
+    n = 300
+    got = sample(x[None].expand(n, V), *_args(n))
+    assert set(got.tokens.tolist()) <= {3, CHUNK + 1, 3 * CHUNK + 6}
+    kept = sample(x[None].expand(n, V), *_args(n, top_k=1))  # only the largest survives
+    assert set(kept.tokens.tolist()) == {CHUNK + 1}

@@ -1,0 +1,47 @@
+"""Deferred evaluation (`runtime.defer_eval`): each evaluation step's weights are scored after
+the run, as they were at that step, and the run holds none of them in memory meanwhile."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import torch
+
+from slipstream.schedule.learner import RunLearner
+from slipstream.schedule.ledger import Ledger
+
+
+def _tensors(x: object) -> int:
+    if isinstance(x, torch.Tensor):
+        return 1
+    if isinstance(x, dict):
+        return sum(_tensors(v) for v in x.values())
+    if isinstance(x, list | tuple):
+        return sum(_tensors(v) for v in x)
+    return 0
+
+
+def test_deferred_evaluations_score_each_steps_weights_and_hold_none(tmp_path):
+    model = torch.nn.Linear(3, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    run = SimpleNamespace(
+        model=model,
+        evaluate=lambda: float(model.weight.detach().sum()),  # "accuracy": a function of the weights
+        ledger=Ledger(),
+        counters=Counter(),
+        dir=tmp_path,
+    )
+    learner = RunLearner(run, defer_eval=True)  # type: ignore[arg-type]
+    for step in (1, 2, 3):
+        with torch.no_grad():
+            model.weight.add_(1.0)  # after step s the weights sum to 3 s
+        assert learner.evaluate(step) is None
+    assert _tensors(vars(learner)) == 0  # not a copy per evaluation step in memory
+    with torch.no_grad():
+        model.weight.fill_(-1.0)  # the final weights
+    learner.evaluate_deferred()
+    assert [(c["step"], c["heldout_acc"]) for c in learner.curve] == [(1, 3.0), (2, 6.0), (3, 9.0)]
+    assert torch.equal(model.weight, torch.full((1, 3), -1.0))  # back to the final weights
+    assert not (tmp_path / "eval_snapshots").exists()

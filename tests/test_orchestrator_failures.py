@@ -1,0 +1,135 @@
+"""A sampler that dies on one prompt every time (a deterministic crash): the request is issued
+again `max_request_retries` times, then dropped as `poisoned`, and the run goes on. A request
+a sampler started and that is not back when the run ends is `unfinished`, with its tokens.
+Uses `test_orchestrator`'s fakes plus a fake runtime that restarts the fake sampler."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from slipstream.runtime.channels import Channels, SamplerMessage, SamplerReport
+from slipstream.schedule.orchestrator import Options, Orchestrator
+from slipstream.schedule.presets import preset
+from test_orchestrator import B, FakeLearner, FakePrompts, FakeSampler, FakeWeights, G
+
+
+class PoisonSampler(FakeSampler):
+    """Dies each time it starts a request for prompt `poison`, having reported it started."""
+
+    def __init__(self, prompts: FakePrompts, weights: FakeWeights, poison: str) -> None:
+        super().__init__(prompts, weights, in_flight=False)
+        self.poison, self.started, self.dead = poison, 0, False
+        self.t_ready: float | None = None
+
+    def get(self, timeout):
+        if self.dead:
+            return None
+        msg = super().get(timeout)
+        if msg is None:
+            return None
+        if self.t_ready is None:  # a fresh incarnation: ready once it has work again
+            self.t_ready = time.perf_counter()
+        self.started += 1
+        report = SamplerReport(0, time.perf_counter(), self.t_ready, started=self.started)
+        if msg.request.prompt.id == self.poison:
+            self.dead = True
+            return SamplerMessage("stats", 0, report=report)
+        msg.report = report
+        return msg
+
+
+class FakeRuntime:
+    """Restarts the dead sampler with a fresh inbox, at most `max_restarts` times."""
+
+    def __init__(self, sampler: PoisonSampler, max_restarts: int = 10) -> None:
+        self.sampler, self.max_restarts, self.restarts = sampler, max_restarts, 0
+
+    def check(self) -> list[int]:
+        s = self.sampler
+        if not s.dead:
+            return []
+        if self.restarts == self.max_restarts:
+            raise RuntimeError("sampler 0 died too often: restart budget spent")
+        self.restarts += 1
+        s.dead, s.started, s.t_ready = False, 0, None
+        s.chunk.clear()
+        s.prompts.q.clear()
+        return [0]
+
+
+@pytest.mark.parametrize("name", ["sync", "pipeline"])
+def test_a_request_that_kills_every_sampler_is_dropped_after_its_retries(name):
+    events: list[tuple] = []
+    learner, weights = FakeLearner(events), FakeWeights(events)
+    prompts = FakePrompts(events, weights)
+    sampler = PoisonSampler(prompts, weights, poison="p1")
+    runtime = FakeRuntime(sampler)
+    ch = Channels(prompts, sampler, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
+    opts = Options(B, G, 3, poll_s=0.001, stall_timeout_s=5, max_request_retries=2)
+    orch = Orchestrator(preset(name, None), opts, learner, ch, runtime=runtime)
+    orch.start()
+    with pytest.warns(RuntimeWarning, match=r"prompt 'p1' .* lost with its sampler 3 times"):
+        orch.run()
+    led = learner.ledger
+    assert learner.version == 3 and runtime.restarts == 3  # issued, and issued again twice
+    assert led.lost == 2 and led.poisoned == 1 and led.balanced()
+    issued = [e[1] for e in events if e[0] == "issue"]
+    assert issued.count("p1") == 3
+    trained = [p for e in events if e[0] == "train" for p in e[2]]
+    assert "p1" not in trained and len(trained) == len(set(trained))
+    assert orch.summary()["groups_trained_twice"] == 0
+
+
+class StuckSampler(FakeSampler):
+    """Counts what it generates; starts the request for prompt `stuck` (7 tokens so far) and
+    never finishes it."""
+
+    def __init__(self, prompts: FakePrompts, weights: FakeWeights, stuck: str) -> None:
+        super().__init__(prompts, weights, in_flight=True)
+        self.stuck, self.started, self.tokens = stuck, 0, 0
+
+    def get(self, timeout):
+        msg = super().get(timeout)
+        if msg is None:
+            return None
+        self.started += 1
+        stuck = msg.request.prompt.id == self.stuck
+        self.tokens += 7 if stuck else msg.group.num_tokens
+        report = SamplerReport(0, time.perf_counter(), 0.0, started=self.started)
+        report.tokens_generated = self.tokens
+        if stuck:
+            return SamplerMessage("stats", 0, report=report)
+        msg.report = report
+        return msg
+
+
+def test_requests_outstanding_at_the_end_are_counted_unfinished_with_their_tokens():
+    events: list[tuple] = []
+    learner, weights = FakeLearner(events), FakeWeights(events)
+    prompts = FakePrompts(events, weights)
+    sampler = StuckSampler(prompts, weights, stuck="p2")
+    ch = Channels(prompts, sampler, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
+    opts = Options(B, G, 3, lag_policy="keep", poll_s=0.001, stall_timeout_s=5)
+    orch = Orchestrator(preset("pipeline", 1), opts, learner, ch)
+
+    def stop_after_step_2() -> None:  # Ctrl-C: the run ends with requests still out
+        if learner.version == 2:
+            raise KeyboardInterrupt
+
+    orch.health = stop_after_step_2
+    trained = []
+    train = learner.train
+    learner.train = lambda groups: (
+        trained.append(sum(g.num_tokens for g in groups)) or train(groups)
+    )
+    orch.start()
+    with pytest.raises(KeyboardInterrupt):
+        orch.run()
+    unfinished_tokens = orch.settle_unfinished()
+    led = learner.ledger
+    assert led.unfinished == 1 and led.balanced(), led
+    assert led.generated == led.trained + led.unfinished + led.in_flight
+    # every token generated was trained or is counted unfinished (keep: nothing stale)
+    assert sampler.tokens == sum(trained) + unfinished_tokens and unfinished_tokens >= 7
