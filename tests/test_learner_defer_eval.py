@@ -28,7 +28,9 @@ def test_deferred_evaluations_score_each_steps_weights_and_hold_none(tmp_path):
         model.weight.zero_()
     run = SimpleNamespace(
         model=model,
-        evaluate=lambda: float(model.weight.detach().sum()),  # "accuracy": a function of the weights
+        evaluate=lambda: float(
+            model.weight.detach().sum()
+        ),  # "accuracy": a function of the weights
         ledger=Ledger(),
         counters=Counter(),
         dir=tmp_path,

@@ -9,7 +9,13 @@ from typing import Any
 from slipstream.config import Config, load_config
 
 TIMING = (
-    "wall_s", "step_time_s", "time/", "tokens_per_s", "sampler_busy", "busy_frac", "goodput",
+    "wall_s",
+    "step_time_s",
+    "time/",
+    "tokens_per_s",
+    "sampler_busy",
+    "busy_frac",
+    "goodput",
     "weights/",
 )
 

@@ -225,13 +225,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-<<<<<<< HEAD
-    def forward(self, x, cos, sin, positions, cache, slots, mask=None):  # type: ignore[no-untyped-def]
+    def forward(self, x, cos, sin, positions, cache, slots, mask=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, slots, mask)
-=======
-    def forward(self, x, cos, sin, positions, cache, slots):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, cache, slots)
->>>>>>> defects
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

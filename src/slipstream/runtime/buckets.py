@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Hashable, Mapping
+from typing import TypeVar
 
 import torch
 
@@ -25,13 +26,16 @@ BUCKET_BYTES = 256 * 2**20
 enough that a timeout says where a transfer stopped."""
 
 
+K = TypeVar("K", bound=Hashable)
+
+
 class CollectiveTimeout(RuntimeError):
     """A collective did not complete within its timeout (a peer died or stopped answering)."""
 
 
 def plan_buckets(
-    sizes: Mapping[Hashable, int], bucket_bytes: int = BUCKET_BYTES
-) -> list[tuple[Hashable, int, int]]:
+    sizes: Mapping[K, int], bucket_bytes: int = BUCKET_BYTES
+) -> list[tuple[K, int, int]]:
     """`(key, start, stop)` byte ranges covering each buffer of `sizes` in order, each at
     most `bucket_bytes` long (an empty buffer has none)."""
     if bucket_bytes < 1:
@@ -44,7 +48,7 @@ def plan_buckets(
 
 
 def broadcast_buckets(
-    flats: Mapping[Hashable, torch.Tensor],
+    flats: Mapping[K, torch.Tensor],
     timeout_s: float,
     what: str,
     src: int = 0,

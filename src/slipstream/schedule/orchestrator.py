@@ -48,17 +48,18 @@ from __future__ import annotations
 import random
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slipstream.runtime.channels import Channels, PromptRequest, Router, SamplerMessage
+from slipstream.schedule import pipeline_state
 from slipstream.schedule.ledger import Ledger
+from slipstream.schedule.pipeline_state import OrchestratorState
 from slipstream.schedule.presets import ScheduleSpec
 from slipstream.schedule.step_stats import StepStats, group_lag
 from slipstream.schedule.tail import LengthModel
-from slipstream.types import FinishReason, Group, Prompt, Sample
+from slipstream.types import Group, Prompt
 
 
 class Learner(Protocol):
@@ -103,35 +104,6 @@ class Options:
     dynamic_sampling: bool = False  # DAPO: refill a window's filtered groups with new draws
     max_extra_draws: int = 32
     min_lag: int = 0  # measurement: hold groups back until their lag is min(min_lag, version)
-
-
-@dataclass
-class OrchestratorState:
-    issued: int = 0  # groups issued; also the next group id
-    batches_issued: int = 0  # fixed batching
-    windows: int = 0  # windows closed, with or without a step
-    empty_in_row: int = 0
-    out_of_bound: int = 0  # stale + aborted: no longer count against admission
-    consumed: int = 0  # continuous: groups taken into windows
-    outstanding: dict[int, PromptRequest] = field(default_factory=dict)  # issued, not back
-    queue: deque[tuple[Prompt, int]] = field(default_factory=deque)  # drawn (prompt, G), not issued
-    window: list[tuple[int, Group]] = field(default_factory=list)  # continuous: arrived, not taken
-    issue_version: dict[int, int] = field(
-        default_factory=dict
-    )  # min_lag: window group -> issued at
-    batches: dict[int, list[tuple[int, Group]]] = field(default_factory=dict)  # fixed: by batch
-    batch_left: dict[int, int] = field(default_factory=dict)  # fixed: groups not back yet
-    # the open window: every group it took, those the filters kept, its dynamic-sampling draws
-    step_groups: list[Group] = field(default_factory=list)
-    kept: list[Group] = field(default_factory=list)
-    extra: int = 0
-    need: int = 0  # continuous: arrivals the open window still takes
-    unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
-    reissue: deque[list[PromptRequest]] = field(default_factory=deque)  # chunks to send again
-    lost_ids: set[int] = field(default_factory=set)  # requests given up with a dead sampler
-    heard: dict[int, float] = field(default_factory=dict)  # sampler id -> last message time
-    ready: set[int] = field(default_factory=set)
-    t_last_msg: float = 0.0
 
 
 class Orchestrator:
@@ -535,46 +507,12 @@ class Orchestrator:
 
     # ---- checkpoint ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The work in the pipeline, as JSON: requests issued and not back (in flight, queued
-        at a sampler, or waiting to be sent), prompts drawn and not issued, groups back and not
-        yet trained, and the counters of windows and admission. Taken between two steps (the
-        open window holds nothing then). With the run's own checkpoint, a resumed run issues
-        the same requests again and trains the same groups: nothing skipped, nothing twice."""
-        st = self.state
-        assert not st.step_groups and not st.kept, "checkpoint between steps only"
-        return {
-            "issued": st.issued,
-            "batches_issued": st.batches_issued,
-            "windows": st.windows,
-            "out_of_bound": st.out_of_bound,
-            "consumed": st.consumed,
-            "requests": [_request_json(st.outstanding[g]) for g in sorted(st.outstanding)],
-            "queue": [[asdict(p), g] for p, g in st.queue],
-            "window": [[gid, asdict(g)] for gid, g in st.window],
-            "issue_version": {str(g): v for g, v in st.issue_version.items()},
-            "batches": {str(b): [[gid, asdict(g)] for gid, g in v] for b, v in st.batches.items()},
-            "batch_left": {str(b): n for b, n in st.batch_left.items()},
-        }
+        """The work in the pipeline, as JSON (`pipeline_state.to_json`); between steps only."""
+        return pipeline_state.to_json(self.state)
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore `state_dict()` before `start`: the requests go out again first."""
-        st = self.state
-        st.issued, st.batches_issued, st.windows = d["issued"], d["batches_issued"], d["windows"]
-        st.out_of_bound, st.consumed = d["out_of_bound"], d["consumed"]
-        reqs = [_request_from_json(r) for r in d["requests"]]
-        st.outstanding = {r.group_id: r for r in reqs}
-        st.queue = deque((Prompt(**p), g) for p, g in d["queue"])
-        st.window = [(gid, _group_from_json(g)) for gid, g in d["window"]]
-        st.issue_version = {int(g): v for g, v in d.get("issue_version", {}).items()}
-        st.batches = {
-            int(b): [(gid, _group_from_json(g)) for gid, g in v] for b, v in d["batches"].items()
-        }
-        st.batch_left = {int(b): n for b, n in d["batch_left"].items()}
-        if self.fixed:
-            for b in sorted({r.batch for r in reqs}):
-                st.reissue.append([r for r in reqs if r.batch == b])
-        else:
-            st.reissue.extend([r] for r in reqs)
+        pipeline_state.load_json(self.state, d, self.fixed)
 
     def summary(self) -> dict[str, Any]:
         """Run-level staleness and utilisation (over the whole loop)."""
@@ -621,18 +559,3 @@ class Orchestrator:
         if self.timeline is not None:
             o = self.stats.t_start
             self.timeline.interval(actor, kind, max(t0 - o, 0.0), max(t1 - o, 0.0))
-
-
-def _request_json(r: PromptRequest) -> dict[str, Any]:
-    return {**asdict(r), "seeds": list(r.seeds)}
-
-
-def _request_from_json(d: dict[str, Any]) -> PromptRequest:
-    return PromptRequest(**{**d, "prompt": Prompt(**d["prompt"]), "seeds": tuple(d["seeds"])})
-
-
-def _group_from_json(d: dict[str, Any]) -> Group:
-    samples = [
-        Sample(**{**s, "finish_reason": FinishReason(s["finish_reason"])}) for s in d["samples"]
-    ]
-    return Group(Prompt(**d["prompt"]), samples, d.get("advantages_G"))

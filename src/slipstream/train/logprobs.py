@@ -49,7 +49,7 @@ class _ChunkedLogProb(torch.autograd.Function):
     """`(h [N, H], w [V, H], targets [N]) -> (logp [N], entropy [N])`, chunk by chunk."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         h_NH: torch.Tensor,
         w_VH: torch.Tensor,
@@ -76,7 +76,7 @@ class _ChunkedLogProb(torch.autograd.Function):
         return logp, ent
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: Any, g_logp: torch.Tensor, _g_ent: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
         h_NH, w_VH, targets_N, lse = ctx.saved_tensors

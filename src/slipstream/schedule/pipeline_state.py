@@ -1,0 +1,103 @@
+"""The orchestrator's state: the work in the pipeline, and its JSON form for checkpoints.
+
+A checkpoint is taken between two steps (the open window holds nothing then). It holds the
+requests issued and not back (in flight, queued at a sampler, or waiting to be sent), the
+prompts drawn and not issued, the groups back and not yet trained, and the counters of windows
+and admission. With the run's own checkpoint, a resumed run issues the same requests again and
+trains the same groups: nothing skipped, nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slipstream.runtime.channels import PromptRequest
+from slipstream.types import FinishReason, Group, Prompt, Sample
+
+
+@dataclass
+class OrchestratorState:
+    issued: int = 0  # groups issued; also the next group id
+    batches_issued: int = 0  # fixed batching
+    windows: int = 0  # windows closed, with or without a step
+    empty_in_row: int = 0
+    out_of_bound: int = 0  # stale + aborted: no longer count against admission
+    consumed: int = 0  # continuous: groups taken into windows
+    outstanding: dict[int, PromptRequest] = field(default_factory=dict)  # issued, not back
+    queue: deque[tuple[Prompt, int]] = field(default_factory=deque)  # drawn (prompt, G), not issued
+    window: list[tuple[int, Group]] = field(default_factory=list)  # continuous: arrived, not taken
+    issue_version: dict[int, int] = field(
+        default_factory=dict
+    )  # min_lag: window group -> issued at
+    batches: dict[int, list[tuple[int, Group]]] = field(default_factory=dict)  # fixed: by batch
+    batch_left: dict[int, int] = field(default_factory=dict)  # fixed: groups not back yet
+    # the open window: every group it took, those the filters kept, its dynamic-sampling draws
+    step_groups: list[Group] = field(default_factory=list)
+    kept: list[Group] = field(default_factory=list)
+    extra: int = 0
+    need: int = 0  # continuous: arrivals the open window still takes
+    unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
+    reissue: deque[list[PromptRequest]] = field(default_factory=deque)  # chunks to send again
+    lost_ids: set[int] = field(default_factory=set)  # requests given up with a dead sampler
+    heard: dict[int, float] = field(default_factory=dict)  # sampler id -> last message time
+    ready: set[int] = field(default_factory=set)
+    t_last_msg: float = 0.0
+
+
+def to_json(st: OrchestratorState) -> dict[str, Any]:
+    """The work in the pipeline, as JSON: requests issued and not back (in flight, queued
+    at a sampler, or waiting to be sent), prompts drawn and not issued, groups back and not
+    yet trained, and the counters of windows and admission. Taken between two steps (the
+    open window holds nothing then). With the run's own checkpoint, a resumed run issues
+    the same requests again and trains the same groups: nothing skipped, nothing twice."""
+    assert not st.step_groups and not st.kept, "checkpoint between steps only"
+    return {
+        "issued": st.issued,
+        "batches_issued": st.batches_issued,
+        "windows": st.windows,
+        "out_of_bound": st.out_of_bound,
+        "consumed": st.consumed,
+        "requests": [_request_json(st.outstanding[g]) for g in sorted(st.outstanding)],
+        "queue": [[asdict(p), g] for p, g in st.queue],
+        "window": [[gid, asdict(g)] for gid, g in st.window],
+        "issue_version": {str(g): v for g, v in st.issue_version.items()},
+        "batches": {str(b): [[gid, asdict(g)] for gid, g in v] for b, v in st.batches.items()},
+        "batch_left": {str(b): n for b, n in st.batch_left.items()},
+    }
+
+
+def load_json(st: OrchestratorState, d: dict[str, Any], fixed: bool) -> None:
+    """Restore `state_dict()` before `start`: the requests go out again first."""
+    st.issued, st.batches_issued, st.windows = d["issued"], d["batches_issued"], d["windows"]
+    st.out_of_bound, st.consumed = d["out_of_bound"], d["consumed"]
+    reqs = [_request_from_json(r) for r in d["requests"]]
+    st.outstanding = {r.group_id: r for r in reqs}
+    st.queue = deque((Prompt(**p), g) for p, g in d["queue"])
+    st.window = [(gid, _group_from_json(g)) for gid, g in d["window"]]
+    st.issue_version = {int(g): v for g, v in d.get("issue_version", {}).items()}
+    st.batches = {
+        int(b): [(gid, _group_from_json(g)) for gid, g in v] for b, v in d["batches"].items()
+    }
+    st.batch_left = {int(b): n for b, n in d["batch_left"].items()}
+    if fixed:
+        for b in sorted({r.batch for r in reqs}):
+            st.reissue.append([r for r in reqs if r.batch == b])
+    else:
+        st.reissue.extend([r] for r in reqs)
+
+
+def _request_json(r: PromptRequest) -> dict[str, Any]:
+    return {**asdict(r), "seeds": list(r.seeds)}
+
+
+def _request_from_json(d: dict[str, Any]) -> PromptRequest:
+    return PromptRequest(**{**d, "prompt": Prompt(**d["prompt"]), "seeds": tuple(d["seeds"])})
+
+
+def _group_from_json(d: dict[str, Any]) -> Group:
+    samples = [
+        Sample(**{**s, "finish_reason": FinishReason(s["finish_reason"])}) for s in d["samples"]
+    ]
+    return Group(Prompt(**d["prompt"]), samples, d.get("advantages_G"))
