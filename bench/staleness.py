@@ -133,6 +133,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--out", default="bench_out/staleness")
+    ap.add_argument("--resume", action="store_true", help="keep the runs in OUT/results.json")
     args, extra = ap.parse_known_args(argv)
     lags = [int(x) for x in args.lags.split(",")]
     modes = args.modes.split(",")
@@ -140,10 +141,18 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    done: dict[str, dict[str, Any]] = {}
+    if args.resume and (out / "results.json").exists():  # runs finished by an earlier call
+        for key, runs in json.loads((out / "results.json").read_text()).items():
+            for r in runs:
+                done[f"{key}/{r['seed']}"] = r
     for seed in seeds:
         for k in lags:
             for mode in modes:
-                r = run_one(k, mode, seed, args.steps, out, extra)
+                r = done.get(f"{k}/{mode}/{seed}") or {
+                    **run_one(k, mode, seed, args.steps, out, extra),
+                    "seed": seed,
+                }
                 res.setdefault((k, mode), []).append(r)
                 print(
                     f"staleness: K={k} {mode} seed={seed}: acc {r['acc']:.3f} "

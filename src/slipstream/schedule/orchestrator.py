@@ -28,7 +28,8 @@ windows train (several close in one pass after a recovery, or with dynamic sampl
 group trains with a lag above K unless the policy is `keep`.
 
 `min_lag` (measurement only): a continuous window takes only groups whose request was issued
-at least `min(min_lag, version)` versions ago, earliest first. Admission issues B requests per
+at least `min(min_lag, windows)` windows ago, earliest first (a window is a version unless
+all its groups were filtered). Admission issues B requests per
 step, so from step `min_lag` on each step trains the groups started exactly `min_lag` versions
 earlier (their lag is `min_lag`, or less where a sampler loaded newer weights before starting).
 Holding by the token versions instead could starve: a request a sampler starts late, under
@@ -267,6 +268,8 @@ class Orchestrator:
         req = PromptRequest(st.issued, prompt, seeds, group_size, self.learner.version, batch)
         st.outstanding[req.group_id] = req
         st.issued += 1
+        if self.opts.min_lag:
+            st.issue_window[req.group_id] = st.windows
         return req
 
     # ---- receiving ------------------------------------------------------------------------------
@@ -315,8 +318,6 @@ class Orchestrator:
             st.batch_left[req.batch] -= 1
         else:
             st.window.append((req.group_id, group))
-            if self.opts.min_lag:
-                st.issue_version[req.group_id] = req.issue_version
 
     # ---- failures -------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -417,8 +418,9 @@ class Orchestrator:
             pairs = [p for p in pairs if not self._aged_out(p[1])]
         else:
             st.window = [p for p in st.window if not self._aged_out(p[1])]
-            if st.issue_version:  # forget the dropped ones
-                st.issue_version = {g: st.issue_version[g] for g, _ in st.window}
+            if st.issue_window:  # forget the dropped ones
+                alive = {g for g, _ in st.window} | set(st.outstanding)
+                st.issue_window = {g: w for g, w in st.issue_window.items() if g in alive}
             need = st.need or self.opts.batch_prompts
             ripe = self._ripe()
             if len(ripe) < need:
@@ -427,7 +429,7 @@ class Orchestrator:
             pairs = [p for i, p in enumerate(st.window) if i in taken]
             st.window = [p for i, p in enumerate(st.window) if i not in taken]
             for gid, _ in pairs:
-                st.issue_version.pop(gid, None)
+                st.issue_window.pop(gid, None)
             st.consumed += need
             st.need = 0
         return [g for _, g in sorted(pairs, key=lambda p: p[0])]
@@ -446,16 +448,17 @@ class Orchestrator:
 
     def _ripe(self) -> list[int]:
         """Indices into the continuous window of the groups a window may take, in the order it
-        takes them: all in arrival order, or with `min_lag` those issued at least
-        `min(min_lag, version)` versions ago, earliest first."""
+        takes them: all in arrival order, or with `min_lag` m those issued at least `min(m, w)`
+        windows ago (w the windows closed), earliest first. Windows, not versions: a window
+        that trains nothing (all filtered) does not move the version, and waiting on the
+        version would then wait forever."""
         window, m = self.state.window, self.opts.min_lag
         if not m:
             return list(range(len(window)))
-        v, issued = self.learner.version, self.state.issue_version
-        ripe = [i for i, (gid, _) in enumerate(window) if v - issued.get(gid, 0) >= min(m, v)]
-        return sorted(ripe, key=lambda i: (issued.get(window[i][0], 0), window[i][0]))
+        w, at = self.state.windows, self.state.issue_window
+        ripe = [i for i, (gid, _) in enumerate(window) if w - at.get(gid, 0) >= min(m, w)]
+        return sorted(ripe, key=lambda i: (at.get(window[i][0], 0), window[i][0]))
 
-    # ---- a step ---------------------------------------------------------------------------------
     def close_window(self, groups: list[Group]) -> None:
         """Settle `groups` (filters, advantages); with dynamic sampling, wait for replacements
         of filtered groups; then one optimizer step on the kept groups, publish, issue, record."""

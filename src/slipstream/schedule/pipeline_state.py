@@ -28,9 +28,8 @@ class OrchestratorState:
     outstanding: dict[int, PromptRequest] = field(default_factory=dict)  # issued, not back
     queue: deque[tuple[Prompt, int]] = field(default_factory=deque)  # drawn (prompt, G), not issued
     window: list[tuple[int, Group]] = field(default_factory=list)  # continuous: arrived, not taken
-    issue_version: dict[int, int] = field(
-        default_factory=dict
-    )  # min_lag: window group -> issued at
+    # min_lag: group id -> windows closed when it was issued
+    issue_window: dict[int, int] = field(default_factory=dict)
     batches: dict[int, list[tuple[int, Group]]] = field(default_factory=dict)  # fixed: by batch
     batch_left: dict[int, int] = field(default_factory=dict)  # fixed: groups not back yet
     # the open window: every group it took, those the filters kept, its dynamic-sampling draws
@@ -62,7 +61,7 @@ def to_json(st: OrchestratorState) -> dict[str, Any]:
         "requests": [_request_json(st.outstanding[g]) for g in sorted(st.outstanding)],
         "queue": [[asdict(p), g] for p, g in st.queue],
         "window": [[gid, asdict(g)] for gid, g in st.window],
-        "issue_version": {str(g): v for g, v in st.issue_version.items()},
+        "issue_window": {str(g): v for g, v in st.issue_window.items()},
         "batches": {str(b): [[gid, asdict(g)] for gid, g in v] for b, v in st.batches.items()},
         "batch_left": {str(b): n for b, n in st.batch_left.items()},
     }
@@ -76,7 +75,7 @@ def load_json(st: OrchestratorState, d: dict[str, Any], fixed: bool) -> None:
     st.outstanding = {r.group_id: r for r in reqs}
     st.queue = deque((Prompt(**p), g) for p, g in d["queue"])
     st.window = [(gid, _group_from_json(g)) for gid, g in d["window"]]
-    st.issue_version = {int(g): v for g, v in d.get("issue_version", {}).items()}
+    st.issue_window = {int(g): v for g, v in d.get("issue_window", {}).items()}
     st.batches = {
         int(b): [(gid, _group_from_json(g)) for gid, g in v] for b, v in d["batches"].items()
     }
