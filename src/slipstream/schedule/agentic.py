@@ -9,14 +9,12 @@ builds any token-level `Env` from (row, tokenizer).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import itertools
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from slipstream import imports
 from slipstream.config import Config, ConfigError
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
@@ -42,26 +40,7 @@ END_REASONS = ("done", "max_turns", "max_tokens", "length", "timeout", "error", 
 
 def load_object(spec: str, key: str) -> object:
     """`package.module:name` or `path/to/file.py:name`; a `ConfigError` naming `key`."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise ConfigError(f"{key}: expected 'module:name' or 'file.py:name', got {spec!r}")
-    if target.endswith(".py"):
-        file = Path(target)
-        if not file.exists():
-            raise ConfigError(f"{key}: no such file {file}")
-        mod_spec = importlib.util.spec_from_file_location(file.stem, file)
-        assert mod_spec is not None and mod_spec.loader is not None
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise ConfigError(f"{key}: cannot import {target!r} ({e})") from None
-    obj = getattr(module, name, None)
-    if obj is None:
-        raise ConfigError(f"{key}: {target} has no {name!r}")
-    return obj
+    return imports.load_object(spec, key, ConfigError)
 
 
 def load_tool_class(spec: str) -> type:

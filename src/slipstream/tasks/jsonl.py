@@ -3,11 +3,9 @@ the error every bad task file or reward raises (datasets: tasks.datasets, tasks.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
-from pathlib import Path
 
+from slipstream.imports import load_object
 from slipstream.tasks.base import RewardFn
 from slipstream.tasks.deadline import call_with_deadline
 from slipstream.types import Prompt
@@ -68,25 +66,8 @@ def load_reward(spec: str) -> RewardFn:
     """`math_verify`, `exact`, `package.module:function` or `path/to/file.py:function`."""
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name:
-        raise TaskError(
-            f"reward {spec!r}: expected {', '.join(BUILTIN_REWARDS)}, 'module:function' or 'file.py:function'"
-        )
-    if target.endswith(".py"):
-        file = Path(target)
-        if not file.exists():
-            raise TaskError(f"reward {spec!r}: no such file {file}")
-        mod_spec = importlib.util.spec_from_file_location(file.stem, file)
-        assert mod_spec is not None and mod_spec.loader is not None
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise TaskError(f"reward {spec!r}: cannot import {target!r} ({e})") from None
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise TaskError(f"reward {spec!r}: {target} has no function {name!r}")
+    what = f"reward {spec!r}"
+    expected = f"{', '.join(BUILTIN_REWARDS)}, 'module:function' or 'file.py:function'"
+    fn = load_object(spec, what, TaskError, expected, noun="function")
+    assert callable(fn)
     return fn

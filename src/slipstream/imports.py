@@ -1,0 +1,39 @@
+"""Loading a user's object by name: `package.module:name` or `path/to/file.py:name`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+
+
+def load_object(
+    spec: str,
+    what: str,
+    error: type[Exception],
+    expected: str = "'module:name' or 'file.py:name'",
+    noun: str = "",
+) -> object:
+    """The object `spec` names. Any problem raises `error` with a one-line message that starts
+    with `what` (the setting or the thing being loaded) and says what was `expected`;
+    `noun="function"` also requires the object to be callable."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name:
+        raise error(f"{what}: expected {expected}, got {spec!r}")
+    if target.endswith(".py"):
+        file = Path(target)
+        if not file.exists():
+            raise error(f"{what}: no such file {file}")
+        mod_spec = importlib.util.spec_from_file_location(file.stem, file)
+        assert mod_spec is not None and mod_spec.loader is not None
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise error(f"{what}: cannot import {target!r} ({e})") from None
+    obj = getattr(module, name, None)
+    if obj is None or (noun == "function" and not callable(obj)):
+        raise error(f"{what}: {target} has no {noun + ' ' if noun else ''}{name!r}")
+    return obj
