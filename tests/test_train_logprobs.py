@@ -49,13 +49,15 @@ def _grads(model: CausalLM, loss: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def _assert_grads_close(got: dict, ref: dict) -> None:
-    """Gradients equal to 1e-6 of each tensor's largest entry: float32 spacing at |g| ~ 20
-    is 2e-6, so an absolute 1e-6 would fail on rounding of the summation order alone."""
+    """Gradients equal to 1e-5 of each tensor's largest entry. The chunked backward sums the
+    vocabulary in another order: a layer-norm weight's gradient, a sum over every position,
+    was seen 5.0e-6 off at scale 4.9 (1.0e-6 relative) on this CPU, so 1e-6 relative is at
+    float32's rounding and fails by chance; the log-probs themselves are held to 1e-6."""
     assert ref.keys() == got.keys()
     for name in ref:
         scale = float(ref[name].abs().max())
         err = float((got[name] - ref[name]).abs().max())
-        assert err <= 1e-6 * max(scale, 1.0), f"{name}: {err:.2e} off at scale {scale:.2e}"
+        assert err <= 1e-5 * max(scale, 1.0), f"{name}: {err:.2e} off at scale {scale:.2e}"
 
 
 def _loss(logp: torch.Tensor, ent: torch.Tensor, batch) -> torch.Tensor:
