@@ -137,7 +137,8 @@ def test_mask_metrics_reach_the_step_metrics() -> None:
 
 def test_auto_resolves_by_max_lag_and_sampler_numerics() -> None:
     assert resolve_proximal("auto", 0) == "none"
-    assert resolve_proximal("auto", 2) == "recompute"
+    assert resolve_proximal("auto", 2) == "loglinear"
     assert resolve_proximal("auto", 0, exact_sampler=False) == "recompute"
-    assert resolve_proximal("auto", 0, replay=True) == "recompute"  # replayed samples are old
-    assert resolve_proximal("loglinear", 0) == "loglinear"
+    assert resolve_proximal("auto", 2, exact_sampler=False) == "loglinear"
+    assert resolve_proximal("auto", 0, replay=True) == "loglinear"  # replayed samples are old
+    assert resolve_proximal("recompute", 4) == "recompute"

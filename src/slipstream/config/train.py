@@ -57,10 +57,12 @@ class TrainerConfig(_Section):
     proximal: Literal["auto", "none", "recompute", "loglinear"] = "auto"
     """The proximal policy of the decoupled objective (docs/algorithms.md). `none`: ratios
     against the sampler's log-probs, no behaviour weight. `recompute`: the weights at the start
-    of the step (AReaL's decoupled PPO; free here, since a step is one optimizer update).
-    `loglinear`: AReaL's interpolation between the sampler's and the current log-probs by
-    version. `auto`: `none` when no trained token can be stale (the schedule's max lag is 0 and
-    replay is off), `recompute` otherwise."""
+    of the step (AReaL's decoupled PPO; free here, since a step is one optimizer update, and for
+    the same reason without a binding trust region: it collapsed on stale data in
+    bench/staleness.py). `loglinear`: AReaL's interpolation between the sampler's and the
+    current log-probs by version. `auto`: `none` for fresh data from an exact sampler,
+    `recompute` for fresh data from an inexact (bfloat16) sampler, `loglinear` when data can be
+    stale (max lag above 0, or replay)."""
     eps_low: float | None = Field(None, ge=0.0)
     """PPO-family lower clip; None uses the loss's default."""
     eps_high: float | None = Field(None, ge=0.0)

@@ -44,12 +44,23 @@ PROXIMAL_MODES = ("none", "recompute", "loglinear")
 def resolve_proximal(
     mode: str, max_lag: int, exact_sampler: bool = True, replay: bool = False
 ) -> str:
-    """`auto`: `none` when no trained token can be stale (max lag 0, no replayed samples; a
-    step is always one optimizer update) and the sampler computes the trainer's log-probs
-    exactly, else `recompute`. Other modes are returned as they are."""
+    """`auto`, from bench/staleness.py's measurements (docs/algorithms.md, "Proximal policy"):
+
+    - no trained token can be stale (max lag 0, no replayed samples) and the sampler computes
+      the trainer's log-probs exactly: `none`;
+    - the same with an inexact sampler (bfloat16): `recompute`, whose weight corrects the
+      mismatch; the data is fresh, so the trust region it lacks does not bind (at K = 0 it
+      trained exactly as `none`);
+    - stale data: `loglinear`. A step is one optimizer update, so under `recompute` the
+      trust-region ratio is 1 and nothing clips: it collapsed at every forced lag K >= 2,
+      while `loglinear` keeps a clipped ratio and trained as well as `none`.
+
+    Other modes are returned as they are."""
     if mode != "auto":
         return mode
-    return "none" if max_lag == 0 and not replay and exact_sampler else "recompute"
+    if max_lag > 0 or replay:
+        return "loglinear"
+    return "none" if exact_sampler else "recompute"
 
 
 class Trainer:
