@@ -82,7 +82,7 @@ def _cell(values: list[float]) -> str:
 
 def table(res: dict[tuple[int, str], list[dict]]) -> str:
     head = (
-        "| K | proximal | final acc: mean (range) | lag after K | ESS token | mismatch/kl "
+        "| K | proximal | final acc: mean (range) | token lag mean after step K | ESS token | mismatch/kl "
         "| clip frac | masked frac | train s/step | stale groups |"
     )
     lines = [head, "|" + " --- |" * 10]
