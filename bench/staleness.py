@@ -1,7 +1,9 @@
 """Staleness and its correction on the built-in task: forced lag K x proximal policy x seeds.
 
 Every run is the `pipeline` schedule with `schedule.min_lag = schedule.max_lag = K` and
-`lag_policy = "drop"`, so from step K on every step trains on data exactly K versions old; the
+`lag_policy = "drop"`, so from step K on every step trains the groups issued K versions
+earlier (their tokens are at most K versions old, younger where the sampler had loaded newer
+weights before generating them: the table's token lag says how old they were); the
 trainer's proximal policy is `none` (ratios against the stale sampler, plain PPO), `recompute`
 (AReaL's decoupled PPO) or `loglinear` (its version interpolation). Same budget for all: the
 same steps, batch and seeds; runs are interleaved (seed, then K, then mode) so that a change
