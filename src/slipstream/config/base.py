@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection
 
 from pydantic import BaseModel, ConfigDict
 
@@ -11,7 +11,7 @@ class ConfigError(ValueError):
     """A bad configuration: the message is one line naming the key and what was expected."""
 
 
-def _check_name(key: str, value: str, valid: Any) -> None:
+def _check_name(key: str, value: str, valid: Collection[str]) -> None:
     if value not in valid:
         raise ValueError(f"{key}: unknown {value!r}; valid: {', '.join(valid)}")
 

@@ -19,12 +19,15 @@ from slipstream.schedule.orchestrator import Options, Orchestrator
 
 if TYPE_CHECKING:  # imported where they are used: building them starts torch work
     from slipstream.runtime.channels import Runtime
+    from slipstream.runtime.local import Interrupts
     from slipstream.schedule.learner import RunLearner
     from slipstream.schedule.sampler import SamplerSpec
     from slipstream.schedule.setup import Run
 
 
-def train_async(cfg: Config, signals: Any = None, resume: bool = False) -> dict[str, Any]:
+def train_async(
+    cfg: Config, signals: Interrupts | None = None, resume: bool = False
+) -> dict[str, Any]:
     """Train with `cfg.schedule` on the local or the Ray runtime (`runtime.kind`); the run
     folder is `train_sync`'s: config.toml, metrics.jsonl, ledger.json, summary.json,
     timeline.jsonl, rollouts, checkpoints/. Ctrl-C, SIGTERM and errors take the runtime's one
@@ -54,7 +57,7 @@ def train_async(cfg: Config, signals: Any = None, resume: bool = False) -> dict[
     return _train(cfg, signals or Interrupts(), resume)
 
 
-def _train(cfg: Config, signals: Any, resume: bool) -> dict[str, Any]:
+def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     """The run in this process: build, restore, start the samplers, loop, shut down, finish."""
     from slipstream.schedule.sync import finish, latest_checkpoint, restore, rewind
 
