@@ -30,6 +30,7 @@ from slipstream.config.system import (
     ScheduleConfig,
 )
 from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
+from slipstream.config.watchdog import WatchdogConfig
 from slipstream.text import is_text, read_text
 
 
@@ -52,6 +53,7 @@ class Config(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from slipstream.config import Config
+from slipstream.schedule.auto_lag import lag_control
 from slipstream.schedule.orchestrator import Options, Orchestrator
 
 if TYPE_CHECKING:  # imported where they are used: building them starts torch work
@@ -136,9 +138,10 @@ def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, Sampler
     from slipstream.schedule.presets import preset
     from slipstream.schedule.sampler import SamplerSpec
     from slipstream.schedule.setup import setup
+    from slipstream.schedule.watchdog import make_watchdog, orchestrated_rollback
     from slipstream.train.precision import channel_layout, parse_dtype
 
-    spec = preset(cfg.schedule.name, cfg.schedule.max_lag)
+    spec = preset(cfg.schedule.name, cfg.schedule.lag_bound)
     rc, sc = cfg.runtime, cfg.schedule
     B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, sc.redundant
     run = setup(cfg)
@@ -172,6 +175,13 @@ def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, Sampler
         min_lag=sc.min_lag,
     )
     orch = Orchestrator(spec, opts, learner, rt.channels, timeline=run.timeline, runtime=rt)
+    control = lag_control(cfg, spec.max_lag)
+    if control is not None:  # K of the first window; K_max sized the queues and samplers
+        orch.lag_control = control
+        orch.spec = replace(spec, max_lag=control.current)
+    learner.watchdog = make_watchdog(run, control.tighten if control is not None else None)
+    if learner.watchdog is not None:
+        learner.watchdog.rollback = orchestrated_rollback(run, learner, orch)
     dtype = parse_dtype(cfg.model.dtype)  # samplers hold the compute dtype, not the fp32 master
     slots = rc.sampler_slots or B * (G + r)
     sampler = SamplerSpec(

@@ -50,7 +50,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from slipstream.runtime.channels import Channels, PromptRequest, Router, SamplerMessage
@@ -131,6 +131,10 @@ class Orchestrator:
         self.lengths = LengthModel()
         self.fixed = spec.batching == "fixed"
         self._wait_span: list[float] | None = None
+        # schedule.auto_lag.LagControl: a step record -> K of the next window (None: K fixed)
+        self.lag_control: Callable[[dict[str, Any]], int] | None = None
+        # schedule.watchdog: after a rollback, True for a group of discarded policy versions
+        self.reject: Callable[[Group], bool] | None = None
 
     # ---- start ------------------------------------------------------------------------------
     def wait_ready(self, timeout: float) -> None:
@@ -307,6 +311,10 @@ class Orchestrator:
             return
         group = msg.group
         self.lengths.update(group.prompt, [s.num_tokens for s in group.samples])
+        if self.reject is not None and self.reject(group):
+            self.learner.ledger.discarded += 1
+            self._out_of_bound(req)
+            return
         lag = self.learner.version - group.oldest_version
         if lag > self.spec.max_lag and self.opts.lag_policy != "keep":
             self.learner.ledger.stale += 1
@@ -506,6 +514,9 @@ class Orchestrator:
             "filters/extra_draws": extra,
             **self.learner.ledger.flat(),
         }
+        if self.lag_control is not None:  # K changes here, between windows, and only here
+            self.spec = replace(self.spec, max_lag=self.lag_control(record))
+            self.issue()
         self.learner.after_step(record, groups)
 
     # ---- checkpoint ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ class Run:
     placement: placement.Placement = field(
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
     )
+    keep_steps: Callable[[], set[int]] | None = None  # checkpoints `keep` spares (watchdog)
 
     @property
     def params(self) -> SamplingParams:
@@ -509,7 +511,7 @@ def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
     """The trainer, with the proximal policy `auto` resolved against the schedule's max lag and
     whether the samplers compute the trainer's log-probs exactly: a bfloat16 sampler does not
     (tests/test_engine_bf16.py), the in-process engine shares the float32 master weights."""
-    max_lag = preset(cfg.schedule.name, cfg.schedule.max_lag).max_lag
+    max_lag = preset(cfg.schedule.name, cfg.schedule.lag_bound).max_lag
     exact = cfg.model.dtype == "float32" or cfg.runtime.kind == "inprocess"
     c = cfg.correction
     return Trainer(
