@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +29,7 @@ def test_climbs_to_the_largest_k_above_the_band_and_stays():
     auto = AutoLag(RULE, k=1)
     ks = drive(auto, lambda k: 1 - 0.04 * k, 300)
     assert ks[-1] == 5
-    assert all(b - a in (0, 1) for a, b in zip(ks, ks[1:]))  # only additive increases
+    assert all(b - a in (0, 1) for a, b in itertools.pairwise(ks))  # only additive increases
     assert len(set(ks[20:])) == 1  # constant conditions: no change after it settled
     assert [c[2] for c in auto.changes] == ["trainer_waits"] * 4
 
@@ -95,9 +97,9 @@ def test_config():
     ctl = lag_control(cfg, cfg.schedule.lag_bound)
     assert ctl is not None and ctl.current == 1 and cfg.schedule.lag_bound == 8
     assert lag_control(load_config(None, ['schedule.name="pipeline"']), 4) is None
-    with pytest.raises(ConfigError, match="schedule.max_lag"):
+    with pytest.raises(ConfigError, match=r"schedule\.max_lag"):
         load_config(None, ['schedule.max_lag="auto"'])  # sync
-    with pytest.raises(ConfigError, match="schedule.max_lag_min"):
+    with pytest.raises(ConfigError, match=r"schedule\.max_lag_min"):
         load_config(
             None, ['schedule.name="async"', "schedule.max_lag_min=5", "schedule.max_lag_max=2"]
         )

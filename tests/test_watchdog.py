@@ -152,7 +152,7 @@ def test_undone_and_empty_batch(tmp_path):
 
 
 def test_config_errors():
-    with pytest.raises(ConfigError, match="watchdog.actions.bogus"):
+    with pytest.raises(ConfigError, match=r"watchdog\.actions\.bogus"):
         load_config(None, ['watchdog.actions={bogus="warn"}'])
-    with pytest.raises(ConfigError, match="watchdog.actions"):
+    with pytest.raises(ConfigError, match=r"watchdog\.actions"):
         load_config(None, ['watchdog.actions={step_kl="explode"}'])
