@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests.tiny import read_jsonl
 
 from slipstream.config import Config, load_config
 from slipstream.schedule.sync import train_sync
-from tests.tiny import read_jsonl
 
 
 def small_cfg(tmp_path, name: str, *extra: str, steps: int) -> Config:
@@ -19,6 +19,7 @@ def small_cfg(tmp_path, name: str, *extra: str, steps: int) -> Config:
         "trainer.batch_prompts=8", "sampling.group_size=4", "eval.every=3", "eval.num_prompts=16",
         "filters.zero_variance=false", *extra,
     ])  # fmt: skip
+
 
 SPIKE = [
     "watchdog.enabled=true",

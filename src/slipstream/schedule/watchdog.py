@@ -149,7 +149,9 @@ class Watchdog:
         if self.first_alarm is None:
             self.first_alarm = step
         self.last_alarm = step
-        action = max((self.cfg.actions.get(a, "warn") for a, _ in found), key=STRENGTH.__getitem__)
+        action: str = max(
+            (self.cfg.actions.get(a, "warn") for a, _ in found), key=STRENGTH.__getitem__
+        )
         if action == "rollback":
             action = self._rollback(step)
         elif action == "tighten":
