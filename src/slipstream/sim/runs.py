@@ -71,7 +71,12 @@ class RunRecord:
 
     @property
     def max_lag(self) -> int:
-        return int(self._get("schedule", "max_lag", 0))
+        """K; under `max_lag = "auto"`, the largest K the run reached (its records' `schedule/max_lag`)."""
+        k = self._get("schedule", "max_lag", 0)
+        if k == "auto":
+            ks = [r["schedule/max_lag"] for r in self.metrics if "schedule/max_lag" in r]
+            return max(ks) if ks else int(self._get("schedule", "max_lag_max", 8))
+        return int(k)
 
     @property
     def num_samplers(self) -> int:
