@@ -103,3 +103,13 @@ def test_config():
         load_config(
             None, ['schedule.name="async"', "schedule.max_lag_min=5", "schedule.max_lag_max=2"]
         )
+
+
+def test_lag_control_state_round_trip():
+    ctl = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    for _ in range(3):
+        ctl({"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5})
+    ctl.tighten(2)
+    other = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    other.load_state_dict(ctl.state_dict())
+    assert other.state_dict() == ctl.state_dict() and other.auto.k == 4

@@ -134,6 +134,21 @@ class LagControl:
         self.zero_for = 0  # windows left under the watchdog's K = 0
         self.current = self.base_k
 
+    def state_dict(self) -> dict[str, Any]:
+        """For the checkpoint: a resumed run goes on with the same K and ceiling."""
+        auto = self.auto.state_dict() if self.auto is not None else None
+        return {
+            "base_k": self.base_k,
+            "zero_for": self.zero_for,
+            "current": self.current,
+            "auto": auto,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.base_k, self.zero_for, self.current = d["base_k"], d["zero_for"], d["current"]
+        if self.auto is not None and d.get("auto") is not None:
+            self.auto.load_state_dict(d["auto"])
+
     def tighten(self, windows: int) -> None:
         """The watchdog's `tighten`: K = 0 from the next window, for `windows` windows."""
         self.zero_for = max(self.zero_for, windows)

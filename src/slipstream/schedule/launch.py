@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slipstream.config import Config
-from slipstream.schedule.auto_lag import lag_control
+from slipstream.schedule.auto_lag import LagControl, lag_control
 from slipstream.schedule.orchestrator import Options, Orchestrator
 
 if TYPE_CHECKING:  # imported where they are used: building them starts torch work
@@ -78,10 +78,15 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
                 requests = saved["orchestrator"]["requests"]
                 run.info["episodes_restarted"] = sum(len(r["seeds"]) for r in requests)
     acc_start = saved.get("heldout_acc_start")
+    ctl = orch.lag_control if isinstance(orch.lag_control, LagControl) else None
+    if ctl is not None and "lag_control" in saved:
+        ctl.load_state_dict(saved["lag_control"])
+        orch.spec = replace(orch.spec, max_lag=ctl.current)
     learner.extra_state = lambda: {
         "orchestrator": orch.state_dict(),
         "heldout_acc_start": acc_start,
         "wall_s": time.perf_counter() - orch.stats.t_start,
+        **({"lag_control": ctl.state_dict()} if ctl is not None else {}),
     }
     orch.health = signals.raise_if_requested
     try:
