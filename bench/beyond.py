@@ -12,7 +12,7 @@ forecast of a run's duration (issue 22).
     best fixed, higher is better), the best fixed K picked per metric after the fact, which the
     controller is never told. Target: within 5 % on both (time <= 1.05, accuracy >= 0.95).
 (b) The watchdog: the same schedule at K = `--wd-lag`, a learning-rate spike injected at
-    step `--spike-at` (`watchdog.inject_lr_spike_*`), with the watchdog off, and with
+    step `--spike-at` (x `--spike-factor` for `--spike-steps` steps, `watchdog.inject_lr_spike_*`), with the watchdog off, and with
     `rollback` on the `step_kl`, `grad_spike` and `nonfinite` alarms; and an undisturbed run.
     `watchdog_acc_gap`: undisturbed final accuracy minus rollback's, in points (target <= 3).
 (c) The forecast: bench/forecast.py (issue 22, part 4) when it exists; its last JSON line's
@@ -34,7 +34,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SPIKE = ["watchdog.inject_lr_spike_factor=30.0", "watchdog.inject_lr_spike_steps=2"]
 ROLLBACK = [
     "watchdog.enabled=true",
     'watchdog.actions={step_kl="rollback", grad_spike="rollback", nonfinite="rollback"}',
@@ -125,7 +124,11 @@ def _k_path(ks: list[int]) -> str:
 
 def part_watchdog(args: argparse.Namespace, extra: list[str], done: dict) -> dict[str, dict]:
     base = [f"schedule.max_lag={args.wd_lag}", f"run.seed={args.wd_seed}"]
-    spike = [f"watchdog.inject_lr_spike_at={args.spike_at}", *SPIKE]
+    spike = [
+        f"watchdog.inject_lr_spike_at={args.spike_at}",
+        f"watchdog.inject_lr_spike_factor={args.spike_factor}",
+        f"watchdog.inject_lr_spike_steps={args.spike_steps}",
+    ]
     configs = {
         "undisturbed": base,
         "spike, no watchdog": [*base, *spike],
@@ -206,6 +209,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--wd-lag", type=int, default=2)
     ap.add_argument("--wd-seed", type=int, default=0)
     ap.add_argument("--spike-at", type=int, default=20)
+    ap.add_argument("--spike-factor", type=float, default=30.0)
+    ap.add_argument("--spike-steps", type=int, default=2)
     ap.add_argument("--out", default="bench_out/beyond")
     ap.add_argument("--resume", action="store_true", help="keep the runs in OUT/results.json")
     ap.add_argument("--skip-auto", action="store_true")
