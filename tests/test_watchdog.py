@@ -156,3 +156,16 @@ def test_config_errors():
         load_config(None, ['watchdog.actions={bogus="warn"}'])
     with pytest.raises(ConfigError, match=r"watchdog\.actions"):
         load_config(None, ['watchdog.actions={step_kl="explode"}'])
+
+
+def test_replay_discard_forgets_samples_of_undone_versions():
+    from slipstream.schedule.replay import ReplayBuffer
+
+    buf = ReplayBuffer()
+    buf.add(group([1, 2], reward=1.0))
+    g = group([5, 6], reward=1.0)
+    g.samples[0].completion_tokens = [3, 3]
+    buf.add(g)
+    assert len(buf) == 2
+    assert buf.discard(lambda s: undone(Group(g.prompt, [s]), 4, 6)) == 1
+    assert [s.versions_T for s in buf.successes("p")] == [[1, 2]]
