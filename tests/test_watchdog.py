@@ -169,3 +169,12 @@ def test_replay_discard_forgets_samples_of_undone_versions():
     assert len(buf) == 2
     assert buf.discard(lambda s: undone(Group(g.prompt, [s]), 4, 6)) == 1
     assert [s.versions_T for s in buf.successes("p")] == [[1, 2]]
+
+
+def test_spike_without_the_watchdog_is_injected_and_nothing_else(tmp_path):
+    wd, t, _ = watchdog(tmp_path, inject_lr_spike_at=1, inject_lr_spike_factor=5.0)
+    wd.active = False  # what make_watchdog builds for enabled = false with a spike
+    wd.before_step()
+    assert t.lr_scale == 5.0
+    rec = record(1, **{"train/step_kl": 99.0})
+    assert wd.observe(rec, []) == "" and "watchdog/alarms" not in rec

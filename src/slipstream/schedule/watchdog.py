@@ -77,7 +77,8 @@ class Watchdog:
         self.cfg, self.trainer, self.run_dir, self.log = cfg, trainer, run_dir, log
         self.tighten_lag = tighten_lag
         self.rollback: Callable[[Path, int], None] | None = None
-        trainer.measure_step_kl = cfg.step_kl_limit > 0
+        self.active = cfg.enabled  # False: only the injected spike (a run without a watchdog)
+        trainer.measure_step_kl = cfg.enabled and cfg.step_kl_limit > 0
         n = cfg.window
         self.entropy: deque[float] = deque(maxlen=n)
         self.grad_norm: deque[float] = deque(maxlen=n + 1)
@@ -130,11 +131,13 @@ class Watchdog:
     def observe(self, record: dict[str, Any], groups: list[Group]) -> str:
         """Check the step `record`; act; write `watchdog/*` into it. Returns the action taken
         ("" when no alarm fired)."""
+        if not self.active:
+            return ""
         return self._act(int(record["step"]), self.fired(record, groups), record)
 
     def observe_empty(self, groups: list[Group], step: int) -> str:
         """A batch that left nothing to train on: all rewards equal is `reward_constant`."""
-        if self.cfg.reward_constant_steps == 0 or reward_std(groups) >= 1e-6:
+        if not self.active or self.cfg.reward_constant_steps == 0 or reward_std(groups) >= 1e-6:
             return ""
         return self._act(step, [("reward_constant", "a batch with every reward the same")], {})
 
@@ -203,7 +206,11 @@ class Watchdog:
     def hold_checkpoint(self) -> bool:
         """True while an alarm episode is open and a rollback may still come: no checkpoint
         of suspect weights is taken then."""
-        can = "rollback" in self.cfg.actions.values() and self.rollbacks < self.cfg.max_rollbacks
+        can = (
+            self.active
+            and "rollback" in self.cfg.actions.values()
+            and self.rollbacks < self.cfg.max_rollbacks
+        )
         return can and self.first_alarm is not None
 
     def summary(self) -> dict[str, Any]:
@@ -224,9 +231,11 @@ def undone(group: Group, first_bad: int, last_bad: int) -> bool:
 
 
 def make_watchdog(run: Run, tighten_lag: Callable[[int], None] | None = None) -> Watchdog | None:
-    """The run's watchdog (None with `watchdog.enabled = false`); its rollback target is
-    protected from `checkpoint.keep` (`Run.keep_steps`)."""
-    if not run.cfg.watchdog.enabled:
+    """The run's watchdog (None with `watchdog.enabled = false` and no injected spike; with
+    the spike alone, one that only injects it); its rollback target is protected from
+    `checkpoint.keep` (`Run.keep_steps`)."""
+    c = run.cfg.watchdog
+    if not c.enabled and not c.inject_lr_spike_at:
         return None
     wd = Watchdog(run.cfg.watchdog, run.trainer, run.dir, run.view.log, tighten_lag)
     run.keep_steps = wd.protected
