@@ -42,6 +42,7 @@ from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.presets import preset
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
+from slipstream.sim.forecast import OnlineForecast
 from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
 from slipstream.tasks.guard import (
     ERRORS,
@@ -106,6 +107,7 @@ class Run:
     placement: placement.Placement = field(
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
     )
+    forecast: OnlineForecast | None = None  # time to the end, added to each step record
 
     @property
     def params(self) -> SamplingParams:
@@ -584,4 +586,6 @@ def setup(cfg: Config) -> Run:
         eval_sets=sets,
         placement=where,
         max_len=skip_len,
+        # the simulations behind the forecast are redone 50 times a run at most
+        forecast=OnlineForecast(run_dir, cfg.run.steps, cfg.eval.every, cfg.run.steps // 50),
     )
