@@ -17,7 +17,7 @@ runs already in DIR). Prints a table and ends with one JSON line:
 `{"forecast_error_at_10pct", "forecast_error_at_25pct", "forecast_error_at_50pct"` (median
 absolute relative error of the remaining time over the runs), `"forecast_coverage"` (share of
 the runs x checkpoints whose actual remainder lies in the 90 % interval), `"pace_error_at_25pct"`,
-`"runs"`, `"steps"}`. bench/beyond.py calls `measure`.
+`"runs"`, `"steps"}`. bench/beyond.py calls `run_and_measure` (or `measure` on run folders).
 """
 
 from __future__ import annotations
@@ -90,7 +90,12 @@ def score_run(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 def measure(dirs: list[Path]) -> dict[str, Any]:
     """The figures of the module doc over the runs in `dirs`, plus each forecast."""
-    scored = {str(d): score_run(read_rows(d)) for d in dirs}
+    return measure_rows({str(d): read_rows(d) for d in dirs})
+
+
+def measure_rows(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """`measure` on step records already read, by run name."""
+    scored = {name: score_run(rows) for name, rows in runs.items()}
     line: dict[str, Any] = {}
     for i, frac in enumerate(CHECKPOINTS):
         pts = [s[i] for s in scored.values()]
@@ -101,8 +106,13 @@ def measure(dirs: list[Path]) -> dict[str, Any]:
     every = [p for s in scored.values() for p in s]
     hits = sum(p["lo_s"] <= p["actual_s"] <= p["hi_s"] for p in every)
     line["forecast_coverage"] = round(hits / len(every), 4)
-    line["runs"] = len(dirs)
+    line["runs"] = len(runs)
     return {"line": line, "forecasts": scored}
+
+
+def run_and_measure(out: Path, runs: int = 5, steps: int = 50, batch: int = 32) -> dict[str, Any]:
+    """Train the runs and return the JSON line's figures (for bench/beyond.py)."""
+    return measure(train_runs(out, runs, steps, batch))["line"]
 
 
 def table(scored: dict[str, list[dict[str, float]]]) -> str:

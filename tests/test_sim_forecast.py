@@ -124,3 +124,31 @@ def test_live_view_shows_the_interval() -> None:
     rec["forecast/remaining_hi_s"] = 190.0
     assert fields(rec, eta_s=50.0) == [("ETA", "2m05s (90%: 1m40s-3m10s)")]
     assert fields({}, eta_s=50.0) == [("ETA", "50s")]
+
+
+def _bench():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "bench" / "forecast.py"
+    spec = importlib.util.spec_from_file_location("bench_forecast", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_scores_the_logged_forecasts_against_the_end() -> None:
+    bench = _bench()
+    rows = rows_of([1.0] * 20)  # walls 1.1, 2.2, ..., 22.0
+    for r in rows:
+        left = 20 - r["step"]
+        r |= {"forecast/remaining_s": 1.1 * left * 1.1}  # 10 % high
+        r |= {"forecast/remaining_lo_s": 1.1 * left, "forecast/remaining_hi_s": 1.1 * left * 1.2}
+    pts = bench.score_run(rows)
+    assert [p["step"] for p in pts] == [3, 5, 10]  # 10 % of 20 is 2: the third step at least
+    assert pts[1]["actual_s"] == pytest.approx(1.1 * 15)
+    assert pts[1]["pace_s"] == pytest.approx(1.1 * 15)  # the pace since step 1 is exact here
+    line = bench.measure_rows({"a": rows, "b": rows})["line"]
+    assert line["forecast_error_at_25pct"] == pytest.approx(0.1)
+    assert line["pace_error_at_25pct"] == pytest.approx(0.0)
+    assert line["forecast_coverage"] == 1.0 and line["runs"] == 2
