@@ -586,6 +586,8 @@ def setup(cfg: Config) -> Run:
         eval_sets=sets,
         placement=where,
         max_len=skip_len,
-        # the simulations behind the forecast are redone 50 times a run at most
-        forecast=OnlineForecast(run_dir, cfg.run.steps, cfg.eval.every, cfg.run.steps // 50),
+        # the forecast's simulations (~0.1 s) are redone every 5 steps or 20 times a run
+        forecast=OnlineForecast(
+            run_dir, cfg.run.steps, cfg.eval.every, max(5, cfg.run.steps // 20)
+        ),
     )
