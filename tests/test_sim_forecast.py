@@ -54,6 +54,11 @@ def test_eval_cost_separates_evaluations_from_overhead() -> None:
     rows = rows_of([1.0] * 20, eval_every=5, eval_s=2.0)
     evaluation, overhead = eval_cost(rows, 5)
     assert evaluation == pytest.approx(2.0) and overhead == pytest.approx(0.1)
+    # before the first periodic evaluation, the one at the start (in the first row's clock)
+    early = rows_of([1.0] * 4, eval_every=5)
+    for r in early:
+        r["wall_s"] += 3.0
+    assert eval_cost(early, 5) == (pytest.approx(3.0), pytest.approx(0.1))
 
 
 def test_constant_steps_forecast_exactly() -> None:

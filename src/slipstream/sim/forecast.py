@@ -12,8 +12,9 @@ At step k of N, from the step records written so far (the rows of metrics.jsonl)
    `mean(step_time_s) x mu_new / mu_obs` each (the simulator's ratio corrects the measured pace
    for the newer lengths; its absolute error, e.g. from processes sharing cores, cancels);
 4. add the wall time a step record holds besides its step: the evaluations still due (every
-   `eval.every` steps and at the last, at the measured duration of one) and the per-step
-   overhead (median of `wall_s` increments minus `step_time_s` on steps without evaluation).
+   `eval.every` steps and at the last, at the measured duration of one, the one at the start
+   included) and the per-step overhead (median of `wall_s` increments minus `step_time_s` on
+   steps without evaluation).
 
 The interval: step times are not independent (a busy machine slows a stretch of steps), so
 log step times (rows after the first) are modelled as AR(1): variance and lag-1 correlation
@@ -106,17 +107,21 @@ def log_ar1(x: np.ndarray) -> tuple[float, float]:
 
 def eval_cost(rows: list[dict[str, Any]], eval_every: int) -> tuple[float, float]:
     """(seconds of one evaluation, per-step overhead) from wall_s increments (module doc, 4).
-    An increment holds an evaluation when its step or the one before is a multiple of
-    `eval_every` (the sync loop times its record after evaluating, the async learner before)."""
-    extra: list[float] = []
-    plain: list[float] = []
+    The evaluation after step e lands in the increment of step e (the sync loop times its
+    record after evaluating) or of step e + 1 (the async learner, before): the larger of the two
+    counts; the first row's wall clock beyond its step is the evaluation at the start. Steps
+    next to no evaluation give the overhead."""
+    over = {int(rows[0]["step"]): float(rows[0]["wall_s"]) - float(rows[0]["step_time_s"])}
     for prev, row in itertools.pairwise(rows):
-        over = float(row["wall_s"]) - float(prev["wall_s"]) - float(row["step_time_s"])
         step = int(row["step"])
-        (extra if step % eval_every in (0, 1) else plain).append(over)
-    overhead = float(np.median(plain)) if plain else 0.0
-    evaluation = float(np.median(extra)) - overhead if extra else 0.0
-    return max(evaluation, 0.0), max(overhead, 0.0)
+        over[step] = float(row["wall_s"]) - float(prev["wall_s"]) - float(row["step_time_s"])
+    first = int(rows[0]["step"])
+    plain = [v for s, v in over.items() if s != first and s % eval_every not in (0, 1)]
+    overhead = max(float(np.median(plain)), 0.0) if plain else 0.0
+    evals = [over[first]] + [
+        max(v, over.get(s + 1, v)) for s, v in over.items() if s % eval_every == 0 and s != first
+    ]
+    return max(float(np.median(evals)) - overhead, 0.0), overhead
 
 
 def sim_step_s(run: RunRecord, lens: list[list[int]], steps: int, seeds: int) -> float:
