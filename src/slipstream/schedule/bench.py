@@ -233,7 +233,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-every", type=int, default=5, help="evaluate every N steps")
     p.add_argument("--out", default=None, help="output folder (default runs/bench-<UTC time>)")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read back a run whose folder already holds summary.json instead of training it "
+        "(finish an interrupted bench)",
+    )
     return p
+
+
+def reuse(name: str, folder: Path) -> dict[str, Any] | None:
+    """A finished run's summary (the in-process loop's on the bench's clock); None if absent."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if name == INPROCESS:
+        summary |= inprocess_view(folder, summary["heldout_acc_start"])
+    return summary
 
 
 def bench_schedules_main(argv: list[str]) -> int:
@@ -252,13 +269,22 @@ def bench_schedules_main(argv: list[str]) -> int:
         for n in names:
             print(f"bench: {n} seed {seed} ...", flush=True)
             folder = out / f"seed{seed}" / n if len(seeds) > 1 else out / n
-            s = per_seed[-1][n] = run_config(n, folder, args.overrides, args.eval_every, seed)
+            s = (reuse(n, folder) if args.reuse else None) or run_config(
+                n, folder, args.overrides, args.eval_every, seed
+            )
+            per_seed[-1][n] = s
             acc = f"{s['heldout_acc_start']:.3f} -> {s['heldout_acc_end']:.3f}"
             print(f"bench: {n} seed {seed}: {s['wall_s']:.0f}s, held-out {acc}", flush=True)
     first = per_seed[0][names[0]]
     target = (
         args.target if args.target is not None else first["heldout_acc_start"] + args.target_gain
     )
+    report(per_seed, seeds, target, out)
+    return 0
+
+
+def report(per_seed: list[dict[str, Any]], seeds: list[int], target: float, out: Path) -> None:
+    """Print and save the table and the JSON line of the module doc."""
     agg = aggregate(per_seed, target)
     base = baseline(agg)
     vs = {b: ratios(per_seed, b, target) for b in SYNCS if b in agg and "pipeline" in agg}
@@ -288,4 +314,3 @@ def bench_schedules_main(argv: list[str]) -> int:
         json.dumps({**line, "runs": runs}, indent=2, default=str)
     )
     print(json.dumps(line))
-    return 0
