@@ -407,11 +407,16 @@ def test_bench_schedules_ratios_medians_and_baseline():
         {"sync_inprocess": run(12, 24), "sync": run(None, 40), "pipeline": run(4, 12)},
         {"sync_inprocess": run(20, 30), "sync": run(30, 40), "pipeline": run(None, 15)},
     ]
-    agg = aggregate(per_seed, 0.4)
+    agg = aggregate(per_seed, [0.4] * 3)
     assert agg["sync_inprocess"]["time_to_target_s"] == 12 and agg["sync"]["reached"] == "2/3"
     assert agg["pipeline"]["time_to_target_range"] == [4, 5]
     assert baseline(agg) == "sync_inprocess"
-    r = ratios(per_seed, "sync_inprocess", 0.4)
+    r = ratios(per_seed, "sync_inprocess", [0.4] * 3)
     # speedups 10/5 = 2 and 12/4 = 3 (seed 2: pipeline never); walls 0.5, 0.5, 0.5
     assert r["speedup"] == 2.5 and r["speedup_range"] == [2, 3] and r["speedup_seeds"] == 2
     assert r["wall_ratio"] == 0.5 and r["wall_ratio_range"] == [0.5, 0.5]
+    # a time of 0 (reached at the start) is a time, not "never": it wins the baseline
+    zero = {**agg, "sync": {**agg["sync"], "time_to_target_s": 0.0}}
+    assert baseline(zero) == "sync"
+    # per-seed targets: seed 0's 0.6 is never reached, seeds 1-2 as before
+    assert aggregate(per_seed, [0.6, 0.4, 0.4])["sync_inprocess"]["reached"] == "2/3"
