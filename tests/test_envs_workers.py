@@ -41,7 +41,7 @@ def _rows(modes: dict[str, str], sleep_s: float = 0.0) -> list[tuple[Prompt, str
     ]
 
 
-@pytest.mark.slow  # ~3 s: starts a forkserver and worker processes
+@pytest.mark.slow  # ~9 s here: starts a forkserver (slipstream imported) and 5 workers
 def test_process_workers_end_each_episode_once_with_its_reason() -> None:
     """Errors, a timed-out step (its worker SIGKILLed, the episode on it with it: `crash`), an
     externally SIGKILLed worker, and healthy episodes that finish; the run goes on."""

@@ -203,7 +203,15 @@ class ProcessWorkers:
         proc = self.ctx.Process(
             target=_worker_main, args=(theirs, self.factory), name="slipstream-env", daemon=True
         )
-        proc.start()
+        # a sampler is a daemonic process, which multiprocessing forbids children lest they
+        # outlive it; these cannot: each exits when its pipe to the sampler closes
+        config = mp.current_process()._config  # type: ignore[attr-defined]
+        daemon = config.get("daemon")
+        config["daemon"] = False
+        try:
+            proc.start()
+        finally:
+            config["daemon"] = daemon
         theirs.close()
         return _Worker(proc, ours)
 
