@@ -42,7 +42,7 @@ from slipstream.schedule.episodes import Episode, EpisodeRunner, run_episodes
 from slipstream.tasks.arithmetic import RunningSums
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import unguarded
-from slipstream.train.warmstart import warm_start
+from slipstream.train.warmstart import warm_start, ws_seed
 from slipstream.types import Group, Prompt, Sample
 
 TOOLS_WARMSTART = "tools2"  # the agentic task's warm-start cache entry (bump on changes)
@@ -120,7 +120,7 @@ def warm_start_tools(
         "warm start of the built-in model on tool-using traces (cached after the first run)..."
     )
     model, tok, info = warm_start(
-        sums, cfg.warmstart, cfg.run.seed, evaluate, report, init=init, make_sample=trace,
+        sums, cfg.warmstart, ws_seed(cfg), evaluate, report, init=init, make_sample=trace,
         tag=TOOLS_WARMSTART,
     )  # fmt: skip
     view.log(

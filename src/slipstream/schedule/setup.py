@@ -56,7 +56,7 @@ from slipstream.tasks.rewards import CombinedReward, RewardPart
 from slipstream.tasks.rows import read_prompts
 from slipstream.train.precision import parse_dtype
 from slipstream.train.trainer import Trainer, resolve_proximal
-from slipstream.train.warmstart import warm_start
+from slipstream.train.warmstart import warm_start, ws_seed
 from slipstream.types import FinishReason, Group, Prompt
 
 # Counters of `Run.counters`, cumulative over the run (the sync loop reports per-step deltas).
@@ -455,7 +455,7 @@ def build_model(
             view.log(f"warm start: step {step} loss {loss:.3f} held-out acc {acc:.3f}")
 
     view.log("warm start of the built-in model (cached after the first run)...")
-    model, tok, info = warm_start(builtin, cfg.warmstart, cfg.run.seed, evaluate, report)
+    model, tok, info = warm_start(builtin, cfg.warmstart, ws_seed(cfg), evaluate, report)
     tok = tok.with_stop_strings(cfg.sampling.stop)
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
