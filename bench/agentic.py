@@ -143,6 +143,8 @@ def main(argv: list[str]) -> int:
                 rows.append(
                     {"tail": tail, "seed": seed, "schedule": sched, **measures(res, args.target)}
                 )
+                with open(out / "rows.jsonl", "a") as f:  # kept if a later run fails
+                    f.write(json.dumps(rows[-1]) + "\n")
     print(
         "| tail p99/median | seed | schedule | time to target (s) | final acc | engine busy | lag mean | ESS tok | turns | ledger |"
     )
