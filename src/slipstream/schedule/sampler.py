@@ -19,8 +19,8 @@ What the schedule decides here (`ScheduleSpec`):
   this bias to cut the straggler wait; report it next to any accuracy claim).
 
 With `env.tools` every member is a multi-turn episode (schedule.episodes): a turn that ends
-leaves the engine, its environment steps in a worker process (envs.workers) while the engine decodes the
-others, and its continuation joins the front of the backlog. A member is finished when its
+leaves the engine, its environment steps in a worker process (envs.workers) while the engine
+decodes the others, and its continuation joins the front of the backlog. A member is finished when its
 episode ends; "idle" (for weight loads between batches) then also means no episode in flight.
 """
 
