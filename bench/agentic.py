@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
     extra = [*tiny, *args.overrides] if args.tiny else args.overrides
     rows = []
     sweep = seeds if args.sweep_seeds is None else [int(x) for x in args.sweep_seeds.split(",")]
-    for tail in tails:
+    for tail in sorted(tails, reverse=True):  # the largest first: the headline runs
         for seed in seeds if tail == max(tails) else sweep:
             for sched in SCHEDULES:
                 async_tails = [float(x) for x in args.async_tails.split(",") if x]
