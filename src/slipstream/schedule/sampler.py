@@ -187,6 +187,8 @@ class SamplerWorker:
                     self.runner.wait(self.poll_s)  # only environments have work: wait for one
                     self._account("wait", t0)
                     continue
+                if st.draining:  # the last episodes just ended: load the weights first
+                    continue  # (admitting work here would restart the drain, for ever)
                 self._wait_for_work(ch)
                 continue
             t0 = time.perf_counter()
