@@ -38,3 +38,11 @@ def test_non_finite_step_is_skipped_and_changes_nothing():
     metrics = trainer.step([_group(tok, [1.0, -1.0])])
     assert metrics["train/skipped"] == 0.0 and trainer.version == 3
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_adamw_betas_come_from_the_config():
+    model, tok = init_builtin(seed=0)
+    default = Trainer(model, TrainerConfig(), temperature=1.0, pad_id=tok.pad_id)
+    assert default.opt.param_groups[0]["betas"] == (0.9, 0.99)
+    trl = Trainer(model, TrainerConfig(betas=(0.9, 0.999)), temperature=1.0, pad_id=tok.pad_id)
+    assert trl.opt.param_groups[0]["betas"] == (0.9, 0.999)
