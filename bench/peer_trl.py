@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_harness as harness  # noqa: E402
+import peer_harness as harness
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "peer_trl_worker.py"
@@ -61,13 +61,18 @@ WORKER = Path(__file__).resolve().parent / "peer_trl_worker.py"
 def setup_venv(venv: Path) -> None:
     """TRL in its own virtual environment; torch==2.13.0 first (the CPU wheel), then trl."""
     if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable.replace("python", "python3"), "-m", "venv", str(venv)], check=False)
+        subprocess.run(
+            [sys.executable.replace("python", "python3"), "-m", "venv", str(venv)], check=False
+        )
         if not (venv / "bin" / "python").exists():
             subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "torch==2.13.0"], check=True)
     subprocess.run([*pip, "trl", "transformers"], check=True)
-    subprocess.run([str(venv / "bin" / "python"), "-c", "import trl; print('trl', trl.__version__)"], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import trl; print('trl', trl.__version__)"],
+        check=True,
+    )
 
 
 def build(out: Path, warm_acc: float) -> tuple[Path, Path, Path, dict]:
@@ -131,8 +136,11 @@ def run_slipstream(model, train, held, out: Path, a, seed: int) -> dict:
     assert len(ends) == a.steps, (len(ends), a.steps)
     summary = json.loads((run / "summary.json").read_text())
     folder = lambda s: run / "checkpoints" / f"step_{s:06d}" / "model"  # noqa: E731
+    mid = [r for r in recs if 2 <= r["step"] < a.steps and r["step"] != a.snapshot + 1]
+    split = {k: statistics.fmean(r[k] for r in mid) for k in ("time/generate_s", "time/train_s")}
     return {
         "ends": ends,
+        "split": split,
         "wall_s": wall,
         "own_heldout_start": summary["heldout_acc_start"],
         "folders": {s: folder(s) for s in (a.snapshot, a.steps)},
@@ -173,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--snapshot", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--warm-acc", type=float, default=0.5)
+    ap.add_argument("--model", help="an existing model folder instead of the harness's (a check)")
     a = ap.parse_args(argv)
     out, venv = Path(a.out), Path(a.venv)
     if a.setup:
@@ -185,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(a.threads)
     out.mkdir(parents=True, exist_ok=True)
-    model, train, held, warm = build(out, a.warm_acc)
+    model, train, held, warm = (
+        build(out, a.warm_acc)
+        if a.model is None
+        else (Path(a.model), *harness.write_data(out), {"model": a.model})
+    )
     held_rows = [json.loads(x) for x in held.read_text().splitlines()]
     acc0 = harness.evaluate_folder(model, held_rows)
     print(f"harness: {warm}; held-out greedy accuracy (transformers) {acc0:.3f}")
@@ -201,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             r["acc"] = {s: harness.evaluate_folder(f, held_rows) for s, f in r["folders"].items()}
             r["s_per_step"] = {n: steady(r["ends"], r["skip"], n) for n in (a.snapshot, a.steps)}
             res[name].append(r)
+            keep = {k: v for k, v in r.items() if k not in ("folders", "skip", "info")}
+            (out / "results.jsonl").open("a").write(
+                json.dumps({"name": name, "seed": seed, **keep}) + "\n"
+            )
             print(
                 f"   seed {seed} {name:10s} {r['s_per_step'][a.steps]:.4f} s/step, held-out "
                 f"{acc0:.3f} -> {r['acc'][a.snapshot]:.3f} ({a.snapshot}) -> "
@@ -239,9 +256,21 @@ def report(res: dict[str, list[dict]], a, acc0: float, warm: dict) -> int:
             t["s_per_step"][n] / s["s_per_step"][n] for s, t in zip(res["slipstream"], res["trl"])
         ]
         sfx = "" if n == N else f"_{n}"
-        summary[f"speedup{sfx}"] = summary[f"trl_s_per_step{sfx}"] / summary[f"slipstream_s_per_step{sfx}"]  # type: ignore[operator]
+        summary[f"speedup{sfx}"] = (
+            summary[f"trl_s_per_step{sfx}"] / summary[f"slipstream_s_per_step{sfx}"]
+        )  # type: ignore[operator]
         summary[f"speedup{sfx}_range"] = [min(ratios), max(ratios)]
         print(f"{'speedup':12s}{n:6d}{cell(ratios, '{:.2f}x'):>24s}  (per seed pair)")
+    gen = [r["split"]["time/generate_s"] for r in res["slipstream"]]
+    trn = [r["split"]["time/train_s"] for r in res["slipstream"]]
+    tot = [r["s_per_step"][N] for r in res["slipstream"]]
+    print(
+        f"slipstream's step: generate {cell(gen, '{:.4f}')} s, train {cell(trn, '{:.4f}')} s, "
+        f"the rest (scoring, records, logging) "
+        f"{cell([t - g - x for t, g, x in zip(tot, gen, trn)], '{:.4f}')} s"
+    )
+    summary["slipstream_generate_s"] = statistics.fmean(gen)
+    summary["slipstream_train_s"] = statistics.fmean(trn)
     own = [r["own_heldout_start"] for r in res["slipstream"]]
     print(
         f"slipstream's own held-out accuracy at start: {own[0]:.3f} (the evaluator above: "

@@ -74,7 +74,7 @@ def main() -> None:
         def on_train_begin(self, *a: object, **k: object) -> None:
             origin[0] = time.perf_counter()
 
-        def on_step_end(self, a, state, control, **k):  # noqa: ANN001, ANN201
+        def on_step_end(self, a, state, control, **k):
             ends.append(time.perf_counter() - origin[0])
             if state.global_step in args.save_at:  # after the step's time is taken
                 trainer.save_model(str(out / f"step_{state.global_step:06d}"))
@@ -107,7 +107,9 @@ def main() -> None:
             "transformers": transformers.__version__,
             "torch": torch.__version__,
         },
-        "settings": {k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in resolved.items()},
+        "settings": {
+            k: v if isinstance(v, int | float | str | bool) else str(v) for k, v in resolved.items()
+        },
     }
     (out / "trl.json").write_text(json.dumps(info, indent=1))
 

@@ -44,7 +44,6 @@ def collate(
     )
 
 
-
 def token_logprobs(
     model: torch.nn.Module, batch: Batch, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -180,7 +180,7 @@ class Trainer:
         if finite:
             for g in self.opt.param_groups:
                 g["lr"] = lr * lr_scale
-            self.opt.step()
+            precision.step_adamw(self.opt)
         else:
             self.skipped_steps += 1  # weights and optimizer state untouched
         self.opt.zero_grad(set_to_none=True)
