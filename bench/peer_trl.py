@@ -129,7 +129,8 @@ def run_slipstream(model, train, held, out: Path, a, seed: int) -> dict:
     cmd = slipstream_cmd(model, train, held, run, a, seed)
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    with (out / f"slipstream_s{seed}.log").open("w") as log:
+        subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     ends = [r["wall_s"] for r in recs if "wall_s" in r and "step" in r]
@@ -154,7 +155,9 @@ def run_trl(model, train, out: Path, a, seed: int, venv: Path) -> dict:
     cmd += ["--seed", str(seed), "--steps", str(a.steps), "--threads", str(a.threads)]
     cmd += ["--save-at", str(a.snapshot), str(a.steps)]
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run.mkdir(parents=True, exist_ok=True)
+    with (out / f"trl_s{seed}.log").open("w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
     info = json.loads((run / "trl.json").read_text())
     assert len(info["step_end_s"]) == a.steps
