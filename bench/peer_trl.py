@@ -27,7 +27,8 @@ slipstream, TRL, ...), with the same settings:
 | threads | `torch.set_num_threads(--threads)` | `run.threads=--threads` |
 
 Timing: steady seconds per step is the mean wall time between the ends of consecutive steps
-from step 2 on, leaving out the step after a snapshot (a model save, on both sides) and, for
+from step 2 on, leaving out the step after a snapshot (a model save, on both sides; slipstream
+checkpoints every `--snapshot` steps, and each step after one is left out) and, for
 slipstream, its last step (its loop evaluates the held-out set there). For TRL the ends of
 steps are taken by a `TrainerCallback` (`on_step_end`), for slipstream from the `wall_s` of
 each metrics.jsonl record (written at the end of each step): both include everything either
@@ -145,7 +146,9 @@ def run_slipstream(model, train, held, out: Path, a, seed: int) -> dict:
         "wall_s": wall,
         "own_heldout_start": summary["heldout_acc_start"],
         "folders": {s: folder(s) for s in (a.snapshot, a.steps)},
-        "skip": {a.snapshot + 1, a.steps},
+        # checkpoints every `snapshot` steps (the step after each holds one) and the final
+        # evaluation (in the last step)
+        "skip": {k + 1 for k in range(a.snapshot, a.steps, a.snapshot)} | {a.steps},
     }
 
 
