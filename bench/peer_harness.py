@@ -168,6 +168,7 @@ def warm_start(folder: Path, target: float, seed: int = 0, max_steps: int = 3000
 def write_data(out: Path) -> tuple[Path, Path]:
     """train.jsonl and heldout.jsonl under `out`: {"prompt": "12+7=", "answer": "19"} rows."""
     train, held = pairs()
+    out.mkdir(parents=True, exist_ok=True)
     paths = out / "train.jsonl", out / "heldout.jsonl"
     for path, ps in zip(paths, (train, held)):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows(ps)))
