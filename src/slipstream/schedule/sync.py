@@ -257,6 +257,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
+    run.close_workers()
     run.view.close()
     run.sink.close()
     run.timeline.close()
