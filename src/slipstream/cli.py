@@ -19,7 +19,7 @@ commands:
   sim ...                                      simulate a cluster run (slipstream sim -h)
   plan ...                                     recommend a GPU split and schedule (slipstream plan -h)
   report RUN_DIR [RUN_DIR ...] --out DIR       figures and an HTML page from run folders
-  bench schedules [--out DIR] ...              the five schedules on the built-in task, compared
+  bench schedules [--out DIR] ...              the schedules vs the best sync, over seeds
 """
 
 

@@ -111,6 +111,8 @@ class RunLearner:
         if wd is not None:
             wd.observe(record, groups)  # may roll back: then the version moves on by one
             run.info["watchdog"] = wd.summary()
+        if run.forecast is not None:
+            record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)

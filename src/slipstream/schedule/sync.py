@@ -91,6 +91,8 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
         if wd is not None:
             wd.observe(record, groups)
             run.info["watchdog"] = wd.summary()
+        if run.forecast is not None:
+            record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)
@@ -271,6 +273,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
+    run.close_workers()
     run.view.close()
     run.sink.close()
     run.timeline.close()
