@@ -277,10 +277,11 @@ class TrainerReplay:
 
     def _train(self, e: dict[str, Any]) -> None:
         kept, self.kept = self.kept, []
-        if len(kept) != e["n"]:
-            raise Diverged(
-                f"step {self.learner.version + 1}: {len(kept)} groups kept, recorded {e['n']}"
-            )
+        step = self.learner.version + 1
+        if self.exact and len(kept) != e["n"]:
+            raise Diverged(f"step {step}: {len(kept)} groups kept, recorded {e['n']}")
+        if not kept:  # (a what-if replay: its filters dropped every group of the window)
+            raise Diverged(f"step {step}: no group left to train on; the record has {e['n']}")
         self.stats.trained_keys(kept)
         lag = group_lag(kept, self.learner.version, self.spec.max_lag)
         t0 = time.perf_counter()
