@@ -33,6 +33,12 @@ CASES = {
         "schedule.max_lag=1",
         'schedule.lag_policy="abort"',
     ],
+    "pipeline-abort-K0": [  # K = 0 with in-flight loads: groups are cut by the abort rule
+        'schedule.name="pipeline"',
+        "schedule.max_lag=0",
+        'schedule.lag_policy="abort"',
+    ],
+    "async-drop-K0": ['schedule.name="async"', "schedule.max_lag=0", 'schedule.lag_policy="drop"'],
     "pipeline-minlag": ['schedule.name="pipeline"', "schedule.max_lag=1", "schedule.min_lag=1"],
     "pipeline-2samplers": [
         'schedule.name="pipeline"',
@@ -105,7 +111,10 @@ def run_case(name: str, a: Path, out: Path, steps: int) -> dict:
     total = time.perf_counter() - t0
     size = sum(f.stat().st_size for f in (run_dir / "schedule").iterdir())
     r = replay(run_dir, [], str(run_dir / "replay"))
+    ledger = json.loads((run_dir / "ledger.json").read_text())
     return {
+        "aborted": ledger["aborted"],
+        "stale": ledger["stale"],
         "case": name,
         "steps": r["steps_compared"],
         "differ": r["metric_differences"],
@@ -128,12 +137,12 @@ def main(argv: list[str]) -> int:
     a = assets(out)
     rows = [run_case(n, a, out, args.steps) for n in names]
     print(f"{'case':20} {'steps':>5} {'differ':>6} {'weights':>7} {'B/step':>8} "
-          f"{'orig s':>7} {'+spawn':>7} {'replay s':>8}")  # fmt: skip
+          f"{'orig s':>7} {'+spawn':>7} {'replay s':>8} {'abort/stale':>11}")  # fmt: skip
     for r in rows:
         print(
             f"{r['case']:20} {r['steps']:5d} {r['differ']:6d} {r['weights_equal']!s:>7} "
             f"{r['bytes_per_step']:8.0f} {r['original_wall_s']:7.1f} {r['original_total_s']:7.1f} "
-            f"{r['replay_wall_s']:8.1f}"
+            f"{r['replay_wall_s']:8.1f} {r['aborted']:5d}/{r['stale']:<5d}"
         )
     exact = sum(r["differ"] == 0 and r["weights_equal"] is True for r in rows)
     print(json.dumps({"exact": f"{exact}/{len(rows)}", "cases": rows}))
