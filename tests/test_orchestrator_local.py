@@ -264,7 +264,8 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
 
 
 def test_killed_samplers_are_restarted_and_their_work_issued_again(assets, tmp_path):
-    """Fault injection (bench/chaos.py's check, on the tiny model): 20 SIGKILLs of random
+    """Fault injection (bench/chaos.py's check, on the tiny model, cut to 8 kills in 60 steps
+    to keep CI short; `python bench/chaos.py` runs the 20-kill version): SIGKILLs of random
     samplers in one run; the run completes, every lost request is issued again, the ledger adds
     up and nothing is trained twice."""
     run_dir = tmp_path / "chaos"
@@ -273,21 +274,21 @@ def test_killed_samplers_are_restarted_and_their_work_issued_again(assets, tmp_p
         run_dir,
         'schedule.name="pipeline"',
         "schedule.max_lag=1",
-        "run.steps=150",
+        "run.steps=60",
         "runtime.num_samplers=2",
-        "runtime.chaos_kills=20",
+        "runtime.chaos_kills=8",
         "runtime.chaos_every_s=0.4",
         "filters.zero_variance=false",  # the tiny reward is soon learned: keep every window
-        "runtime.max_restarts=20",
+        "runtime.max_restarts=8",
         "sampling.max_new_tokens=64",
-        "eval.every=150",
-        "checkpoint.every=150",
+        "eval.every=60",
+        "checkpoint.every=60",
     )
     summary = train_async(cfg)
     ledger = json.loads((run_dir / "ledger.json").read_text())
-    assert summary["steps"] == 150 and ledger["balanced"], ledger
-    assert summary["chaos_kills"] == 20
-    assert summary["sampler_restarts"] >= 19  # the last kill may land as the run ends
+    assert summary["steps"] == 60 and ledger["balanced"], ledger
+    assert summary["chaos_kills"] == 8
+    assert summary["sampler_restarts"] >= 7  # the last kill may land as the run ends
     assert ledger["lost"] >= 1  # a pipeline sampler always holds work
     # every request issued (re-issues included) came back, was lost, or is still out (the
     # ledger counts those a sampler had started as generated and unfinished)

@@ -224,16 +224,16 @@ def test_the_default_task_on_ray_matches_the_local_runtime(tmp_path):
     with a fixed seed and one thread per process (the local runtime follows the in-process
     loop bit for bit, a test holds that), and Ray only changes where the same code runs. So
     the records, the held-out accuracy and the final weights must be equal. The warm start is
-    cut to 30 steps (cached under tmp_path, built once before both runs) to keep CI short: the
+    cut to 8 steps (cached under tmp_path, built once before both runs) to keep CI short: the
     full one takes minutes on a fresh machine, and equality does not need a good model."""
     from slipstream.schedule.setup import setup
 
     def cfg(kind: str, name: str = ""):
         return load_config(None, [
             f'run.dir="{tmp_path / (name or kind)}"', "run.steps=3", "run.quiet=true", "run.threads=1",
-            "eval.every=3", "eval.num_prompts=128", f'runtime.kind="{kind}"',
+            "eval.every=3", "eval.num_prompts=32", f'runtime.kind="{kind}"',
             "runtime.num_samplers=2", "runtime.trainer_threads=1", "runtime.threads_per_sampler=1",
-            "warmstart.max_steps=30", "warmstart.target_acc=0.99",
+            "warmstart.max_steps=8", "warmstart.target_acc=0.99",
             f'warmstart.cache_dir="{tmp_path / "cache"}"',
         ])  # fmt: skip
 
