@@ -134,6 +134,8 @@ class SamplerState:
 class SamplerWorker:
     """One sampler: `run(channels)` until the stop flag is set."""
 
+    log: SamplerLog | None = None  # run.record_schedule (schedule.record)
+
     def __init__(self, spec: SamplerSpec, sampler_id: int, engine: Engine, task: Task) -> None:
         self.spec, self.id, self.engine, self.task = spec, sampler_id, engine, task
         self.tok = spec.tokenizer
@@ -143,7 +145,6 @@ class SamplerWorker:
         self.poll_s = spec.cfg.runtime.poll_s
         self.state = SamplerState()
         self.engine.refill = self._refill
-        self.log: SamplerLog | None = None  # run.record_schedule (schedule.record)
         if spec.cfg.run.record_schedule:
             self.log = SamplerLog(engine.num_slots, engine.max_len)
             engine.on_step = self.log.on_step
