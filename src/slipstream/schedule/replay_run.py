@@ -128,7 +128,8 @@ def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Confi
         if k in FIXED or not any(k == e or (e.endswith(".") and k.startswith(e)) for e in EDITABLE):
             raise ConfigError(
                 f"replay: {k} would change what the samplers generate or the schedule itself; "
-                f"a replay may change only {', '.join(e.rstrip('.') for e in EDITABLE)}"
+                f"a replay may change only {', '.join(e + '*' if e.endswith('.') else e for e in EDITABLE)} "
+                f"(not {', '.join(FIXED)})"
             )
     if cfg.run.steps > original.run.steps:
         raise ConfigError(
