@@ -107,7 +107,7 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, dict) and k not in ("columns",):
+        if isinstance(v, dict):
             out.update(_flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
