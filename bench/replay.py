@@ -39,6 +39,22 @@ CASES = {
         'schedule.lag_policy="abort"',
     ],
     "async-drop-K0": ['schedule.name="async"', "schedule.max_lag=0", 'schedule.lag_policy="drop"'],
+    "pipeline-abort-2samplers": [  # few slots, long completions: groups outlive two steps
+        'schedule.name="pipeline"',
+        "schedule.max_lag=1",
+        'schedule.lag_policy="abort"',
+        "runtime.num_samplers=2",
+        "runtime.sampler_slots=4",
+        "sampling.max_new_tokens=40",
+    ],
+    "async-drop-2samplers": [
+        'schedule.name="async"',
+        "schedule.max_lag=1",
+        'schedule.lag_policy="drop"',
+        "runtime.num_samplers=2",
+        "runtime.sampler_slots=4",
+        "sampling.max_new_tokens=40",
+    ],
     "pipeline-minlag": ['schedule.name="pipeline"', "schedule.max_lag=1", "schedule.min_lag=1"],
     "pipeline-2samplers": [
         'schedule.name="pipeline"',
