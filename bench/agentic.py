@@ -67,6 +67,15 @@ def time_to(records: list[dict[str, Any]], target: float) -> float | None:
     return None
 
 
+def lag_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Trained tokens by lag (versions behind the trainer), summed over the run's steps."""
+    out: dict[str, int] = {}
+    for r in records:
+        for lag, n in (r.get("staleness/lag_counts") or {}).items():
+            out[str(lag)] = out.get(str(lag), 0) + int(n)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
 def measures(res: dict[str, Any], target: float) -> dict[str, Any]:
     recs, s = res["records"], res["summary"]
     busy = [r.get("engine/busy_frac", r.get("runtime/sampler_busy")) for r in recs]
@@ -79,21 +88,22 @@ def measures(res: dict[str, Any], target: float) -> dict[str, Any]:
         "wall_s": s.get("wall_s"),
         "engine_busy": statistics.mean(busy) if busy else None,
         "lag_mean": statistics.mean(lag) if lag else 0.0,
+        "lag_counts": lag_counts(recs),
+        "acc_start": s.get("heldout_acc_start"),
         "ess_token": statistics.mean(ess) if ess else 1.0,
         "turns_mean": statistics.mean(r.get("env/turns_mean", 0.0) for r in recs),
         "ledger_balanced": s["ledger"]["balanced"],
     }
 
 
-def speedup(rows: list[dict[str, Any]], base: str, other: str, tail: float) -> float | None:
-    """Median over seeds of base's time to target over other's, at `tail`."""
+def speedup(
+    rows: list[dict[str, Any]], base: str, other: str, tail: float, key: str = "time_to_target_s"
+) -> float | None:
+    """Median over seeds of base's `key` (time to target, or wall time of the whole budget)
+    over other's, at `tail`; None if a run lacks it (never reached the target)."""
     ratios = []
-    for seed in sorted({r["seed"] for r in rows}):
-        t = {
-            r["schedule"]: r["time_to_target_s"]
-            for r in rows
-            if r["seed"] == seed and r["tail"] == tail
-        }
+    for seed in sorted({r["seed"] for r in rows if r["tail"] == tail}):
+        t = {r["schedule"]: r[key] for r in rows if r["seed"] == seed and r["tail"] == tail}
         if t.get(base) is None or t.get(other) is None:
             return None
         ratios.append(t[base] / max(t[other], 1e-9))
@@ -104,8 +114,12 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="key=value config overrides (every run)")
     p.add_argument("--tails", default="1,10,30", help="p99/median ratios of the tool latency")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--median", type=float, default=0.02, help="median tool latency (s)")
+    p.add_argument("--seeds", default="0,1,2", help="seeds at the largest tail")
+    p.add_argument(
+        "--sweep-seeds", default=None, help="seeds at the other tails (default: --seeds)"
+    )
+    p.add_argument("--median", type=float, default=0.1, help="median tool latency (s)")
+    p.add_argument("--async-tails", default="30", help="tails where async runs too ('': none)")
     p.add_argument("--target", type=float, default=0.3, help="held-out accuracy to reach")
     p.add_argument("--tiny", action="store_true", help="smoke test: 2 steps, tail 30, seed 0")
     p.add_argument("--out", default=None, help="output folder (default runs/agentic-<UTC time>)")
@@ -116,15 +130,21 @@ def main(argv: list[str]) -> int:
     tiny = [*TINY, f'warmstart.cache_dir="{out / "cache"}"']  # its 5-step model stays here
     extra = [*tiny, *args.overrides] if args.tiny else args.overrides
     rows = []
-    for tail in tails:
-        for seed in seeds:
+    sweep = seeds if args.sweep_seeds is None else [int(x) for x in args.sweep_seeds.split(",")]
+    for tail in sorted(tails, reverse=True):  # the largest first: the headline runs
+        for seed in seeds if tail == max(tails) else sweep:
             for sched in SCHEDULES:
+                async_tails = [float(x) for x in args.async_tails.split(",") if x]
+                if sched == "async" and tail not in async_tails and not args.tiny:
+                    continue
                 name = f"tail{tail:g}-seed{seed}-{sched}"
                 print(f"agentic: {name} ...", flush=True)
                 res = run_one(out / name, sched, seed, args.median, tail, extra)
                 rows.append(
                     {"tail": tail, "seed": seed, "schedule": sched, **measures(res, args.target)}
                 )
+                with open(out / "rows.jsonl", "a") as f:  # kept if a later run fails
+                    f.write(json.dumps(rows[-1]) + "\n")
     print(
         "| tail p99/median | seed | schedule | time to target (s) | final acc | engine busy | lag mean | ESS tok | turns | ledger |"
     )
@@ -141,14 +161,25 @@ def main(argv: list[str]) -> int:
         "pipeline_speedup_vs_sync": speedup(rows, "sync", "pipeline", top),
         "async_speedup_vs_sync": speedup(rows, "sync", "async", top),
         "speedup_by_tail": {f"{t:g}": speedup(rows, "sync", "pipeline", t) for t in tails},
+        # the same budget of steps: sync's wall time over pipeline's (throughput, not learning)
+        "pipeline_budget_speedup_vs_sync": speedup(rows, "sync", "pipeline", top, "wall_s"),
+        "budget_speedup_by_tail": {
+            f"{t:g}": speedup(rows, "sync", "pipeline", t, "wall_s") for t in tails
+        },
+        "lag_counts": {
+            s: _sum_counts(r["lag_counts"] for r in rows if r["schedule"] == s) for s in SCHEDULES
+        },
         "engine_busy": {
-            s: statistics.median(r["engine_busy"] or 0.0 for r in rows if r["schedule"] == s)
+            s: _median([r["engine_busy"] or 0.0 for r in rows if r["schedule"] == s])
             for s in SCHEDULES
         },
         "final_acc": {
-            s: statistics.median(r["final_acc"] for r in rows if r["schedule"] == s)
-            for s in SCHEDULES
+            s: _median([r["final_acc"] for r in rows if r["schedule"] == s]) for s in SCHEDULES
         },
+        "ess_token": {
+            s: _median([r["ess_token"] for r in rows if r["schedule"] == s]) for s in SCHEDULES
+        },
+        "sizes": {"median_s": args.median, "overrides": extra, "seeds": seeds, "tails": tails},
         "target": args.target,
         "tiny": args.tiny,
     }
@@ -156,6 +187,18 @@ def main(argv: list[str]) -> int:
     (out / "agentic.json").write_text(json.dumps({**line, "runs": rows}, indent=2))
     print(json.dumps(line))
     return 0 if all(r["ledger_balanced"] for r in rows) else 1
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _sum_counts(counts: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, n in c.items():
+            out[k] = out.get(k, 0) + n
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
 if __name__ == "__main__":  # the sampler processes are spawned: they import this module

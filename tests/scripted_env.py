@@ -24,3 +24,54 @@ class ThreeTurns:
 
 def three_turns(row: Prompt, tok: Tokenizer) -> ThreeTurns:
     return ThreeTurns(row, tok)
+
+
+class Fragile(ThreeTurns):
+    """Three turns, but the environment's worker process SIGKILLs itself at the second step of
+    every fourth episode it builds (a crash the episode runner must count, `crash`)."""
+
+    built = 0
+
+    def __init__(self, row: Prompt, tok: Tokenizer) -> None:
+        super().__init__(row, tok)
+        Fragile.built += 1
+        self.doomed = Fragile.built % 4 == 0
+
+    def step(self, action_tokens: list[int]) -> StepResult:
+        if self.doomed and self.turns == 1:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().step(action_tokens)
+
+
+def fragile(row: Prompt, tok: Tokenizer) -> Fragile:
+    return Fragile(row, tok)
+
+
+class ByMode:
+    """Token-level test environment driven by its row's `mode`: `ok` (two turns), `raise`
+    (its step raises), `hang` (its step sleeps 60 s), `slow` (each step sleeps `sleep_s`)."""
+
+    def __init__(self, row: Prompt) -> None:
+        self.mode, self.turns = row.meta.get("mode", "ok"), 0
+        self.sleep_s = float(row.meta.get("sleep_s", 0.0))
+
+    def initial_observation(self) -> Observation:
+        return Observation([2, 3, 4])
+
+    def step(self, action_tokens: list[int]) -> StepResult:
+        import os
+        import time
+
+        self.turns += 1
+        if self.mode == "raise":
+            raise RuntimeError("tool crashed")
+        if self.mode == "hang":
+            time.sleep(60)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if self.turns >= 2:
+            return StepResult(reward=1.0, done=True, metrics={"pid": float(os.getpid())})
+        return StepResult(0.0, False, Observation([5, 6]))

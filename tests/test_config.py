@@ -26,6 +26,7 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
         (["schedule.name=fast"], "schedule.name: unknown 'fast'; valid: sync, tail_batching"),
         (["task.kind=jsonl"], "task.path: required when task.kind = 'jsonl'"),
         (["trainer.lr"], "expected key=value"),
+        (["trainer.betas=[0.9,1.0]"], "trainer.betas: each beta must be in [0, 1)"),
         (["run.steps.x=1"], "run.steps: Input should be a valid integer"),
         (["run.seed=1", "run.seed.x=2"], "'seed' is a value, not a section"),
     ],

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from slipstream.envs import ToolEnv
 from slipstream.envs.builtin import (
     RENDERER,
@@ -71,3 +73,28 @@ def test_a_scripted_trace_is_exactly_the_episode_the_environment_plays() -> None
     assert s.model_mask_T[cut : cut + n] == [False] * n
     r2 = env.step(s.completion_tokens[cut + n :])
     assert r2.done and r2.reward == 1.0
+
+
+@pytest.mark.slow  # ~1.4 s: imports the run setup (the task builder) and the config
+def test_the_factories_pickle_for_the_environment_workers(tmp_path) -> None:
+    """Worker processes get the factory pickled: the built-in one and `env.tools`' one, whose
+    tool class (a file path) is loaded in the worker, not pickled."""
+    import pickle
+
+    from slipstream.config import load_config
+    from slipstream.schedule.agentic import build_env_factory
+    from slipstream.schedule.setup import build_task
+
+    tools = tmp_path / "my_tools.py"
+    tools.write_text("class Echo:\n    def echo(self, text: str) -> str:\n        return text\n")
+    for extra in (["task.kind=builtin_tools"], [f"env.tools={tools}:Echo"]):
+        cfg = load_config(None, extra)
+        factory = build_env_factory(cfg, TOK, build_task(cfg))
+        again = pickle.loads(pickle.dumps(factory))
+        obs = again(Prompt("p", "1+2=", "3")).initial_observation()
+        assert obs.text.endswith("1+2=") and obs.tokens == TOK.encode(obs.text), extra
+    assert "- echo(text)" in obs.text  # the plain format lists a tool class's tools
+    # a tool class without its own `reward` is scored by the task's verifier (in the worker)
+    env = again(Prompt("p", "1+2=", "3"))
+    env.initial_observation()
+    assert env.step(TOK.encode("3")).reward == 1.0

@@ -89,6 +89,7 @@ def _run(
         model, EOS, num_slots=slots, max_len=max_len, trace=trace, decode_graph=decode_graph
     )
     engine.park = KVPark(park_tokens)
+    cfg.setdefault("isolation", "thread")  # the test reads what its environments recorded
     runner = EpisodeRunner(
         lambda p: envs[p.id], params, EnvConfig(**cfg), max_len, on_end=engine.park.discard
     )

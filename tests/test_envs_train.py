@@ -102,3 +102,24 @@ def test_resumed_run_restarts_the_episodes_in_flight_and_counts_them(tmp_path) -
     resumed = train_async(tiny_cfg(tmp_path, "r", *extra, steps=3), resume=True)
     assert resumed["episodes_restarted"] == in_flight and resumed["ledger"]["balanced"]
     assert [r["step"] for r in read_jsonl(tmp_path / "r" / "metrics.jsonl")] == [1, 2, 3]
+
+
+@pytest.mark.slow  # ~45 s here: samplers SIGKILLed, and environment workers that SIGKILL
+def test_episode_ledger_balances_under_sigkilled_environment_workers_and_samplers(tmp_path):
+    """Every fourth environment a worker builds SIGKILLs its worker process mid-episode
+    (tests/scripted_env.py:fragile); two samplers are SIGKILLed too. Each episode of each group
+    that came back ended once; the crashed ones as `crash`, scored 0; nothing trained twice."""
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:fragile"
+    cfg = tiny_cfg(
+        tmp_path, "chaos", factory, "schedule.name=pipeline", "runtime.kind=local",
+        "runtime.num_samplers=2", "runtime.chaos_kills=2", "runtime.chaos_every_s=2.0",
+        "runtime.max_restarts=5", "env.workers=2", steps=6,
+    )  # fmt: skip
+    summary = train_async(cfg)
+    led = summary["ledger"]
+    assert summary["steps"] == 6 and led["balanced"], led
+    assert summary["chaos_kills"] == 2 and summary["groups_trained_twice"] == 0
+    assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"] - led["lost"])
+    assert led["episodes"].get("crash", 0) > 0 and led["episodes"].get("done", 0) > 0, led
+    records = read_jsonl(tmp_path / "chaos" / "metrics.jsonl")
+    assert sum(r["env/end_crash"] for r in records) > 0

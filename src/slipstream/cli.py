@@ -20,7 +20,7 @@ commands:
   plan ...                                     recommend a GPU split and schedule (slipstream plan -h)
   report RUN_DIR [RUN_DIR ...] --out DIR       figures and an HTML page from run folders
   replay RUN_DIR [key=value ...] [--out DIR]   re-execute a run recorded with run.record_schedule=true
-  bench schedules [--out DIR] ...              the five schedules on the built-in task, compared
+  bench schedules [--out DIR] ...              the schedules vs the best sync, over seeds
 """
 
 

@@ -209,3 +209,6 @@ class WarmstartConfig(_Section):
     batch_size: int = Field(64, ge=1)
     cache_dir: str | None = None
     """Where the warm-started model is cached; default ~/.cache/slipstream."""
+    seed: int | None = Field(None, ge=0)
+    """Seed of the warm start (its initial weights and batches); None: `run.seed`. Runs of
+    several seeds that should start from one warm-started model set it."""

@@ -18,16 +18,24 @@ class EnvConfig(_Section):
     """A token-level environment factory as `module:function` or `path/to/file.py:function`,
     called as `function(row: Prompt, tokenizer) -> Env` (slipstream.envs.base) for each sample.
     Exclusive with `tools`."""
-    tool_format: Literal["plain", "hermes"] = "plain"
-    """How the model calls tools and reads replies: `plain` (`CALL name {json}` lines, for
-    models without a tools chat template) or `hermes` (`<tool_call>{json}</tool_call>` in
-    Qwen2.5 / Hermes ChatML)."""
-    workers: int = Field(4, ge=1, le=256)
-    """Environment steps that run at once per sampler (threads of the sampler process; what a
-    step runs in a subprocess, as the python sandbox does, runs in parallel for real)."""
+    tool_format: Literal["auto", "plain", "hermes"] = "auto"
+    """How the model calls tools and reads replies (envs.parse, envs.render): `hermes`,
+    `<tool_call>{json}</tool_call>` blocks, the prompt and the replies rendered by the model's
+    chat template when it renders tools (`apply_chat_template(..., tools=...)`), else by
+    Qwen2.5's ChatML written out; `plain`, `CALL name {json}` lines answered by `RESULT`
+    lines, for models without a tools template; `auto`: `hermes` if the chat template renders
+    tools, else `plain`."""
+    workers: int = Field(8, ge=1, le=256)
+    """Environment workers per sampler: each runs one step at a time, so this many steps run
+    at once; an episode's environment lives in one worker from its start to its end."""
+    isolation: Literal["process", "thread"] = "process"
+    """Where the workers run (envs.workers): `process`, worker processes (the factory must be
+    picklable; a crash or a timed-out step kills only its worker, and the episodes whose
+    environments it held end `crash`); `thread`, threads of the sampler (nothing pickled; a
+    timed-out step's thread is abandoned, not stopped)."""
     step_timeout_s: float = Field(30.0, gt=0.0)
-    """Longest one environment step may take; past it the episode ends (`timeout`), scored 0.
-    The step's thread cannot be killed: give tools their own time limits (the sandbox has)."""
+    """Longest one environment step may take once it runs; past it the episode ends
+    (`timeout`), scored 0, and its worker process is SIGKILLed and replaced."""
     max_turns: int = Field(8, ge=1)
     """Model turns per episode; an episode still calling tools after them ends (`max_turns`)."""
     max_tokens: int = Field(1024, ge=1)

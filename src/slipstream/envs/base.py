@@ -7,7 +7,7 @@ as environment tokens and the model generates the next turn. Token in, token out
 sequence is never re-tokenized, so what is trained is exactly what the model saw.
 
 Either method may be a coroutine function (`async def`): it is run to completion in the
-environment worker that runs the step (envs.episode), never in the engine's loop. The
+environment worker that runs the step (envs.workers), never in the engine's loop. The
 episode's reward is the sum of its steps' rewards.
 """
 
@@ -61,7 +61,7 @@ EnvFactory = Callable[[Prompt], Env]
 def resolve(value: T | Awaitable[T]) -> T:
     """`value`, or the result of running it to completion if it is awaitable (an async env).
 
-    Runs its own event loop: call it from a worker thread, never from a running loop.
+    Runs its own event loop: call it from an environment worker, never from a running loop.
     """
     if not inspect.isawaitable(value):
         return value

@@ -1,23 +1,29 @@
 """How tool turns become text: the first prompt (with the tools) and the tool replies.
 
-A `Renderer` is the hook where a model's chat template plugs in. Two are built in:
+A `Renderer` is the hook where a model's chat template plugs in. Three are built in:
 
+- `TemplateRenderer`: the model's own chat template (model.chat.ChatTemplate), for a template
+  that renders tools (`supports_tools`: Qwen2.5/Qwen3/Hermes-style templates, which show the
+  tools in the system turn and `<tool_response>` blocks for `tool` messages). The first prompt
+  is `apply_chat_template(messages, tools=schemas, add_generation_prompt=True)`; the replies
+  are the text the template puts after the model's turn for the `tool` messages, up to the
+  next assistant turn opened: the template is rendered for a short stand-in conversation
+  without and with the tool messages, and the difference, from the end of the model's turn
+  (its end-of-turn token), is the suffix;
+- `HermesRenderer`: the same ChatML strings written out (Qwen2.5's tools template), for a
+  model trained on that format whose folder has no template;
 - `PlainRenderer`: the `plain` call format, for models without a chat template (the built-in
-  model): `RESULT <tool>: <reply>` lines after the model's turn;
-- `HermesRenderer`: the ChatML strings of the Qwen2.5 / Hermes tools template, written out
-  here (system block with `<tools>`, replies in a user turn as `<tool_response>`), for models
-  trained on it. Until chat templates are read from the tokenizer, a model with another
-  template needs its own `Renderer`.
+  model): `RESULT <tool>: <reply>` lines after the model's turn.
 
 Replies are rendered as text and tokenized alone, then appended after the model's tokens: the
-history is never re-tokenized.
+history is never re-tokenized (token in, token out).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from slipstream.envs.tools import ToolReply, ToolSpec
 
@@ -27,14 +33,19 @@ class Codec(Protocol):
 
     bos_id: int | None
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
 
 class Renderer(Protocol):
-    def prompt(self, text: str, tools: Sequence[ToolSpec]) -> str:
-        """The text of the episode's first observation: the task prompt, with the tools."""
+    templated: bool  # the text holds its own special tokens: encode it with none added
+
+    def prompt(
+        self, text: str, tools: Sequence[ToolSpec], messages: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The text of the episode's first observation: the task prompt (`text`, or the row's
+        conversation `messages` where the renderer uses them), with the tools."""
         ...
 
     def replies(self, replies: Sequence[ToolReply]) -> str:
@@ -46,10 +57,14 @@ class PlainRenderer:
     """The plain format. `describe_tools=False` shows no tool list (a model trained on one
     task's tools, as the built-in task's, does not need it)."""
 
+    templated = False
+
     def __init__(self, describe_tools: bool = True) -> None:
         self.describe_tools = describe_tools
 
-    def prompt(self, text: str, tools: Sequence[ToolSpec]) -> str:
+    def prompt(
+        self, text: str, tools: Sequence[ToolSpec], messages: list[dict[str, Any]] | None = None
+    ) -> str:
         if not self.describe_tools or not tools:
             return text
         lines = ["Tools:"]
@@ -66,10 +81,14 @@ class PlainRenderer:
 class HermesRenderer:
     """Qwen2.5 / Hermes ChatML with tools (the model's turn ends with `<|im_end|>`, its EOS)."""
 
+    templated = True
+
     def __init__(self, system: str = "You are a helpful assistant.") -> None:
         self.system = system
 
-    def prompt(self, text: str, tools: Sequence[ToolSpec]) -> str:
+    def prompt(
+        self, text: str, tools: Sequence[ToolSpec], messages: list[dict[str, Any]] | None = None
+    ) -> str:
         sys = self.system
         if tools:
             sigs = "\n".join(json.dumps(t.schema()) for t in tools)
@@ -91,7 +110,84 @@ class HermesRenderer:
         return f"\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def encode_tail(tok: Codec, text: str) -> list[int]:
-    """`text` as tokens to append inside a sequence: without the beginning-of-sequence token."""
+class ChatTemplateLike(Protocol):
+    """What `TemplateRenderer` needs of a chat template (model.chat.ChatTemplate is one)."""
+
+    special_tokens: dict[str, Any]
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str: ...
+
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probe_tool_x", "description": "d", "parameters": {"type": "object"}},
+}
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>")
+
+
+def supports_tools(template: ChatTemplateLike) -> bool:
+    """Whether `template` shows tools given to it (a tools template) and renders `tool` turns."""
+    user = [{"role": "user", "content": "hi"}]
+    try:
+        with_tools = template.render(user, tools=[_PROBE_TOOL])
+        turn = [*user, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "R9"}]
+        replied = template.render(turn)
+    except ValueError:
+        return False
+    return "probe_tool_x" in with_tools and "R9" in replied
+
+
+class TemplateRenderer:
+    """A model's own chat template with tools (module docstring). `end_of_turn` is the text of
+    the token that ends the model's turn (default: the template's `eos_token`, else the last
+    of the usual end-of-turn tokens found after the stand-in assistant turn)."""
+
+    templated = True
+
+    def __init__(self, template: ChatTemplateLike, end_of_turn: str | None = None) -> None:
+        self.template = template
+        self.end_of_turn = end_of_turn or template.special_tokens.get("eos_token")
+
+    def prompt(
+        self, text: str, tools: Sequence[ToolSpec], messages: list[dict[str, Any]] | None = None
+    ) -> str:
+        msgs = messages or [{"role": "user", "content": text}]
+        return self.template.render(msgs, tools=[t.schema() for t in tools] or None)
+
+    def replies(self, replies: Sequence[ToolReply]) -> str:
+        convo: list[dict[str, Any]] = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+        ]
+        base = self.template.render(convo, add_generation_prompt=False)
+        tool = [{"role": "tool", "name": r.name, "content": r.text} for r in replies]
+        full = self.template.render(convo + tool)
+        if not full.startswith(base):
+            raise ValueError(
+                "chat template: the conversation with tool replies does not extend the one "
+                "without (a template that rewrites earlier turns needs its own Renderer)"
+            )
+        return base[self._turn_end(base) :] + full[len(base) :]
+
+    def _turn_end(self, base: str) -> int:
+        """Where the model's turn ends in `base`: after its end-of-turn token."""
+        marks = [self.end_of_turn] if self.end_of_turn else []
+        found = [(base.rfind(m), m) for m in [*marks, *_END_OF_TURN] if m and m in base]
+        if not found:
+            return len(base)
+        at, mark = found[0] if marks and marks[0] in base else max(found)
+        return at + len(mark)
+
+
+def encode_tail(tok: Codec, text: str, templated: bool = False) -> list[int]:
+    """`text` as tokens to append inside a sequence: without the beginning-of-sequence token
+    (`templated`: the text holds its special tokens; none is added)."""
+    if templated:
+        return tok.encode(text, add_special_tokens=False)
     ids = tok.encode(text)
     return ids[1:] if tok.bos_id is not None and ids[:1] == [tok.bos_id] else ids

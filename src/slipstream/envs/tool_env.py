@@ -1,6 +1,7 @@
 """`ToolEnv`: a tool class (envs.tools) as a token-level `Env`, one instance per sample.
 
-Each model turn is decoded and searched for tool calls (envs.parse). A turn without any is
+The first observation is the row's prompt rendered with the tools (its conversation, with a
+chat template). Each model turn is decoded and searched for tool calls (envs.parse). A turn without any is
 the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one,
 else by the `reward` function given (the task's verifier), else 0. A turn with calls gets
 every call's reply (errors included) rendered by the `Renderer` and appended as tokens.
@@ -47,12 +48,16 @@ class ToolEnv:
 
     def initial_observation(self) -> Observation:
         text = self.row.text
+        messages = [dict(m) for m in self.row.messages] if self.row.messages else None
         reset = getattr(self.tools, "reset", None)
         extra = reset(**row_kwargs(self.row)) if callable(reset) else None
         if extra:
             text = f"{text}\n{extra}"
-        text = self.renderer.prompt(text, self.specs)
-        return Observation(self.tok.encode(text), text)
+            if messages:  # the row's conversation: the text joins its last turn
+                messages[-1]["content"] = f"{messages[-1]['content']}\n{extra}"
+        text = self.renderer.prompt(text, self.specs, messages)
+        ids = self.tok.encode(text, add_special_tokens=not self.renderer.templated)
+        return Observation(ids, text)
 
     def step(self, action_tokens: list[int]) -> StepResult:
         text = self.tok.decode(action_tokens)
@@ -68,7 +73,8 @@ class ToolEnv:
             "tool_calls": float(len(calls)),
             "tool_errors": float(sum(r.error for r in replies)),
         }
-        return StepResult(0.0, False, Observation(encode_tail(self.tok, obs), obs), metrics)
+        ids = encode_tail(self.tok, obs, self.renderer.templated)
+        return StepResult(0.0, False, Observation(ids, obs), metrics)
 
     def _reward(self, completion: str) -> float:
         own = getattr(self.tools, "reward", None)

@@ -55,12 +55,18 @@ class ChatTemplate:
         self.__dict__.update(state)
         self.__post_init__()
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The text of `messages`, ending with the assistant's turn opened (generation prompt)."""
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The text of `messages`, ending with the assistant's turn opened (generation prompt);
+        `tools`: OpenAI-style function schemas, as `apply_chat_template(..., tools=tools)`."""
         try:
             return self._template.render(
                 messages=messages,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,

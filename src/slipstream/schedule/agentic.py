@@ -9,21 +9,32 @@ builds any token-level `Env` from (row, tokenizer).
 
 from __future__ import annotations
 
-import itertools
+import os
 import threading
-from collections.abc import Sequence
-from typing import Any
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 from slipstream import imports
 from slipstream.config import Config, ConfigError
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
-from slipstream.envs.base import EnvFactory, resolve
+from slipstream.envs.base import Env, EnvFactory, resolve
 from slipstream.envs.builtin import RENDERER as BUILTIN_RENDERER
 from slipstream.envs.builtin import TOOLS_ALPHABET, Calculator, Latency, scripted_trace
-from slipstream.envs.render import HermesRenderer, PlainRenderer, Renderer
+from slipstream.envs.parse import ToolFormat
+from slipstream.envs.render import (
+    HermesRenderer,
+    PlainRenderer,
+    Renderer,
+    TemplateRenderer,
+    supports_tools,
+)
 from slipstream.envs.tool_env import ToolEnv
+from slipstream.envs.workers import ThreadWorkers, Workers
 from slipstream.model.builtin import init_builtin
+from slipstream.model.chat import ChatTemplateError, load_chat_template
 from slipstream.model.llama import CausalLM
 from slipstream.model.tokenizer import Tokenizer
 from slipstream.observe.progress import ProgressView
@@ -31,11 +42,13 @@ from slipstream.schedule.episodes import Episode, EpisodeRunner, run_episodes
 from slipstream.tasks.arithmetic import RunningSums
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import unguarded
-from slipstream.train.warmstart import warm_start
+from slipstream.train.warmstart import warm_start, ws_seed
 from slipstream.types import Group, Prompt, Sample
 
 TOOLS_WARMSTART = "tools2"  # the agentic task's warm-start cache entry (bump on changes)
-END_REASONS = ("done", "max_turns", "max_tokens", "length", "timeout", "error", "aborted")
+END_REASONS = (
+    "done", "max_turns", "max_tokens", "length", "timeout", "error", "crash", "aborted",
+)  # fmt: skip
 
 
 def load_object(spec: str, key: str) -> object:
@@ -51,18 +64,26 @@ def load_tool_class(spec: str) -> type:
     return cls
 
 
+@dataclass
+class CalculatorFactory:
+    """The built-in agentic task's environments: a `Calculator` of `latency` per episode, each
+    with its own latency seed (picklable: it is sent to the environment workers)."""
+
+    latency: Latency
+    tok: Tokenizer
+    base_seed: int = 0
+    made: int = 0
+
+    def __call__(self, row: Prompt) -> ToolEnv:
+        self.made += 1  # (per worker process: the pid keeps the workers' draws apart)
+        seed = zlib.crc32(f"{self.base_seed}:{os.getpid()}:{self.made}:{row.id}".encode())
+        return ToolEnv(Calculator(self.latency, seed), row, self.tok, "plain", BUILTIN_RENDERER)
+
+
 def calculator_factory(cfg: Config, tok: Tokenizer, latency: Latency | None = None) -> EnvFactory:
-    """The built-in agentic task's environments: a `Calculator` of `env.tool_latency_*` (or
-    `latency`) per episode, each with its own latency seed."""
+    """`CalculatorFactory` of `env.tool_latency_*` (or `latency`)."""
     lat = latency or Latency(cfg.env.tool_latency_median_s, cfg.env.tool_latency_p99_s)
-    counter = itertools.count()
-    base = cfg.run.seed * 1_000_003
-
-    def factory(row: Prompt) -> ToolEnv:
-        calc = Calculator(lat, seed=base + next(counter))
-        return ToolEnv(calc, row, tok, "plain", BUILTIN_RENDERER)
-
-    return factory
+    return CalculatorFactory(lat, tok, cfg.run.seed * 1_000_003)
 
 
 def warm_start_tools(
@@ -79,7 +100,11 @@ def warm_start_tools(
         factory = calculator_factory(cfg, tok, fast)
         max_len = min(env_max_len(cfg, factory, heldout, tok), model.config.max_position_embeddings)
         engine = Engine(model, tok.eos_id, num_slots=len(heldout), max_len=max_len)
-        return episode_accuracy(cfg, factory, engine, heldout)
+        workers = ThreadWorkers(factory, cfg.env.workers)  # the built-in calculator: trusted
+        try:
+            return episode_accuracy(cfg, factory, engine, heldout, workers)
+        finally:
+            workers.close()
 
     def report(step: int, loss: float, acc: float | None) -> None:
         if acc is not None:
@@ -95,7 +120,7 @@ def warm_start_tools(
         "warm start of the built-in model on tool-using traces (cached after the first run)..."
     )
     model, tok, info = warm_start(
-        sums, cfg.warmstart, cfg.run.seed, evaluate, report, init=init, make_sample=trace,
+        sums, cfg.warmstart, ws_seed(cfg), evaluate, report, init=init, make_sample=trace,
         tag=TOOLS_WARMSTART,
     )  # fmt: skip
     view.log(
@@ -104,38 +129,103 @@ def warm_start_tools(
     return model, tok, {"warmstart": info}
 
 
+@dataclass
+class TokenEnvFactory:
+    """`env.factory`: `function(row, tokenizer)`, the function loaded where it is called (in
+    each environment worker: a file path's module need not be importable by name)."""
+
+    spec: str
+    tok: Tokenizer
+
+    def __call__(self, row: Prompt) -> Env:
+        fn = _cached(self.spec, lambda: load_object(self.spec, "env.factory"))
+        assert callable(fn)
+        out: Env = fn(row, self.tok)
+        return out
+
+
+@dataclass
+class ToolClassFactory:
+    """`env.tools`: a fresh instance of the tool class per episode, rewarded by its own
+    `reward(completion=...)` or the task's verifier (built once per worker)."""
+
+    cfg: Config
+    tok: Tokenizer
+    fmt: ToolFormat
+    renderer: Renderer
+
+    def __call__(self, row: Prompt) -> ToolEnv:
+        cls = _cached(self.cfg.env.tools or "", lambda: load_tool_class(self.cfg.env.tools or ""))
+        assert isinstance(cls, type)
+        return ToolEnv(cls(), row, self.tok, self.fmt, self.renderer, reward=self._verify)
+
+    def _verify(self, prompt: Prompt, completion: str) -> float:
+        from slipstream.schedule.setup import build_task
+
+        task = cast(Task, _cached(("task", id(self)), lambda: build_task(self.cfg)))
+        with _LOCK:  # thread workers: the verifier is one
+            return task.reward(prompt, completion)
+
+
+_CACHE: dict[object, object] = {}
+_LOCK = threading.Lock()
+
+
+def _cached(key: object, make: Callable[[], object]) -> object:
+    """What `make` gives, once per process (the workers' own imports and tasks)."""
+    with _LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = make()
+        return _CACHE[key]
+
+
+def tool_renderer(cfg: Config, tok: Tokenizer) -> tuple[ToolFormat, Renderer]:
+    """The call format and renderer of `env.tool_format`: `auto` is `hermes` through the
+    model's chat template where it renders tools, else `plain`."""
+    fmt = cfg.env.tool_format
+    template = None
+    if fmt != "plain":
+        try:
+            template = load_chat_template(cfg.task.chat_template, cfg.model.path)
+        except ChatTemplateError as e:
+            raise ConfigError(str(e)) from None
+    if template is not None and supports_tools(template):
+        return "hermes", TemplateRenderer(template)
+    if fmt == "hermes":
+        return "hermes", HermesRenderer()
+    return "plain", PlainRenderer()
+
+
 def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | None:
-    """The factory of one `ToolEnv` per row, or None for a single-turn run."""
+    """The picklable factory of one environment per row, or None for a single-turn run."""
     e = cfg.env
     if cfg.task.kind == "builtin_tools":
         return calculator_factory(cfg, tok)
     if e.factory is not None:
-        fn = load_object(e.factory, "env.factory")
+        fn = load_object(e.factory, "env.factory")  # (checked here, loaded again in the workers)
         if not callable(fn):
             raise ConfigError(f"env.factory: {e.factory} is not callable")
-        return lambda row: fn(row, tok)
+        return TokenEnvFactory(e.factory, tok)
     if e.tools is None:
         return None
-    cls = load_tool_class(e.tools)
-    renderer: Renderer = HermesRenderer() if e.tool_format == "hermes" else PlainRenderer()
-    lock = threading.Lock()  # episodes end in several worker threads; the verifier is one
-
-    def verify(prompt: Prompt, completion: str) -> float:
-        with lock:
-            return task.reward(prompt, completion)
-
-    def factory(row: Prompt) -> ToolEnv:
-        return ToolEnv(cls(), row, tok, e.tool_format, renderer, reward=verify)
-
-    return factory
+    load_tool_class(e.tools)
+    fmt, renderer = tool_renderer(cfg, tok)
+    return ToolClassFactory(cfg, tok, fmt, renderer)
 
 
 def make_runner(
-    cfg: Config, factory: EnvFactory, engine: Engine, params: SamplingParams
+    cfg: Config,
+    factory: EnvFactory,
+    engine: Engine,
+    params: SamplingParams,
+    workers: Workers | None = None,
 ) -> EpisodeRunner:
-    """An episode runner on `engine`, which gets a KV park of `env.park_kv_tokens`."""
+    """An episode runner on `engine`, which gets a KV park of `env.park_kv_tokens`; `workers`
+    shared with other runners (None: its own, closed with it)."""
     engine.park = KVPark(cfg.env.park_kv_tokens)
-    return EpisodeRunner(factory, params, cfg.env, engine.max_len, on_end=engine.park.discard)
+    return EpisodeRunner(
+        factory, params, cfg.env, engine.max_len, on_end=engine.park.discard, workers=workers
+    )
 
 
 def env_max_len(cfg: Config, factory: EnvFactory, prompts: Sequence[Prompt], tok: Tokenizer) -> int:
@@ -157,11 +247,15 @@ def episode_group(
 
 
 def episode_accuracy(
-    cfg: Config, factory: EnvFactory, engine: Engine, prompts: Sequence[Prompt]
+    cfg: Config,
+    factory: EnvFactory,
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    workers: Workers | None = None,
 ) -> float:
     """Mean reward of greedy episodes of `prompts` (temperature 0), as held-out accuracy."""
     params = SamplingParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens)
-    runner = make_runner(cfg, factory, engine, params)
+    runner = make_runner(cfg, factory, engine, params, workers)
     try:
         eps = run_episodes(engine, runner, [(p, ("eval", n), 0) for n, p in enumerate(prompts)])
     finally:

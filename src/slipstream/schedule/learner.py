@@ -103,6 +103,8 @@ class RunLearner:
             if acc is not None:
                 record["heldout_acc"] = acc
                 record.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
+        if run.forecast is not None:
+            record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)

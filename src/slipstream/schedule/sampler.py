@@ -19,8 +19,8 @@ What the schedule decides here (`ScheduleSpec`):
   this bias to cut the straggler wait; report it next to any accuracy claim).
 
 With `env.tools` every member is a multi-turn episode (schedule.episodes): a turn that ends
-leaves the engine, its environment steps in a worker thread while the engine decodes the
-others, and its continuation joins the front of the backlog. A member is finished when its
+leaves the engine, its environment steps in a worker process (envs.workers) while the engine
+decodes the others, and its continuation joins the front of the backlog. A member is finished when its
 episode ends; "idle" (for weight loads between batches) then also means no episode in flight.
 """
 
@@ -193,6 +193,8 @@ class SamplerWorker:
                     self.runner.wait(self.poll_s)  # only environments have work: wait for one
                     self._account("wait", t0)
                     continue
+                if st.draining:  # the last episodes just ended: load the weights first
+                    continue  # (admitting work here would restart the drain, for ever)
                 self._wait_for_work(ch)
                 continue
             t0 = time.perf_counter()

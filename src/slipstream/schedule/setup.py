@@ -19,6 +19,7 @@ from slipstream.engine import Engine, Request, SamplingParams, capacity
 from slipstream.engine.stats import EngineStats
 from slipstream.envs.base import EnvFactory
 from slipstream.envs.builtin import tool_sums_task
+from slipstream.envs.workers import Workers, make_workers
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
 from slipstream.model.chat import ChatTemplateError, load_chat_template
 from slipstream.observe.progress import ProgressView
@@ -42,6 +43,7 @@ from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.presets import preset
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
+from slipstream.sim.forecast import OnlineForecast
 from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
 from slipstream.tasks.guard import (
     ERRORS,
@@ -55,7 +57,7 @@ from slipstream.tasks.rewards import CombinedReward, RewardPart
 from slipstream.tasks.rows import read_prompts
 from slipstream.train.precision import parse_dtype
 from slipstream.train.trainer import Trainer, resolve_proximal
-from slipstream.train.warmstart import warm_start
+from slipstream.train.warmstart import warm_start, ws_seed
 from slipstream.types import FinishReason, Group, Prompt
 
 # Counters of `Run.counters`, cumulative over the run (the sync loop reports per-step deltas).
@@ -102,10 +104,12 @@ class Run:
     eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
     env_factory: EnvFactory | None = None  # env.tools: every sample is an episode
+    env_workers: Workers | None = None  # where its environments step (made on first use)
     max_len: int = 0  # longest prompt + completion the engine holds; 0: no bound (see `fits`)
     placement: placement.Placement = field(
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
     )
+    forecast: OnlineForecast | None = None  # time to the end, added to each step record
 
     @property
     def params(self) -> SamplingParams:
@@ -128,7 +132,9 @@ class Run:
 
     def _evaluate(self) -> float:
         if self.env_factory is not None:
-            acc = episode_accuracy(self.cfg, self.env_factory, self.eval_engine, self.heldout)
+            acc = episode_accuracy(
+                self.cfg, self.env_factory, self.eval_engine, self.heldout, self.workers()
+            )
             self.eval_metrics = {"heldout/mean@1": acc}
             return acc
         e, s = self.cfg.eval, self.cfg.sampling
@@ -203,6 +209,19 @@ class Run:
             rates, s.group_size * len(prompts), s.group_size_min, s.group_size_max
         )
 
+    def workers(self) -> Workers:
+        """The environment workers of this run's episodes (one set, kept across steps)."""
+        assert self.env_factory is not None
+        if self.env_workers is None:
+            e = self.cfg.env
+            self.env_workers = make_workers(self.env_factory, e.workers, e.isolation)
+        return self.env_workers
+
+    def close_workers(self) -> None:
+        if self.env_workers is not None:
+            self.env_workers.close()
+            self.env_workers = None
+
     def rollout(self, prompts: list[Prompt]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
         sizes = self.group_sizes(prompts)
@@ -225,7 +244,7 @@ class Run:
             for i, (p, g) in enumerate(zip(prompts, sizes))
             for m, r in enumerate(self.requests(p, g))
         ]
-        runner = make_runner(self.cfg, self.env_factory, self.engine, self.params)
+        runner = make_runner(self.cfg, self.env_factory, self.engine, self.params, self.workers())
         try:
             done = {e.key: e for e in run_episodes(self.engine, runner, items)}
         finally:
@@ -438,7 +457,7 @@ def build_model(
             view.log(f"warm start: step {step} loss {loss:.3f} held-out acc {acc:.3f}")
 
     view.log("warm start of the built-in model (cached after the first run)...")
-    model, tok, info = warm_start(builtin, cfg.warmstart, cfg.run.seed, evaluate, report)
+    model, tok, info = warm_start(builtin, cfg.warmstart, ws_seed(cfg), evaluate, report)
     tok = tok.with_stop_strings(cfg.sampling.stop)
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
@@ -584,4 +603,8 @@ def setup(cfg: Config) -> Run:
         eval_sets=sets,
         placement=where,
         max_len=skip_len,
+        # the forecast's simulations (~0.1 s) are redone every 5 steps or 20 times a run
+        forecast=OnlineForecast(
+            run_dir, cfg.run.steps, cfg.eval.every, max(5, cfg.run.steps // 20)
+        ),
     )

@@ -79,6 +79,8 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
                 acc = metrics["heldout_acc"] = run.evaluate()
                 metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
+        if run.forecast is not None:
+            record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)
@@ -257,6 +259,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
+    run.close_workers()
     run.view.close()
     run.sink.close()
     run.timeline.close()

@@ -94,7 +94,7 @@ class Trainer:
         self.pad_id = pad_id
         self.version = 0
         self.skipped_steps = 0
-        self.opt = precision.make_adamw(model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.99))
+        self.opt = precision.make_adamw(model, cfg.lr, cfg.weight_decay, betas=cfg.betas)
         self._hp: dict[str, Any] = {
             k: v for k, v in (("eps_low", cfg.eps_low), ("eps_high", cfg.eps_high)) if v is not None
         }
@@ -180,7 +180,7 @@ class Trainer:
         if finite:
             for g in self.opt.param_groups:
                 g["lr"] = lr * lr_scale
-            self.opt.step()
+            precision.step_adamw(self.opt)
         else:
             self.skipped_steps += 1  # weights and optimizer state untouched
         self.opt.zero_grad(set_to_none=True)

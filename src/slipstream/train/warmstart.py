@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from slipstream.config import WarmstartConfig
+from slipstream.config import Config, WarmstartConfig
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer, save_pretrained
 from slipstream.model.builtin import init_builtin
 from slipstream.tasks.arithmetic import RunningSums
@@ -40,6 +40,12 @@ def cache_root(cfg: WarmstartConfig) -> Path:
     return Path(base)
 
 
+def ws_seed(cfg: Config) -> int:
+    """The warm start's seed of a run config: `warmstart.seed`, else `run.seed`."""
+    seed = cfg.warmstart.seed
+    return cfg.run.seed if seed is None else seed
+
+
 def cache_key(
     task: RunningSums,
     cfg: WarmstartConfig,
@@ -55,7 +61,7 @@ def cache_key(
             k: getattr(task, k)
             for k in ("num_train", "num_heldout", "k_min", "k_max", "alpha", "seed")
         },
-        "ws": cfg.model_dump(exclude={"cache_dir"}),
+        "ws": cfg.model_dump(exclude={"cache_dir", "seed"}),  # (the seed is `seed`)
         "seed": seed,
     }
     if tag:  # another task's warm start (the built-in task's keys stay as they were)

@@ -1,0 +1,356 @@
+"""Where environment steps run: `env.workers` worker processes (default) or threads.
+
+An episode's environment lives in one worker from its first observation to its end (an `Env`
+is stateful: it is built there by the factory and never leaves). The episode runner
+(schedule.episodes) asks for `first(key, row)` and `step(key, tokens)` and gets a
+`concurrent.futures.Future` of `(observation or step result, seconds in the worker)`; a step
+that raises fails its future with `EnvError` (the episode ends `error`).
+
+`ProcessWorkers` (`env.isolation = "process"`): each worker is a process forked from a
+forkserver that has slipstream imported; it runs one step at a time, so a step's time limit is
+exact: a step past `env.step_timeout_s` is ended by SIGKILLing its worker (`abandon`). A worker
+that dies, killed for a timeout or by anything else (a segfault, the OOM killer, a SIGKILL),
+fails its running and queued steps with `WorkerDied`, and every other episode whose
+environment lived in it ends as well (its state is gone) at its next step: their reason is
+`crash`. A fresh worker takes its place at once. Factories must be picklable (module-level
+functions or classes); steps and observations go through pipes. If the sampler itself dies,
+each worker exits at its next read (the pipe closes).
+
+`ThreadWorkers` (`env.isolation = "thread"`): steps run in threads of the caller's process;
+nothing is pickled (tests that inspect their environments use it), a step past the limit is
+abandoned (its thread cannot be killed) and a crash of native code takes the sampler down.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import multiprocessing as mp
+import signal
+import time
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Literal, Protocol
+
+from slipstream.envs.base import Env, EnvFactory, Observation, StepResult, resolve
+from slipstream.types import Prompt
+
+Isolation = Literal["process", "thread"]
+Outcome = tuple[Observation | StepResult, float]  # what a step gave, seconds in the worker
+_PRELOAD = ["slipstream.envs", "slipstream.schedule.agentic"]
+
+
+class EnvError(RuntimeError):
+    """The environment (its factory, `initial_observation` or `step`) raised; the message."""
+
+
+class WorkerDied(RuntimeError):
+    """The worker process that held the episode's environment died."""
+
+
+class Workers(Protocol):
+    def first(self, key: Hashable, row: Prompt) -> cf.Future[Outcome]: ...
+
+    def step(self, key: Hashable, tokens: list[int]) -> cf.Future[Outcome]: ...
+
+    def started(self, key: Hashable) -> float | None:
+        """`time.monotonic()` when `key`'s current step began running (None: queued, none)."""
+        ...
+
+    def abandon(self, key: Hashable) -> None:
+        """`key`'s running step is past its time limit: stop it as well as the mode can."""
+        ...
+
+    def end(self, key: Hashable) -> None:
+        """The episode ended: its environment is dropped."""
+        ...
+
+    def pump(self, timeout: float) -> None:
+        """Collect finished steps, waiting up to `timeout` s for one if none is ready."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _run_op(envs: dict[Hashable, Env], factory: EnvFactory, op: str, key: Hashable, arg: Any):
+    """One operation on `envs`: the first observation (building the env) or a step."""
+    if op == "first":
+        env = factory(arg)
+        obs = resolve(env.initial_observation())
+        envs[key] = env
+        return obs
+    return resolve(envs[key].step(arg))
+
+
+# ---- threads ----------------------------------------------------------------------------------
+class ThreadWorkers:
+    """Steps in `n` threads of this process (module docstring)."""
+
+    def __init__(self, factory: EnvFactory, n: int) -> None:
+        self.factory = factory
+        self.pool = cf.ThreadPoolExecutor(n, thread_name_prefix="slipstream-env")
+        self.envs: dict[Hashable, Env] = {}
+        self.t_start: dict[Hashable, float] = {}
+        self.futures: dict[Hashable, cf.Future[Outcome]] = {}
+
+    def _submit(self, op: str, key: Hashable, arg: Any) -> cf.Future[Outcome]:
+        def job() -> Outcome:
+            t0 = time.monotonic()
+            self.t_start[key] = t0
+            try:
+                return _run_op(self.envs, self.factory, op, key, arg), time.monotonic() - t0
+            except Exception as e:
+                raise EnvError(f"{type(e).__name__}: {e}"[:500]) from e
+
+        fut = self.pool.submit(job)
+        self.futures[key] = fut
+        return fut
+
+    def first(self, key: Hashable, row: Prompt) -> cf.Future[Outcome]:
+        return self._submit("first", key, row)
+
+    def step(self, key: Hashable, tokens: list[int]) -> cf.Future[Outcome]:
+        return self._submit("step", key, tokens)
+
+    def started(self, key: Hashable) -> float | None:
+        return self.t_start.get(key)
+
+    def abandon(self, key: Hashable) -> None:
+        self.end(key)  # its thread runs on; what it returns is ignored
+
+    def end(self, key: Hashable) -> None:
+        self.envs.pop(key, None)
+        self.t_start.pop(key, None)
+        self.futures.pop(key, None)
+
+    def pump(self, timeout: float) -> None:
+        running = [f for f in self.futures.values() if not f.done()]
+        if timeout > 0 and running:
+            cf.wait(running, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---- processes --------------------------------------------------------------------------------
+def _worker_main(conn: Connection, factory: EnvFactory) -> None:
+    """A worker process: run operations one at a time until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sampler's to handle
+    envs: dict[Hashable, Env] = {}
+    while True:
+        try:
+            op, key, arg = conn.recv()
+        except (EOFError, OSError):
+            return  # the sampler is gone
+        if op == "drop":
+            envs.pop(key, None)
+            continue
+        if op == "close":
+            return
+        t0 = time.monotonic()
+        try:
+            msg: tuple[str, Hashable, Any, float] = (
+                "ok", key, _run_op(envs, factory, op, key, arg), 0.0
+            )  # fmt: skip
+        except Exception as e:  # the environment raised: reported, the worker goes on
+            envs.pop(key, None)
+            msg = ("err", key, f"{type(e).__name__}: {e}"[:500], 0.0)
+        msg = (*msg[:3], time.monotonic() - t0)
+        try:
+            conn.send(msg)
+        except (EOFError, OSError):
+            return
+        except Exception as e:  # the result does not pickle
+            conn.send(("err", key, f"step result cannot be sent: {type(e).__name__}: {e}", 0.0))
+
+
+@dataclass
+class _Op:
+    op: str
+    key: Hashable
+    arg: Any
+    future: cf.Future[Outcome]
+    t_start: float | None = None
+
+
+@dataclass
+class _Worker:
+    proc: Any  # multiprocessing Process
+    conn: Connection
+    queue: deque[_Op] = field(default_factory=deque)
+    running: _Op | None = None
+    keys: set[Hashable] = field(default_factory=set)  # episodes whose environment lives here
+    drops: list[Hashable] = field(default_factory=list)  # to send when it is idle
+
+
+class ProcessWorkers:
+    """Steps in `n` worker processes (module docstring). Not thread-safe: one loop drives it."""
+
+    def __init__(self, factory: EnvFactory, n: int) -> None:
+        self.factory = factory
+        self.ctx = mp.get_context("forkserver")
+        with contextlib.suppress(ValueError, RuntimeError):
+            self.ctx.set_forkserver_preload(_PRELOAD)
+        self.workers = [self._spawn() for _ in range(n)]
+        self.home: dict[Hashable, int] = {}  # episode -> index of the worker holding its env
+        self.lost: dict[Hashable, str] = {}  # episodes whose worker died: why
+        self.deaths = 0  # workers that died (killed for a timeout or otherwise)
+
+    def _spawn(self) -> _Worker:
+        ours, theirs = self.ctx.Pipe(duplex=True)
+        proc = self.ctx.Process(
+            target=_worker_main, args=(theirs, self.factory), name="slipstream-env", daemon=True
+        )
+        # a sampler is a daemonic process, which multiprocessing forbids children lest they
+        # outlive it; these cannot: each exits when its pipe to the sampler closes
+        config = mp.current_process()._config  # type: ignore[attr-defined]
+        daemon = config.get("daemon")
+        config["daemon"] = False
+        try:
+            proc.start()
+        finally:
+            config["daemon"] = daemon
+        theirs.close()
+        return _Worker(proc, ours)
+
+    # ---- the protocol ---------------------------------------------------------------------
+    def first(self, key: Hashable, row: Prompt) -> cf.Future[Outcome]:
+        i = min(range(len(self.workers)), key=lambda j: self._load(j))
+        self.home[key] = i
+        self.workers[i].keys.add(key)
+        return self._enqueue(i, _Op("first", key, row, cf.Future()))
+
+    def step(self, key: Hashable, tokens: list[int]) -> cf.Future[Outcome]:
+        fut: cf.Future[Outcome] = cf.Future()
+        if key in self.lost or key not in self.home:
+            fut.set_exception(WorkerDied(self.lost.get(key, "no environment for this episode")))
+            return fut
+        return self._enqueue(self.home[key], _Op("step", key, tokens, fut))
+
+    def started(self, key: Hashable) -> float | None:
+        i = self.home.get(key)
+        run = self.workers[i].running if i is not None else None
+        return run.t_start if run is not None and run.key == key else None
+
+    def abandon(self, key: Hashable) -> None:
+        i = self.home.get(key)
+        if i is None:
+            return
+        w = self.workers[i]
+        if w.running is not None and w.running.key == key:
+            with contextlib.suppress(ProcessLookupError, AttributeError):
+                w.proc.kill()
+            w.proc.join(5.0)
+            self._died(i, f"its worker was killed: another episode's step timed out ({key!r})")
+        self.end(key)
+
+    def end(self, key: Hashable) -> None:
+        self.lost.pop(key, None)
+        i = self.home.pop(key, None)
+        if i is None:
+            return
+        w = self.workers[i]
+        w.keys.discard(key)
+        w.drops.append(key)
+        self._dispatch(i)
+
+    def pump(self, timeout: float) -> None:
+        for i in range(len(self.workers)):
+            self._dispatch(i)
+        busy = [w for w in self.workers if w.running is not None]
+        if not busy:
+            return
+        ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout)
+        for i, w in enumerate(self.workers):
+            if w.running is None:
+                continue
+            if w.conn in ready or w.proc.sentinel in ready:
+                self._collect(i)
+
+    def close(self) -> None:
+        for w in self.workers:
+            with contextlib.suppress(OSError, ValueError):
+                w.conn.send(("close", None, None))
+        deadline = time.monotonic() + 1.0
+        for w in self.workers:
+            w.proc.join(max(deadline - time.monotonic(), 0.0))
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join(5.0)
+            w.conn.close()
+            for op in [*w.queue, *([w.running] if w.running else [])]:
+                if not op.future.done():
+                    op.future.set_exception(WorkerDied("the environment workers were closed"))
+
+    # ---- internals ------------------------------------------------------------------------
+    def _load(self, i: int) -> tuple[int, int]:
+        w = self.workers[i]
+        return (len(w.keys), len(w.queue) + (w.running is not None))
+
+    def _enqueue(self, i: int, op: _Op) -> cf.Future[Outcome]:
+        self.workers[i].queue.append(op)
+        self._dispatch(i)
+        return op.future
+
+    def _dispatch(self, i: int) -> None:
+        """Send the worker its drops and its next operation, if it is idle."""
+        w = self.workers[i]
+        if w.running is not None:
+            return
+        try:
+            for key in w.drops:
+                w.conn.send(("drop", key, None))
+            w.drops.clear()
+            if w.queue:
+                op = w.queue.popleft()
+                w.conn.send((op.op, op.key, op.arg))
+                op.t_start, w.running = time.monotonic(), op
+        except (OSError, ValueError):  # its pipe is broken: it died
+            self._died(i, self._why(w))
+
+    def _collect(self, i: int) -> None:
+        w = self.workers[i]
+        try:
+            status, key, payload, seconds = w.conn.recv()
+        except (EOFError, OSError):
+            w.proc.join(5.0)
+            self._died(i, self._why(w))
+            return
+        op, w.running = w.running, None
+        assert op is not None and op.key == key
+        if status == "ok":
+            op.future.set_result((payload, seconds))
+        else:
+            op.future.set_exception(EnvError(payload))
+        self._dispatch(i)
+
+    def _why(self, w: _Worker) -> str:
+        code = w.proc.exitcode
+        if code is not None and code < 0:
+            return f"environment worker died (signal {signal.Signals(-code).name})"
+        return f"environment worker died (exit code {code})"
+
+    def _died(self, i: int, why: str) -> None:
+        """Worker `i` is gone: fail what it held, put a fresh one in its place."""
+        w = self.workers[i]
+        self.deaths += 1
+        ops = [*([w.running] if w.running else []), *w.queue]
+        for op in ops:
+            if not op.future.done():
+                op.future.set_exception(WorkerDied(why))
+        for key in w.keys:
+            self.lost[key] = why
+        with contextlib.suppress(OSError):
+            w.conn.close()
+        fresh = self._spawn()
+        fresh.keys = set(w.keys)  # still homed here until they end (their steps fail)
+        self.workers[i] = fresh
+
+
+def make_workers(factory: EnvFactory, n: int, isolation: Isolation) -> Workers:
+    """`n` process or thread workers for `factory` (`env.workers`, `env.isolation`)."""
+    if isolation == "process":
+        return ProcessWorkers(factory, n)
+    return ThreadWorkers(factory, n)

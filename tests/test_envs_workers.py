@@ -1,0 +1,107 @@
+"""Environment steps in worker processes: concurrency, time limits that kill, crashes that end
+the episodes they hold (each episode once, with its reason), and a run that goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from scripted_env import ByMode
+from slipstream.config.env import EnvConfig
+from slipstream.engine import Engine, SamplingParams
+from slipstream.engine.parking import KVPark
+from slipstream.envs.workers import ProcessWorkers
+from slipstream.model.llama import CausalLM, ModelConfig
+from slipstream.schedule.episodes import EpisodeRunner, run_episodes
+from slipstream.types import Prompt
+
+EOS = 1
+
+
+def _engine(slots: int = 4) -> Engine:
+    cfg = ModelConfig(
+        vocab_size=13, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    engine = Engine(CausalLM(cfg).eval(), EOS, num_slots=slots, max_len=64)
+    engine.park = KVPark(1000)
+    return engine
+
+
+def _rows(modes: dict[str, str], sleep_s: float = 0.0) -> list[tuple[Prompt, str, int]]:
+    return [
+        (Prompt(k, "", None, meta={"mode": m, "sleep_s": sleep_s}), k, n)
+        for n, (k, m) in enumerate(modes.items())
+    ]
+
+
+@pytest.mark.slow  # ~9 s here: starts a forkserver (slipstream imported) and 5 workers
+def test_process_workers_end_each_episode_once_with_its_reason() -> None:
+    """Errors, a timed-out step (its worker SIGKILLed, the episode on it with it: `crash`), an
+    externally SIGKILLed worker, and healthy episodes that finish; the run goes on."""
+    modes = {"ok0": "ok", "ok1": "ok", "raise": "raise", "hang": "hang", "victim": "slow"}
+    cfg = EnvConfig(workers=5, step_timeout_s=1.0, max_turns=4)  # one episode a worker
+    params = SamplingParams(temperature=1.0, max_new_tokens=3)
+    engine = _engine()
+    workers = ProcessWorkers(ByMode, cfg.workers)
+    runner = EpisodeRunner(ByMode, params, cfg, 64, on_end=engine.park.discard, workers=workers)
+
+    def kill_victim() -> None:  # SIGKILL the worker of `victim` while its step sleeps
+        for _ in range(200):
+            i = workers.home.get("victim")
+            if i is not None and workers.started("victim") is not None:
+                os.kill(workers.workers[i].proc.pid, signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    items = _rows(modes, sleep_s=0.0)
+    items[-1][0].meta["sleep_s"] = 0.8
+    killer = threading.Thread(target=kill_victim)
+    killer.start()
+    t0 = time.monotonic()
+    try:
+        eps = run_episodes(engine, runner, items)
+    finally:
+        killer.join()
+    wall = time.monotonic() - t0
+    ends = {e.key: e.stats.end for e in eps}
+    assert len(eps) == len(modes) and sorted(ends) == sorted(modes)  # each ended once
+    assert ends["ok0"] == ends["ok1"] == "done"
+    assert (
+        ends["raise"] == "error"
+        and "tool crashed" in next(e for e in eps if e.key == "raise").error
+    )
+    assert ends["hang"] == "timeout" and ends["victim"] == "crash"
+    assert all(e.reward == 0.0 for e in eps if e.stats.end != "done")
+    assert workers.deaths >= 2 and wall < 10  # the hang was cut at its limit, not after 60 s
+    # the run goes on: fresh workers took the dead ones' places
+    more = run_episodes(engine, runner, _rows({"again": "ok"}))
+    assert [e.stats.end for e in more] == ["done"]
+    runner.close()
+    workers.close()
+    assert all(not w.proc.is_alive() for w in workers.workers)
+
+
+@pytest.mark.slow  # ~2 s: worker processes
+def test_process_workers_step_concurrently() -> None:
+    """Eight episodes whose steps each sleep 0.4 s, in 8 processes: the steps overlap."""
+    modes = {f"e{i}": "slow" for i in range(8)}
+    cfg = EnvConfig(workers=8, step_timeout_s=5.0)
+    engine = _engine(slots=8)
+    workers = ProcessWorkers(ByMode, cfg.workers)
+    run_episodes(engine, EpisodeRunner(ByMode, SamplingParams(0.0, 1.0, 0, 2), cfg, 64,
+                                       workers=workers), _rows({"warm": "ok"}))  # fmt: skip
+    runner = EpisodeRunner(ByMode, SamplingParams(0.0, 1.0, 0, 2), cfg, 64, workers=workers)
+    t0 = time.monotonic()
+    eps = run_episodes(engine, runner, _rows(modes, sleep_s=0.4))
+    wall = time.monotonic() - t0
+    workers.close()
+    assert all(e.stats.end == "done" for e in eps)
+    assert sum(e.stats.env_time_s for e in eps) >= 8 * 2 * 0.4  # two steps each, in workers
+    assert wall < 8 * 2 * 0.4 / 2, wall  # serial would take 6.4 s
