@@ -59,6 +59,11 @@ TIMINGS = (
     "time/train_s",
     "engine/tokens_per_s",
     "train/tokens_per_s",
+    # the run's forecast of its own duration (sim.forecast), fitted to the timings above
+    "forecast/remaining_s",
+    "forecast/remaining_lo_s",
+    "forecast/remaining_hi_s",
+    "forecast/end_s",
 )
 # Settings a replay may change: they act on the trainer's step, its evaluation or its output
 EDITABLE = (
