@@ -28,6 +28,12 @@ class RunConfig(_Section):
     `[wandb]` section says (offline by default: upload later with `wandb sync`)."""
     rollouts_per_step: int = Field(4, ge=0)
     """Samples per step written as text to rollouts.txt (best and worst of a few groups)."""
+    record_schedule: bool = False
+    """Write the order of events that decided the run's outcome to RUN_DIR/schedule/ (every
+    request, every engine step's admissions and weight load, every message the trainer took,
+    every call into the trainer), so that `slipstream replay RUN_DIR` re-executes the run in
+    one process to the same metrics and final weights (schedule/record.py). Orchestrated
+    runs (`runtime.kind` local or ray) without environments, restarts or fault injection."""
 
 
 class ScheduleConfig(_Section):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -65,9 +66,16 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
 
     rc = cfg.runtime
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
+    if ckpt is not None and cfg.run.record_schedule:
+        from slipstream.config import ConfigError
+
+        raise ConfigError(
+            "run.record_schedule: a resumed run cannot be recorded (record from step 0)"
+        )
     if ckpt is not None:
         rewind(ckpt)
     run, rt, learner, orch, sampler = _build(cfg)
+    close_record = _record(cfg, run.dir, orch)
     saved: dict[str, Any] = {}
     if ckpt is not None:
         saved = restore(run, ckpt)
@@ -102,7 +110,9 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
                 acc_start = learner.evaluate(0)
             orch.run()
             wall = time.perf_counter() - orch.stats.t_start
+        close_record(True)
     except BaseException:
+        close_record(False)
         run.view.close()  # leave the terminal clean; metrics written so far stay
         run.sink.close()
         run.timeline.close()
@@ -133,6 +143,25 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
         run.info.update(weight_transport=rc.weight_transport, weight_fallbacks=rt.weights.fallbacks)
     acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
     return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
+
+
+def _record(cfg: Config, run_dir: Any, orch: Orchestrator) -> Callable[[bool], None]:
+    """run.record_schedule: record the run (schedule.record); the call closing the record."""
+    if not cfg.run.record_schedule:
+        return lambda complete: None
+    from slipstream.runtime.local import default_threads
+    from slipstream.schedule.record import attach
+
+    rc = cfg.runtime
+    meta = {
+        "samplers": rc.num_samplers,
+        "trainer_threads": rc.trainer_threads or default_threads(rc.num_samplers),
+        "sampler_threads": rc.threads_per_sampler or default_threads(rc.num_samplers),
+        "schedule": orch.spec.name,
+        "max_lag": orch.spec.max_lag,
+        "runtime": rc.kind,
+    }
+    return attach(orch, run_dir, meta)
 
 
 def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, SamplerSpec]:
