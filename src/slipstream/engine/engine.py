@@ -61,10 +61,12 @@ from slipstream.engine.forward import (
     DecodeGraph,
     PartRows,
     SlotKV,
+    cat_parts,
     decode_part,
     forward,
     make_plan,
     prefill_part,
+    wait_device,
 )
 from slipstream.engine.packed import PackedWeights
 from slipstream.engine.parking import KVPark
@@ -151,16 +153,6 @@ class _Decode:
     live: torch.Tensor  # [R] long, 1 where the slot was live (0: a free slot riding along)
     order: list[int | None]  # slot of each row, None for free ones
     n_live: int
-
-
-def _wait(t: torch.Tensor) -> None:
-    """Wait for the work queued on `t`'s device (a no-op on CPU)."""
-    if t.device.type == "cuda":
-        torch.cuda.synchronize(t.device)
-
-
-def _cat(xs: list[torch.Tensor]) -> torch.Tensor:
-    return xs[0] if len(xs) == 1 else torch.cat(xs)
 
 
 class Engine:
@@ -337,7 +329,7 @@ class Engine:
                 p.copy_(state[name])  # into existing storage: no reallocation, no re-pinning
         self.version = version
         self._weights.sync()  # the packed copies follow
-        _wait(self._pos)  # on a GPU the copies are queued: time them, not their launch
+        wait_device(self._pos)  # on a GPU the copies are queued: time them, not their launch
         t1 = time.perf_counter()
         live = [i for i, s in enumerate(self.slots) if s is not None]
         if self.kv_mode == "recompute" and live:
@@ -347,7 +339,7 @@ class Engine:
             ids, part = self._prefill_part(live, seqs)
             forward(self._weights, self.cache, make_plan(self.cache, ids, [part], None))
             self.stats.recompute_tokens += len(ids)
-            _wait(self._pos)
+            wait_device(self._pos)
         pause = time.perf_counter() - t0
         self.stats.weight_copy_s += t1 - t0
         self.stats.weight_update_s += pause
@@ -410,13 +402,14 @@ class Engine:
         now = time.time()
         for i, s in enumerate(self.slots):  # lowest free slots first: keeps the live range dense
             if s is None and self.waiting:
-                r = self.waiting.popleft()
-                self.slots[i] = _Slot(r, t_start=now)
+                self.slots[i] = _Slot(self.waiting.popleft(), t_start=now)
                 admitted.append(i)
-                p = r.params
-                self._temp[i], self._top_p[i], self._top_k[i] = p.temperature, p.top_p, p.top_k
-                self._seed[i] = r.seed
         self._num_active += len(admitted)
+        # one indexed write per tensor: a scalar write per slot and tensor costs ~5 us each
+        ps = [(s.request.params, s.request.seed) for s in map(self._slot, admitted)]
+        cols = zip(*((p.temperature, p.top_p, p.top_k, seed) for p, seed in ps))
+        for dst, col in zip((self._temp, self._top_p, self._top_k, self._seed), cols):
+            dst[admitted] = torch.tensor(col, dtype=dst.dtype, device=dst.device)
         self._live[admitted] = 1
         return admitted
 
@@ -464,7 +457,7 @@ class Engine:
             out_index = torch.arange(n_dec, device=self._pos.device)
             if admitted:  # the last token of each prompt
                 out_index = torch.cat([out_index, n_dec + lens.cumsum(0) - 1])
-            plan = make_plan(self.cache, _cat(ids), parts, out_index)
+            plan = make_plan(self.cache, cat_parts(ids), parts, out_index)
             logits = forward(self._weights, self.cache, plan)
         else:  # a decode step alone, with decode_graph (step() never mixes prefill into it)
             assert dec is not None  # dec.live is the graph's input (_decode_rows)
@@ -476,7 +469,7 @@ class Engine:
             self.stats.graph_decode_steps += 1
         assert logits is not None
         # the sampling parameters of the output rows: views when the rows are a slot range
-        rows = dec.rows if dec is not None and not admitted else _cat(slot_ids)
+        rows = dec.rows if dec is not None and not admitted else cat_parts(slot_ids)
         got = sample(
             logits,
             self._temp[rows],
@@ -506,8 +499,8 @@ class Engine:
         """Append each live row's token, log-prob and version; release finished slots."""
         tokens, logp = got.tokens.tolist(), got.logp.tolist()
         mass = got.kept_logmass.tolist() if got.kept_logmass is not None else None
-        done = []
-        now = time.time()
+        done, freed = [], []
+        now, version, stop_seqs = time.time(), self.version, self.stop_sequences
         n = 0
         for r, i in enumerate(order):
             if i is None:
@@ -517,11 +510,11 @@ class Engine:
             tok = tokens[r]
             s.tokens.append(tok)
             s.logp.append(logp[r])
-            s.versions.append(self.version)
+            s.versions.append(version)
             s.kept_logmass.append(mass[r] if mass is not None else 0.0)
             end = None
-            if tok in self.stop_ids or any(
-                tuple(s.tokens[-len(q) :]) == q for q in self.stop_sequences
+            if tok in self.stop_ids or (
+                stop_seqs and any(tuple(s.tokens[-len(q) :]) == q for q in stop_seqs)
             ):
                 end = FinishReason.STOP
             elif len(s.tokens) >= s.request.params.max_new_tokens:
@@ -529,8 +522,10 @@ class Engine:
             if end is not None:
                 if self.park is not None and s.request.park:  # all but `tok` are in the cache
                     seq = s.request.prompt_tokens + s.tokens[:-1]
-                    self.park.save(self.cache, i, seq, s.request.key, self.version)
-                done.append(self._release(i).completion(end, now))
+                    self.park.save(self.cache, i, seq, s.request.key, version)
+                done.append(self._release(i, reset=False).completion(end, now))
+                freed.append(i)
+        self._reset(freed)
         self.stats.tokens_generated += n
         self.stats.finished += len(done)
         return done
@@ -540,15 +535,19 @@ class Engine:
         assert s is not None
         return s
 
-    def _release(self, i: int) -> _Slot:
-        """Free slot `i` (its cache rows are simply overwritten by the next prefill)."""
+    def _release(self, i: int, reset: bool = True) -> _Slot:
+        """Free slot `i` (its cache rows are simply overwritten by the next prefill); its decode
+        state is zeroed now, or by the caller's one `_reset` of all it frees."""
         s = self._slot(i)
         self.slots[i] = None
         self._num_active -= 1
-        self._live[i] = 0
-        self._pos[i] = 0
-        self._ntok[i] = 0
+        if reset:
+            self._reset([i])
         return s
+
+    def _reset(self, ids: list[int]) -> None:
+        if ids:
+            self._live[ids] = self._pos[ids] = self._ntok[ids] = 0
 
     # ---- control --------------------------------------------------------------------------
     def abort(self, predicate: Callable[[Completion], bool]) -> list[Completion]:

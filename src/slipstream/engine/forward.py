@@ -126,6 +126,17 @@ def make_plan(
     return Plan(ids, pos, write_at, [p[0] for p in parts], out_index)
 
 
+def wait_device(t: torch.Tensor) -> None:
+    """Wait for the work queued on `t`'s device (a no-op on CPU)."""
+    if t.device.type == "cuda":
+        torch.cuda.synchronize(t.device)
+
+
+def cat_parts(xs: list[torch.Tensor]) -> torch.Tensor:
+    """`torch.cat(xs)`, without a copy for a single tensor."""
+    return xs[0] if len(xs) == 1 else torch.cat(xs)
+
+
 def _norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
     # F.rms_norm is one fused op with the module's float32 arithmetic; other dtypes keep the
     # module's cast-to-float path
