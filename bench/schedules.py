@@ -1,4 +1,4 @@
-"""The five schedules on the built-in task: `slipstream bench schedules` as a plain script.
+"""The schedules against the best sync configuration: `slipstream bench schedules` as a script.
 
 Run: python bench/schedules.py [--presets sync,pipeline] [--target 0.5] [key=value ...]
 """

@@ -1,4 +1,8 @@
-"""Reproduce the published figures with slipstream.sim and time the simulator.
+"""The simulator beside published figures, and its speed.
+
+Sections 1, 3 and 4 are consistency checks (the published numbers are their inputs); section 2
+(pipeline vs sync on 128 H100s) is the one derived result. The out-of-sample prediction of
+measured runs on this machine is bench/sim_calibration.py.
 
 Run: python bench/sim.py. Prints readable tables, then one JSON line of headline figures.
 The assumptions behind each figure are in slipstream/sim/figures.py and failures.py.
@@ -26,7 +30,7 @@ from slipstream.sim.simulator import Cluster, SimConfig, Workload, simulate
 
 def straggler() -> dict[str, float]:
     fig = straggler_figure()
-    print("1. Straggler tail: 99 % of samples in 40 s, the last 1 % take 80 s more")
+    print("1. Straggler tail (consistency check: the 40 s / 80 s are inputs)")
     print(f"   sync step                          {fig['sync_step_s']:8.1f} s")
     print(f"   share of the step waiting on 1 %   {fig['tail_wait_frac']:8.1%}")
     print(f"   sync sampler utilisation           {fig['sync_sampler_util']:8.1%}")
@@ -39,7 +43,7 @@ def straggler() -> dict[str, float]:
 def pipeline_vs_sync() -> dict[str, float]:
     fig = pipeline_vs_sync_figure()
     print(
-        "\n2. Pipeline vs sync, 128 H100, Qwen2.5-7B, 512 x 16, lengths lognormal(5000, 0.6) <= 16k"
+        "\n2. Derived: pipeline vs sync, 128 H100, Qwen2.5-7B, 512 x 16, lengths lognormal(5000, 0.6) <= 16k"
     )
     print(f"   sync (colocated) step              {fig['sync_step_s']:8.1f} s")
     print(f"   pipeline (60 samplers, K=4) step   {fig['pipeline_step_s']:8.1f} s")
@@ -69,7 +73,7 @@ def pipeline_vs_sync() -> dict[str, float]:
 
 def mttf() -> dict[str, dict[str, float]]:
     fig = mttf_figure()
-    print("\n3. MTTF = c / N, one c per source")
+    print("\n3. MTTF = c / N, one c per source (consistency check: c is fitted to the points)")
     for name, row in fig.items():
         errs = ", ".join(
             f"{k.removeprefix('err_at_')} GPUs {v:+.1%}"
@@ -82,7 +86,7 @@ def mttf() -> dict[str, dict[str, float]]:
 
 def goodput() -> dict[str, dict[str, float]]:
     fig = goodput_figure()
-    print("\n4. Goodput, 1 failure/day, 50 days on 4,000 GPUs ($54M)")
+    print("\n4. Goodput, 1 failure/day, 50 days on 4,000 GPUs ($54M) (consistency check)")
     print(
         f"   {'strategy':12} {'recovery':>9} {'goodput':>8} {'MC mean':>8} {'p10-p90':>13} {'wasted':>7}"
     )

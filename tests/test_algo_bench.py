@@ -73,3 +73,20 @@ def test_bootstrap_over_seeds_spreads_the_headline_by_which_seeds_were_run():
     assert band["p50"] is None and band["p5"] is None
     assert 0.2 < band["share_at_least_goal"] < 0.3
     assert bench.bootstrap([a, a], n=50)["zv+pass_rate_band"]["p5"] == pytest.approx(0.5)
+
+
+def test_per_seed_summary_counts_never_as_zero_and_counts_them():
+    def by(hard, soft):
+        runs = {"zv+pass_rate_band": {"headline": hard}, "zv+soft_band": {"headline": soft}}
+        return {"filter_savings_by_run": runs}
+
+    lines = [by(0.4, 0.3), by(None, 0.1), by(0.2, 0.2)]
+    out = bench.per_seed_summary(lines)
+    # hard: (0.4 + 0 + 0.2) / 3 = 0.2, one seed never; soft: 0.6 / 3 = 0.2, none
+    assert out["zv+pass_rate_band"] == {"mean": pytest.approx(0.2), "never": 1, "seeds": 3}
+    assert out["zv+soft_band"] == {"mean": pytest.approx(0.2), "never": 0, "seeds": 3}
+
+
+def test_default_invocation_says_quick_and_prints_the_headline_command():
+    assert "--seeds 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15" in bench.HEADLINE_CMD
+    assert "--steps 160" in bench.HEADLINE_CMD and "smoothed curves averaged" in bench.HEADLINE

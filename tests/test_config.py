@@ -26,6 +26,7 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
         (["schedule.name=fast"], "schedule.name: unknown 'fast'; valid: sync, tail_batching"),
         (["task.kind=jsonl"], "task.path: required when task.kind = 'jsonl'"),
         (["trainer.lr"], "expected key=value"),
+        (["trainer.betas=[0.9,1.0]"], "trainer.betas: each beta must be in [0, 1)"),
         (["run.steps.x=1"], "run.steps: Input should be a valid integer"),
         (["run.seed=1", "run.seed.x=2"], "'seed' is a value, not a section"),
     ],
@@ -131,3 +132,20 @@ def test_cli_names_what_is_wrong_with_a_command(tmp_path, capsys):
     assert "usage: slipstream bench schedules" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path)]) == 2  # a folder that is not a run
     assert f"{tmp_path}: no config.toml to resume from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        (['schedule.max_lag="auto"'], "schedule.max_lag = 'auto'"),
+        (["watchdog.enabled=true", 'watchdog.actions={step_kl="rollback"}'], "watchdog actions"),
+        (["watchdog.inject_lr_spike_at=3"], "watchdog.inject_lr_spike_at"),
+    ],
+)
+def test_recording_refuses_decisions_the_record_does_not_hold(extra, key):
+    """K changes and watchdog actions are not in the schedule record: recording them would
+    give a record that cannot replay, so the config refuses them with one line."""
+    base = ['schedule.name="pipeline"', 'runtime.kind="local"', "run.record_schedule=true"]
+    load_config(None, base)  # recordable as it is
+    with pytest.raises(ConfigError, match=f"run.record_schedule: {key}"):
+        load_config(None, [*base, *extra])

@@ -94,3 +94,7 @@ def test_the_factories_pickle_for_the_environment_workers(tmp_path) -> None:
         obs = again(Prompt("p", "1+2=", "3")).initial_observation()
         assert obs.text.endswith("1+2=") and obs.tokens == TOK.encode(obs.text), extra
     assert "- echo(text)" in obs.text  # the plain format lists a tool class's tools
+    # a tool class without its own `reward` is scored by the task's verifier (in the worker)
+    env = again(Prompt("p", "1+2=", "3"))
+    env.initial_observation()
+    assert env.step(TOK.encode("3")).reward == 1.0

@@ -367,15 +367,56 @@ def test_bench_schedules_runs_each_preset_and_writes_its_table(assets, tmp_path,
     assert time_to_target(curve, 0.3) == 4.0 and time_to_target(curve, 0.6) is None
     out = tmp_path / "bench"
     overrides = _cfg_overrides(assets, tmp_path / "unused")
-    assert bench_schedules_main([*overrides, "--presets", "sync,pipeline", "--out", str(out)]) == 0
+    presets = "sync_inprocess,sync,pipeline"
+    argv = [*overrides, "--presets", presets, "--seeds", "0", "--target", "0", "--out", str(out)]
+    assert bench_schedules_main(argv) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(line["presets"]) == {"sync", "pipeline"}
+    assert set(line["presets"]) == {"sync_inprocess", "sync", "pipeline"}
     for r in line["presets"].values():
-        assert 0 <= r["final_acc"] <= 1 and r["lag_max"] >= 0
+        assert 0 <= r["final_acc"] <= 1 and r["lag_max"] >= 0 and r["reached"] == "1/1"
+    # target 0: every run is there at its start (time 0) -> no time-to-target ratio
+    assert line["baseline"] in ("sync_inprocess", "sync") and line["seeds"] == [0]
+    assert line["pipeline_wall_ratio"] > 0 and set(line["pipeline_speedup_vs"]) == {
+        "sync_inprocess",
+        "sync",
+    }
     saved = json.loads((out / "bench_schedules.json").read_text())
     assert all(s["ledger"]["balanced"] for s in saved["runs"].values())
-    assert (out / "sync" / "summary.json").exists() and (out / "pipeline" / "summary.json").exists()
+    for name in ("sync_inprocess", "sync", "pipeline"):
+        assert (out / name / "summary.json").exists()
     assert "| pipeline |" in (out / "bench_schedules.md").read_text()
     with pytest.raises(SystemExit):
         bench_schedules_main(["--presets", "sync,warp", "--out", str(tmp_path / "x")])
     assert "unknown preset 'warp'" in capsys.readouterr().err
+
+
+def test_bench_schedules_ratios_medians_and_baseline():
+    """Pure parts of the bench: per-seed ratios against a baseline, medians and ranges."""
+    from slipstream.schedule.bench import aggregate, baseline, ratios
+
+    def run(ttt: float | None, wall: float) -> dict:
+        curve = [{"step": 0, "wall_s": 0.0, "heldout_acc": 0.1}]
+        if ttt is not None:
+            curve.append({"step": 5, "wall_s": ttt, "heldout_acc": 0.5})
+        stats = {"sampler_busy": 0.5, "trainer_wait": 0.5, "lag_mean": 0, "lag_max": 0}
+        return {"heldout_curve": curve, "heldout_acc_end": 0.5, "wall_s": wall,
+                "ess_token": 1.0, **stats}  # fmt: skip
+
+    per_seed = [
+        {"sync_inprocess": run(10, 20), "sync": run(30, 40), "pipeline": run(5, 10)},
+        {"sync_inprocess": run(12, 24), "sync": run(None, 40), "pipeline": run(4, 12)},
+        {"sync_inprocess": run(20, 30), "sync": run(30, 40), "pipeline": run(None, 15)},
+    ]
+    agg = aggregate(per_seed, [0.4] * 3)
+    assert agg["sync_inprocess"]["time_to_target_s"] == 12 and agg["sync"]["reached"] == "2/3"
+    assert agg["pipeline"]["time_to_target_range"] == [4, 5]
+    assert baseline(agg) == "sync_inprocess"
+    r = ratios(per_seed, "sync_inprocess", [0.4] * 3)
+    # speedups 10/5 = 2 and 12/4 = 3 (seed 2: pipeline never); walls 0.5, 0.5, 0.5
+    assert r["speedup"] == 2.5 and r["speedup_range"] == [2, 3] and r["speedup_seeds"] == 2
+    assert r["wall_ratio"] == 0.5 and r["wall_ratio_range"] == [0.5, 0.5]
+    # a time of 0 (reached at the start) is a time, not "never": it wins the baseline
+    zero = {**agg, "sync": {**agg["sync"], "time_to_target_s": 0.0}}
+    assert baseline(zero) == "sync"
+    # per-seed targets: seed 0's 0.6 is never reached, seeds 1-2 as before
+    assert aggregate(per_seed, [0.6, 0.4, 0.4])["sync_inprocess"]["reached"] == "2/3"

@@ -1,6 +1,13 @@
-"""The published figures slipstream.sim reproduces, one test each.
+"""Consistency checks of slipstream.sim against published figures, and its one derived result.
 
-Assumptions are stated in slipstream/sim/figures.py (scenarios) and failures.py (models).
+The straggler tail, the MTTF fit and the goodput table take the published numbers as their
+inputs (the 40 s / 120 s length distribution, the MTTF points, the failure rate and recovery
+times), so their tests check that the model is consistent with those numbers, not that it
+reproduces them from anything independent: they are named `test_consistency_*`. The one
+result the simulator derives rather than receives is pipeline vs sync on 128 H100s
+(`test_derived_*`), under the assumptions stated in slipstream/sim/figures.py; the published
+1.8-2.8x band is not an input to it. The out-of-sample check on measured runs of this machine
+is tests/test_sim_out_of_sample.py.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ from slipstream.sim.lengths import Empirical, Straggler
 from slipstream.sim.simulator import Cluster, SimConfig, Workload, simulate
 
 
-def test_figure_straggler_tail_40s_then_80s_more() -> None:
-    """99 % of samples done in 40 s, the last 1 % take 80 s more (Applied Compute)."""
+def test_consistency_straggler_tail_40s_then_80s_more() -> None:
+    """Consistency check: the length distribution is built from the published 40 s / 80 s
+    (Applied Compute), so the sync step and tail share follow from the input."""
     fig = straggler_figure()
     # The sync step lasts as long as the slowest sample: the full 120 s.
     assert fig["sync_step_s"] == pytest.approx(120.0, rel=1e-6)
@@ -41,8 +49,10 @@ def test_figure_straggler_tail_40s_then_80s_more() -> None:
     assert fig["pipeline_lag_max"] >= 4
 
 
-def test_figure_pipeline_vs_sync_128_h100_long_reasoning() -> None:
-    """PipelineRL ~2x, VCPO 2.5x, AReaL 2-2.3x, ROLL Flash 2.2x: the 1.8x-2.8x band."""
+def test_derived_pipeline_vs_sync_128_h100_long_reasoning() -> None:
+    """Derived: from the cost model and the stated workload (figures.py), not from the
+    published ratios, which it is compared with: PipelineRL ~2x, VCPO 2.5x, AReaL 2-2.3x,
+    ROLL Flash 2.2x, the 1.8x-2.8x band."""
     fig = pipeline_vs_sync_figure(steps=8)
     assert 1.8 <= fig["speedup"] <= 2.8, fig
     # Where it comes from: sync's samplers idle through the tail and through training...
@@ -56,10 +66,11 @@ def test_figure_pipeline_vs_sync_128_h100_long_reasoning() -> None:
     ("source", "points"),
     [("cluster_study", (8, 1024)), ("production", (16384, 100_000))],
 )
-def test_figure_mttf_inverse_in_gpus_one_constant_per_source(
+def test_consistency_mttf_inverse_in_gpus_one_constant_per_source(
     source: str, points: tuple[int, int]
 ) -> None:
-    """MTTF = c / N fits 47.7 days @ 8 and 7.9 h @ 1,024 with one c (6.4 % worst), and
+    """Consistency check (c is fitted to these very points): MTTF = c / N fits 47.7 days @ 8
+    and 7.9 h @ 1,024 with one c (6.4 % worst), and
     ~3 h @ 16,384 and ~30 min @ 100,000 with another (0.9 % worst): both within 10 %."""
     fig = mttf_figure()[source]
     for n in points:
@@ -70,8 +81,9 @@ def test_figure_mttf_inverse_in_gpus_one_constant_per_source(
         assert abs(fig["err_at_1024"]) == pytest.approx(0.064, abs=0.001)
 
 
-def test_figure_goodput_manual_89_vs_automated_96() -> None:
-    """One failure a day, 50 days, 4,000 GPUs: ~89 % with 2.5 h manual recovery, ~96 % with
+def test_consistency_goodput_manual_89_vs_automated_96() -> None:
+    """Consistency check (the failure rate and recovery times are the published inputs): one
+    failure a day, 50 days, 4,000 GPUs: ~89 % with 2.5 h manual recovery, ~96 % with
     45 min automated recovery, within 1 point; checkpoints every 30 min (half lost a failure)."""
     fig = goodput_figure(runs=400)
     assert fig["manual"]["goodput"] == pytest.approx(0.89, abs=0.01)

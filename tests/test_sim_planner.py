@@ -82,9 +82,14 @@ def test_plan_main_prints_table_and_draws(
     assert plan_main(args) == 0
     out = capsys.readouterr().out
     assert "recommended:" in out and png.exists()
-    assert plan_main([*args, "--json", "--plot", ""]) == 0
+    assert "a run of 1000 steps:" in out and "90 % interval" in out
+    assert plan_main([*args, "--json", "--plot", "", "--run-steps", "200"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["recommended"]["schedule"] in ("sync", "pipeline")
+    d = data["run_duration"]
+    # 200 steps at the recommended step time; the interval at least the model error wide
+    assert d["expected_s"] == pytest.approx(200 * data["recommended"]["step_time_mean_s"], rel=0.2)
+    assert d["lo_s"] <= d["expected_s"] / 1.66 + 1e-9 and d["hi_s"] >= d["expected_s"] * 1.66
 
 
 def test_sim_main_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,3 +38,22 @@ def test_non_finite_step_is_skipped_and_changes_nothing():
     metrics = trainer.step([_group(tok, [1.0, -1.0])])
     assert metrics["train/skipped"] == 0.0 and trainer.version == 3
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_adamw_betas_come_from_the_config():
+    model, tok = init_builtin(seed=0)
+    default = Trainer(model, TrainerConfig(), temperature=1.0, pad_id=tok.pad_id)
+    assert default.opt.param_groups[0]["betas"] == (0.9, 0.99)
+    trl = Trainer(model, TrainerConfig(betas=(0.9, 0.999)), temperature=1.0, pad_id=tok.pad_id)
+    assert trl.opt.param_groups[0]["betas"] == (0.9, 0.999)
+
+
+def test_fused_adamw_step_moves_the_version_counters_a_shared_engine_watches():
+    """The fused kernel writes parameters without bumping their version counters; the trainer
+    bumps them, so the in-process engine's packed copies (engine.packed) see the update."""
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(model, TrainerConfig(), temperature=1.0, pad_id=tok.pad_id)
+    assert trainer.opt.defaults["fused"]
+    before = [p._version for p in model.parameters()]
+    trainer.step([_group(tok, [1.0, -1.0])])
+    assert all(p._version > v for p, v in zip(model.parameters(), before))

@@ -17,6 +17,7 @@ TIMING = (
     "busy_frac",
     "goodput",
     "weights/",
+    "forecast/",
 )
 
 

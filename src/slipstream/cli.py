@@ -19,7 +19,8 @@ commands:
   sim ...                                      simulate a cluster run (slipstream sim -h)
   plan ...                                     recommend a GPU split and schedule (slipstream plan -h)
   report RUN_DIR [RUN_DIR ...] --out DIR       figures and an HTML page from run folders
-  bench schedules [--out DIR] ...              the five schedules on the built-in task, compared
+  replay RUN_DIR [key=value ...] [--out DIR]   re-execute a run recorded with run.record_schedule=true
+  bench schedules [--out DIR] ...              the schedules vs the best sync, over seeds
 """
 
 
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             from slipstream.observe.report import report_main
 
             return report_main(rest)
+        if cmd == "replay":
+            from slipstream.schedule.replay_run import replay_main
+
+            return replay_main(rest)
         if cmd == "plan":
             from slipstream.sim.cli import plan_main
 

@@ -27,6 +27,7 @@ from slipstream.config.load import (
 )
 from slipstream.config.system import CheckpointConfig, RunConfig, RuntimeConfig, ScheduleConfig
 from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
+from slipstream.config.watchdog import WatchdogConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -47,6 +48,7 @@ __all__ = [
     "TrainerConfig",
     "WandbConfig",
     "WarmstartConfig",
+    "WatchdogConfig",
     "_all_keys",
     "apply_override",
     "dump_config",

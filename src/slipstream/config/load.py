@@ -30,6 +30,7 @@ from slipstream.config.system import (
     ScheduleConfig,
 )
 from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
+from slipstream.config.watchdog import WatchdogConfig
 from slipstream.text import is_text, read_text
 
 
@@ -52,6 +53,7 @@ class Config(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -62,6 +64,38 @@ class Config(_Section):
             raise ValueError(f"{key}: task.kind = 'builtin_tools' brings its own calculator")
         if self.filters.pass_rate_low >= self.filters.pass_rate_high:
             raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
+        return self
+
+    @model_validator(mode="after")
+    def _recordable(self) -> Config:
+        """run.record_schedule needs a run `slipstream replay` can re-execute (schedule.record)."""
+        if not self.run.record_schedule:
+            return self
+        if self.runtime.kind == "inprocess" and self.schedule.name == "sync":
+            raise ValueError(
+                "run.record_schedule: the in-process sync loop has no schedule to record (it is "
+                "deterministic as it is); use runtime.kind = 'local'"
+            )
+        if self.env.tools or self.env.factory or self.task.kind == "builtin_tools":
+            raise ValueError("run.record_schedule: multi-turn environments cannot be replayed yet")
+        if self.runtime.chaos_kills:
+            raise ValueError(
+                "run.record_schedule: a run with runtime.chaos_kills cannot be replayed"
+            )
+        # K changes and watchdog actions are decisions the record does not hold yet
+        if self.schedule.max_lag == "auto":
+            raise ValueError(
+                "run.record_schedule: schedule.max_lag = 'auto' cannot be replayed yet"
+            )
+        wd = self.watchdog
+        if wd.enabled and any(a != "warn" for a in wd.actions.values()):
+            raise ValueError(
+                "run.record_schedule: watchdog actions other than 'warn' cannot be replayed yet"
+            )
+        if wd.inject_lr_spike_at:
+            raise ValueError(
+                "run.record_schedule: watchdog.inject_lr_spike_at cannot be replayed yet"
+            )
         return self
 
     @model_validator(mode="after")

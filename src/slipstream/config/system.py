@@ -28,13 +28,39 @@ class RunConfig(_Section):
     `[wandb]` section says (offline by default: upload later with `wandb sync`)."""
     rollouts_per_step: int = Field(4, ge=0)
     """Samples per step written as text to rollouts.txt (best and worst of a few groups)."""
+    record_schedule: bool = False
+    """Write the order of events that decided the run's outcome to RUN_DIR/schedule/ (every
+    request, every engine step's admissions and weight load, every message the trainer took,
+    every call into the trainer), so that `slipstream replay RUN_DIR` re-executes the run in
+    one process to the same metrics and final weights (schedule/record.py). Orchestrated
+    runs (`runtime.kind` local or ray) without environments, restarts or fault injection."""
 
 
 class ScheduleConfig(_Section):
     name: str = "sync"
     """One of sync, tail_batching, double_buffer, async, pipeline."""
-    max_lag: int | None = Field(None, ge=0)
-    """K, the largest lag the trainer accepts; None uses the preset's."""
+    max_lag: int | Literal["auto"] | None = None
+    """K, the largest lag the trainer accepts; None uses the preset's. `auto`: the
+    orchestrator tunes K between `max_lag_min` and `max_lag_max` at window boundaries
+    (schedule.auto_lag; docs/algorithms.md, "Self-tuning staleness bound"): up by one while
+    the trainer waits for data and the token ESS stays above `ess_target` (+ a margin),
+    halved when the ESS falls below it or `mismatch/kl` exceeds `auto_kl_limit`."""
+    ess_target: float = Field(0.8, gt=0.0, le=1.0)
+    """`auto`: the token ESS (staleness/ess_token) the trained data must keep."""
+    max_lag_min: int = Field(0, ge=0)
+    """`auto`: the smallest K."""
+    max_lag_max: int = Field(8, ge=0)
+    """`auto`: the largest K (it also sizes the queues and the samplers' abort bound)."""
+    auto_start: int = Field(1, ge=0)
+    """`auto`: the K of the first window (clamped to [max_lag_min, max_lag_max])."""
+    auto_kl_limit: float = Field(0.0, ge=0.0)
+    """`auto`: lower K when `mismatch/kl` (averaged over windows) exceeds this; 0: off."""
+    auto_margin: float = Field(0.03, ge=0.0, lt=1.0)
+    """`auto`: raise K only while the ESS is at least `ess_target` + this (hysteresis)."""
+    auto_wait_min: float = Field(0.05, ge=0.0, le=1.0)
+    """`auto`: raise K only while the trainer waits for data at least this share of a step."""
+    auto_patience: int = Field(2, ge=1)
+    """`auto`: windows measured under a K before it may change again."""
     min_lag: int = Field(0, ge=0)
     """For measurement: hold every finished group back until the trainer is exactly this many
     versions past its oldest token's version (or, in the first steps, as far as it has come),
@@ -58,16 +84,37 @@ class ScheduleConfig(_Section):
         _check_name("schedule.name", self.name, PRESETS)
         return self
 
+    @property
+    def lag_bound(self) -> int | None:
+        """The largest K the run can have: `max_lag_max` under `auto`, else `max_lag`."""
+        return self.max_lag_max if self.max_lag == "auto" else self.max_lag
+
+    @model_validator(mode="after")
+    def _auto_lag(self) -> ScheduleConfig:
+        if self.max_lag_min > self.max_lag_max:
+            raise ValueError(
+                f"schedule.max_lag_min: must be at most schedule.max_lag_max ({self.max_lag_max}), "
+                f"got {self.max_lag_min}"
+            )
+        if isinstance(self.max_lag, int) and self.max_lag < 0:
+            raise ValueError(f"schedule.max_lag: must be >= 0 or 'auto', got {self.max_lag}")
+        if self.max_lag == "auto" and self.name in ("sync", "tail_batching"):
+            raise ValueError(
+                f"schedule.max_lag: 'auto' needs a schedule with lag, not {self.name!r}"
+            )
+        return self
+
     @model_validator(mode="after")
     def _lag_allowed(self) -> ScheduleConfig:
-        if self.max_lag is not None and self.name in PRESETS:
+        if self.lag_bound is not None and self.name in PRESETS:
             try:
-                PRESETS[self.name].with_max_lag(self.max_lag)
+                PRESETS[self.name].with_max_lag(self.lag_bound)
             except ValueError as e:
                 raise ValueError(f"schedule.max_lag: {e}") from None
         if self.min_lag and self.name in PRESETS:
             spec = PRESETS[self.name]
-            spec = spec if self.max_lag is None else spec.with_max_lag(self.max_lag)
+            k = self.max_lag_min if self.max_lag == "auto" else self.max_lag
+            spec = spec if k is None else spec.with_max_lag(k)
             if spec.batching != "continuous":
                 raise ValueError(
                     f"schedule.min_lag: needs a continuous-batching schedule (async, pipeline), "

@@ -9,25 +9,23 @@ Each call to `step()` does, in order:
 3. one forward that decodes one token for every slot that was live and prefills the prompts
    just admitted, then one sampling call for all of them.
 
-Prefill strategy: whole prompts, prefilled in the same forward as the decode step (a mixed
-step, as in vLLM v1 and SGLang), not chunked. Every projection and MLP runs once over the flat
-list of decode tokens and prompt tokens, with no padding; only attention is split in a decode
-part and a prefill part (engine.forward). A separate prefill forward between decode steps
-costs a whole extra pass of per-layer overhead each time a slot is refilled, which in RLVR is
-nearly every step (a slot frees every few steps), and pads the prompts to the longest.
-Chunking bounds the latency of a decode step behind a long prompt; RLVR prompts are short next
-to their completions, so it would buy nothing here (`forward.prefill_part` already takes a
-start position per row: a chunked scheduler would only split prompts across steps).
-`mixed_prefill=False` runs the two as separate forwards, for exact prefill/decode timings;
-the tokens are the same.
+Prefill strategy: whole prompts, prefilled in the same forward as the decode step (a mixed step,
+as in vLLM v1 and SGLang), not chunked. Every projection and MLP runs once over the flat list of
+decode tokens and prompt tokens, with no padding; only attention is split in a decode part and a
+prefill part (engine.forward). A separate prefill forward between decode steps costs a whole
+extra pass of per-layer overhead each time a slot is refilled, which in RLVR is nearly every
+step (a slot frees every few steps), and pads the prompts to the longest. Chunking bounds the
+latency of a decode step behind a long prompt; RLVR prompts are short next to their completions,
+so it would buy nothing here (`forward.prefill_part` already takes a start position per row: a
+chunked scheduler would only split prompts across steps). `mixed_prefill=False` runs the two as
+separate forwards, for exact prefill/decode timings; the tokens are the same.
 
 On a GPU (`decode_graph`, on by default with CUDA) a small model's step is bound by launching
 kernels, not by running them, so a decode step is a fixed-shape forward over every slot,
-captured once per span bucket as a CUDA graph and replayed (engine.forward.DecodeGraph; the
-same tokens as the ragged step). Prefill stays eager and runs as its own forward, which then
-costs several decode steps; `defer_prefill` (on with graphs) lets free slots wait until the
-decode capacity they leave idle pays for one prefill (engine.admission), so admissions come in
-batches.
+captured once per span bucket as a CUDA graph and replayed (engine.forward.DecodeGraph; the same
+tokens as the ragged step). Prefill stays eager and runs as its own forward, which then costs
+several decode steps; `defer_prefill` (on with graphs) lets free slots wait until the decode
+capacity they leave idle pays for one prefill (engine.admission), so admissions come in batches.
 
 A slot freed in step n is refilled in step n+1 (with `defer_prefill`, once the rule says so),
 so the pool never waits for the slowest sequence. Every sampled token records its behaviour
@@ -217,6 +215,7 @@ class Engine:
         self.stats = EngineStats()
         self.park: KVPark | None = None  # parked KV of episodes waiting for their env
         self._trace = trace
+        self.on_step: Callable[[int, list[Any]], None] | None = None  # schedule.record.SamplerLog
         self._num_active = 0
         self._lock = threading.Lock()
         self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
@@ -364,6 +363,8 @@ class Engine:
         live = [i for i, s in enumerate(self.slots) if s is not None]
         dec = self._decode_rows(live) if live else None
         admitted = self._admit(decoding=dec is not None)
+        if self.on_step is not None:  # the version stepped with, the keys admitted (slot order)
+            self.on_step(self.version, [self._slot(i).request.key for i in admitted])
         finished: list[Completion] = []
         if dec is not None and admitted and (self.decode_graph or not self.mixed_prefill):
             finished = self._run(dec, []) + self._run(None, admitted)  # exact times apart

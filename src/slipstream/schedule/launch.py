@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from slipstream.config import Config
+from slipstream.schedule.auto_lag import LagControl, lag_control
 from slipstream.schedule.orchestrator import Options, Orchestrator
 
 if TYPE_CHECKING:  # imported where they are used: building them starts torch work
@@ -63,9 +66,16 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
 
     rc = cfg.runtime
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
+    if ckpt is not None and cfg.run.record_schedule:
+        from slipstream.config import ConfigError
+
+        raise ConfigError(
+            "run.record_schedule: a resumed run cannot be recorded (record from step 0)"
+        )
     if ckpt is not None:
         rewind(ckpt)
     run, rt, learner, orch, sampler = _build(cfg)
+    close_record = _record(cfg, run.dir, orch)
     saved: dict[str, Any] = {}
     if ckpt is not None:
         saved = restore(run, ckpt)
@@ -76,10 +86,15 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
                 requests = saved["orchestrator"]["requests"]
                 run.info["episodes_restarted"] = sum(len(r["seeds"]) for r in requests)
     acc_start = saved.get("heldout_acc_start")
+    ctl = orch.lag_control if isinstance(orch.lag_control, LagControl) else None
+    if ctl is not None and "lag_control" in saved:
+        ctl.load_state_dict(saved["lag_control"])
+        orch.spec = replace(orch.spec, max_lag=ctl.current)
     learner.extra_state = lambda: {
         "orchestrator": orch.state_dict(),
         "heldout_acc_start": acc_start,
         "wall_s": time.perf_counter() - orch.stats.t_start,
+        **({"lag_control": ctl.state_dict()} if ctl is not None else {}),
     }
     orch.health = signals.raise_if_requested
     try:
@@ -95,7 +110,9 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
                 acc_start = learner.evaluate(0)
             orch.run()
             wall = time.perf_counter() - orch.stats.t_start
+        close_record(True)
     except BaseException:
+        close_record(False)
         run.view.close()  # leave the terminal clean; metrics written so far stay
         run.sink.close()
         run.timeline.close()
@@ -128,6 +145,25 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
 
 
+def _record(cfg: Config, run_dir: Any, orch: Orchestrator) -> Callable[[bool], None]:
+    """run.record_schedule: record the run (schedule.record); the call closing the record."""
+    if not cfg.run.record_schedule:
+        return lambda complete: None
+    from slipstream.runtime.local import default_threads
+    from slipstream.schedule.record import attach
+
+    rc = cfg.runtime
+    meta = {
+        "samplers": rc.num_samplers,
+        "trainer_threads": rc.trainer_threads or default_threads(rc.num_samplers),
+        "sampler_threads": rc.threads_per_sampler or default_threads(rc.num_samplers),
+        "schedule": orch.spec.name,
+        "max_lag": orch.spec.max_lag,
+        "runtime": rc.kind,
+    }
+    return attach(orch, run_dir, meta)
+
+
 def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, SamplerSpec]:
     """The run, the runtime (not started), the learner, the orchestrator, the sampler spec."""
     from slipstream.runtime import make_runtime
@@ -136,9 +172,10 @@ def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, Sampler
     from slipstream.schedule.presets import preset
     from slipstream.schedule.sampler import SamplerSpec
     from slipstream.schedule.setup import setup
+    from slipstream.schedule.watchdog import make_watchdog, orchestrated_rollback
     from slipstream.train.precision import channel_layout, parse_dtype
 
-    spec = preset(cfg.schedule.name, cfg.schedule.max_lag)
+    spec = preset(cfg.schedule.name, cfg.schedule.lag_bound)
     rc, sc = cfg.runtime, cfg.schedule
     B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, sc.redundant
     run = setup(cfg)
@@ -172,6 +209,13 @@ def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, Sampler
         min_lag=sc.min_lag,
     )
     orch = Orchestrator(spec, opts, learner, rt.channels, timeline=run.timeline, runtime=rt)
+    control = lag_control(cfg, spec.max_lag)
+    if control is not None:  # K of the first window; K_max sized the queues and samplers
+        orch.lag_control = control
+        orch.spec = replace(spec, max_lag=control.current)
+    learner.watchdog = make_watchdog(run, control.tighten if control is not None else None)
+    if learner.watchdog is not None:
+        learner.watchdog.rollback = orchestrated_rollback(run, learner, orch)
     dtype = parse_dtype(cfg.model.dtype)  # samplers hold the compute dtype, not the fp32 master
     slots = rc.sampler_slots or B * (G + r)
     sampler = SamplerSpec(

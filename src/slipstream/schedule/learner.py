@@ -25,6 +25,7 @@ from slipstream.runtime.channels import Channels
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.setup import COUNTERS, Run
 from slipstream.schedule.sync import checkpoint
+from slipstream.schedule.watchdog import Watchdog
 from slipstream.types import Group, Prompt
 
 
@@ -42,6 +43,7 @@ class RunLearner:
         self._snapshots: list[tuple[int, float, Path]] = []  # (step, wall_s, weights file)
         self._mark = Counter(run.counters)  # the run's counters at the last step record
         self.extra_state: Callable[[], dict[str, Any]] = dict  # more for each checkpoint
+        self.watchdog: Watchdog | None = None  # schedule.watchdog
 
     def restored(self, acc_start: float | None) -> None:
         """The run was restored from a checkpoint: count from its counters; its held-out
@@ -67,6 +69,8 @@ class RunLearner:
         return self.run.settle(groups)
 
     def train(self, groups: list[Group]) -> dict[str, Any]:
+        if self.watchdog is not None:
+            self.watchdog.before_step()
         metrics = self.run.trainer.step(groups)
         self.run.engine.version = self.run.eval_engine.version = self.run.trainer.version
         return metrics
@@ -103,10 +107,17 @@ class RunLearner:
             if acc is not None:
                 record["heldout_acc"] = acc
                 record.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
+        wd = self.watchdog
+        if wd is not None:
+            wd.observe(record, groups)  # may roll back: then the version moves on by one
+            run.info["watchdog"] = wd.summary()
+        if run.forecast is not None:
+            record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)
-        if step % cfg.checkpoint.every == 0 or step == cfg.run.steps:
+        held = wd is not None and wd.hold_checkpoint() and step != cfg.run.steps
+        if (step % cfg.checkpoint.every == 0 or step == cfg.run.steps) and not held:
             checkpoint(run, **self.extra_state())
 
     def evaluate_deferred(self) -> None:

@@ -3,7 +3,8 @@
 trained, filtered (with a reason), stale (dropped beyond the lag bound), aborted, lost (to a
 failure, and issued again) or poisoned (lost with its sampler more than
 `runtime.max_request_retries` times, and given up); a group the end of a run cut off is
-`unfinished` (started, not back) or `in_flight` (back, not trained). `balanced()` is the
+`unfinished` (started, not back) or `in_flight` (back, not trained); `discarded`: produced by
+policy versions that a watchdog rollback undid. `balanced()` is the
 invariant that tests hold for every schedule.
 """
 
@@ -27,6 +28,7 @@ class Ledger:
     poisoned: int = 0  # lost once more than the retries allow: dropped, not issued again
     unfinished: int = 0  # started by a sampler, not back when the run ended
     in_flight: int = 0  # generated, not yet settled (queued at the end of a run)
+    discarded: int = 0  # produced by policy versions a watchdog rollback undid
     # multi-turn runs: how each episode of a generated group ended (types.EpisodeStats.end);
     # an aborted group's episodes are counted with it, in `aborted`
     episodes: Counter[str] = field(default_factory=Counter)
@@ -43,6 +45,7 @@ class Ledger:
             + self.lost
             + self.poisoned
             + self.unfinished
+            + self.discarded
         )
 
     def balanced(self) -> bool:
@@ -59,6 +62,7 @@ class Ledger:
             "poisoned": self.poisoned,
             "unfinished": self.unfinished,
             "in_flight": self.in_flight,
+            "discarded": self.discarded,
             "balanced": self.balanced(),
             **({"episodes": dict(self.episodes)} if self.episodes else {}),
         }
@@ -67,7 +71,7 @@ class Ledger:
         """`ledger/...` metrics for a step record."""
         out = {
             f"ledger/{k}": getattr(self, k)
-            for k in ("generated", "trained", "stale", "aborted", "lost", "poisoned")
+            for k in ("generated", "trained", "stale", "aborted", "lost", "poisoned", "discarded")
         }
         out["ledger/filtered"] = sum(self.filtered.values())
         return out
@@ -78,4 +82,5 @@ class Ledger:
         self.stale, self.aborted, self.lost = d["stale"], d["aborted"], d["lost"]
         self.poisoned, self.in_flight = d.get("poisoned", 0), d.get("in_flight", 0)
         self.unfinished = d.get("unfinished", 0)
+        self.discarded = d.get("discarded", 0)
         self.episodes = Counter(d.get("episodes", {}))

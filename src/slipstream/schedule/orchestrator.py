@@ -50,7 +50,7 @@ import random
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from slipstream.runtime.channels import Channels, PromptRequest, Router, SamplerMessage
@@ -58,6 +58,7 @@ from slipstream.schedule import pipeline_state
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pipeline_state import OrchestratorState
 from slipstream.schedule.presets import ScheduleSpec
+from slipstream.schedule.record import ScheduleRecorder
 from slipstream.schedule.step_stats import StepStats, group_lag
 from slipstream.schedule.tail import LengthModel
 from slipstream.types import Group, Prompt
@@ -131,6 +132,11 @@ class Orchestrator:
         self.lengths = LengthModel()
         self.fixed = spec.batching == "fixed"
         self._wait_span: list[float] | None = None
+        # schedule.auto_lag.LagControl: a step record -> K of the next window (None: K fixed)
+        self.lag_control: Callable[[dict[str, Any]], int] | None = None
+        # schedule.watchdog: after a rollback, True for a group of discarded policy versions
+        self.reject: Callable[[Group], bool] | None = None
+        self.recorder: ScheduleRecorder | None = None  # run.record_schedule (schedule.record)
 
     # ---- start ------------------------------------------------------------------------------
     def wait_ready(self, timeout: float) -> None:
@@ -289,12 +295,14 @@ class Orchestrator:
                     self._interval(f"sampler{msg.sampler_id}", "down", t_dead, now)
                 self.stats.sampler_back(msg.sampler_id, now)
         if msg.kind not in ("group", "aborted"):
+            self._record(msg, None)
             return
         assert msg.request is not None and msg.group is not None
         gid = msg.request.group_id
         if gid in st.lost_ids or gid not in st.outstanding:  # its sampler was declared dead
             st.lost_ids.discard(gid)
             self.stats.late_groups += 1
+            self._record(msg, "late")
             return
         self.router.done(gid)
         req = st.outstanding.pop(gid)
@@ -304,20 +312,32 @@ class Orchestrator:
         if msg.kind == "aborted":
             self.learner.ledger.aborted += 1
             self._out_of_bound(req)
+            self._record(msg, "aborted")
             return
         group = msg.group
         self.lengths.update(group.prompt, [s.num_tokens for s in group.samples])
+        if self.reject is not None and self.reject(group):
+            self.learner.ledger.discarded += 1
+            self._out_of_bound(req)
+            return
         lag = self.learner.version - group.oldest_version
         if lag > self.spec.max_lag and self.opts.lag_policy != "keep":
             self.learner.ledger.stale += 1
             self.stats.stale_tokens += group.num_tokens
             self._out_of_bound(req)
+            self._record(msg, "stale")
             return
+        self._record(msg, "window")
         if self.fixed:
             st.batches.setdefault(req.batch, []).append((req.group_id, group))
             st.batch_left[req.batch] -= 1
         else:
             st.window.append((req.group_id, group))
+
+    def _record(self, msg: SamplerMessage, verdict: str | None) -> None:
+        """run.record_schedule: the message, in the order taken, and what became of its group."""
+        if self.recorder is not None:
+            self.recorder.message(msg, verdict)
 
     # ---- failures -------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -442,6 +462,8 @@ class Orchestrator:
             return False
         self.learner.ledger.stale += 1
         self.stats.stale_tokens += group.num_tokens
+        if self.recorder is not None:
+            self.recorder.aged(group)
         if not self.fixed:
             self.state.out_of_bound += 1  # its place in the admission bound is free again
         return True
@@ -506,6 +528,9 @@ class Orchestrator:
             "filters/extra_draws": extra,
             **self.learner.ledger.flat(),
         }
+        if self.lag_control is not None:  # K changes here, between windows, and only here
+            self.spec = replace(self.spec, max_lag=self.lag_control(record))
+            self.issue()
         self.learner.after_step(record, groups)
 
     # ---- checkpoint ---------------------------------------------------------------------------

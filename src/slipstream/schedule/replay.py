@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -65,6 +66,16 @@ class ReplayBuffer:
             q.append(_copy(sample))
             added += 1
         return added
+
+    def discard(self, drop: Callable[[Sample], bool]) -> int:
+        """Forget the stored samples for which `drop` is True; returns how many."""
+        n = 0
+        for q in self._store.values():
+            keep = [s for s in q if not drop(s)]
+            n += len(q) - len(keep)
+            q.clear()
+            q.extend(keep)
+        return n
 
     def mix_into(
         self, group: Group, k: int = 1, rng: random.Random | None = None

@@ -42,6 +42,7 @@ from slipstream.runtime.placement import Placement
 from slipstream.schedule.agentic import build_env_factory, episode_group, make_runner
 from slipstream.schedule.episodes import Episode, EpisodeRunner
 from slipstream.schedule.presets import ScheduleSpec
+from slipstream.schedule.record import SamplerLog
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import score_completions
 from slipstream.types import Group, Prompt, Sample
@@ -133,6 +134,8 @@ class SamplerState:
 class SamplerWorker:
     """One sampler: `run(channels)` until the stop flag is set."""
 
+    log: SamplerLog | None = None  # run.record_schedule (schedule.record)
+
     def __init__(self, spec: SamplerSpec, sampler_id: int, engine: Engine, task: Task) -> None:
         self.spec, self.id, self.engine, self.task = spec, sampler_id, engine, task
         self.tok = spec.tokenizer
@@ -142,6 +145,9 @@ class SamplerWorker:
         self.poll_s = spec.cfg.runtime.poll_s
         self.state = SamplerState()
         self.engine.refill = self._refill
+        if spec.cfg.run.record_schedule:
+            self.log = SamplerLog(engine.num_slots, engine.max_len)
+            engine.on_step = self.log.on_step
         factory = build_env_factory(spec.cfg, self.tok, task)
         self.runner: EpisodeRunner | None = None
         if factory is not None:
@@ -224,6 +230,8 @@ class SamplerWorker:
             self._admit(chunk)
 
     def _admit(self, chunk: list[PromptRequest]) -> None:
+        if self.log is not None:
+            self.log.requests(chunk)
         for req in chunk:
             self.state.groups[req.group_id] = _Member(req)
             ids = self.tok.encode_prompt(req.prompt)
@@ -367,6 +375,8 @@ class SamplerWorker:
         if self.lag_policy != "abort" or latest == st.checked_version:
             return
         st.checked_version = latest
+        if self.log is not None:
+            self.log.stale_check(latest)
         K = self.spec.schedule.max_lag
         stale = self.engine.abort(lambda c: bool(c.versions) and latest - min(c.versions) > K)
         gids = list(dict.fromkeys(c.request.key[0] for c in stale))
@@ -417,6 +427,8 @@ class SamplerWorker:
         r.t, r.tokens_generated = time.perf_counter(), s.tokens_generated
         r.decode_steps, r.prefill_tokens = s.decode_steps, s.prefill_tokens
         msg.report = replace(r, intervals=list(r.intervals))  # the queue pickles it later
+        if self.log is not None:
+            msg.schedule = self.log.flush()
         t0 = time.perf_counter()
         if not ch.groups.put(msg, timeout=0):  # full: blocked until the trainer makes room
             while not ch.groups.put(msg, timeout=self.poll_s):

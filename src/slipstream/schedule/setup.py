@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.presets import preset
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
+from slipstream.sim.forecast import OnlineForecast
 from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
 from slipstream.tasks.guard import (
     ERRORS,
@@ -108,6 +110,8 @@ class Run:
     placement: placement.Placement = field(
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
     )
+    keep_steps: Callable[[], set[int]] | None = None  # checkpoints `keep` spares (watchdog)
+    forecast: OnlineForecast | None = None  # time to the end, added to each step record
 
     @property
     def params(self) -> SamplingParams:
@@ -527,7 +531,7 @@ def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
     """The trainer, with the proximal policy `auto` resolved against the schedule's max lag and
     whether the samplers compute the trainer's log-probs exactly: a bfloat16 sampler does not
     (tests/test_engine_bf16.py), the in-process engine shares the float32 master weights."""
-    max_lag = preset(cfg.schedule.name, cfg.schedule.max_lag).max_lag
+    max_lag = preset(cfg.schedule.name, cfg.schedule.lag_bound).max_lag
     exact = cfg.model.dtype == "float32" or cfg.runtime.kind == "inprocess"
     c = cfg.correction
     return Trainer(
@@ -602,4 +606,8 @@ def setup(cfg: Config) -> Run:
         eval_sets=sets,
         placement=where,
         max_len=skip_len,
+        # the forecast's simulations (~0.1 s) are redone every 5 steps or 20 times a run
+        forecast=OnlineForecast(
+            run_dir, cfg.run.steps, cfg.eval.every, max(5, cfg.run.steps // 20)
+        ),
     )

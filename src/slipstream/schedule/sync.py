@@ -22,6 +22,7 @@ from slipstream.observe.rollouts import STEP_MARK
 from slipstream.schedule.agentic import episode_metrics
 from slipstream.schedule.setup import COUNTERS, Run, setup
 from slipstream.schedule.step_stats import goodput
+from slipstream.schedule.watchdog import inprocess_rollback, make_watchdog
 from slipstream.tasks.rewards import part_means
 from slipstream.train.checkpoint import (
     list_checkpoints,
@@ -41,6 +42,9 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
         rewind(ckpt)
     run = setup(cfg)
     saved = restore(run, ckpt) if ckpt is not None else {}
+    wd = make_watchdog(run)
+    if wd is not None:
+        wd.rollback = inprocess_rollback(run)
     t_start = time.perf_counter() - saved.get("wall_s", 0.0)
     run.timeline.origin = t_start  # timeline seconds match the metrics' wall_s
     acc_start = saved.get("heldout_acc_start")
@@ -60,6 +64,9 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
         run.timeline.interval("sampler0", "generate", t0 - t_start, t0 - t_start + t_gen)
         run.timeline.interval("trainer", "wait", t0 - t_start, t0 - t_start + t_gen)
         if not kept:
+            if wd is not None and wd.observe_empty(new, run.trainer.version) == "rollback":
+                empty_draws = 0
+                continue
             empty_draws += 1
             if empty_draws > 20:
                 raise RuntimeError("20 batches in a row had no informative group: check the reward")
@@ -67,6 +74,8 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
         empty_draws = 0
         # 2. one optimizer step; the engine samples from the new version from now on
         t1 = time.perf_counter()
+        if wd is not None:
+            wd.before_step()  # the learning-rate multiplier of tighten / rollback / injection
         metrics = run.trainer.step(kept)
         run.engine.version = run.eval_engine.version = run.trainer.version
         run.ledger.trained += len(kept)
@@ -79,11 +88,17 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
                 acc = metrics["heldout_acc"] = run.evaluate()
                 metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
+        if wd is not None:
+            wd.observe(record, groups)
+            run.info["watchdog"] = wd.summary()
+        if run.forecast is not None:
+            record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)
         mark, groups = marks(run), []
-        if step % cfg.checkpoint.every == 0 or step == cfg.run.steps:
+        held = wd is not None and wd.hold_checkpoint() and step != cfg.run.steps
+        if (step % cfg.checkpoint.every == 0 or step == cfg.run.steps) and not held:
             checkpoint(
                 run,
                 heldout_acc_start=acc_start,
@@ -162,6 +177,7 @@ def checkpoint(run: Run, **extra: Any) -> None:
         state,
         run.cfg.checkpoint.keep,
         dtype=parse_dtype(run.cfg.model.dtype),
+        protect=run.keep_steps() if run.keep_steps is not None else (),
     )
 
 

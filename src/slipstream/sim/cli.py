@@ -17,13 +17,29 @@ from slipstream.schedule.presets import PRESETS, preset
 from slipstream.sim.calibrate import fit_profile, load_calibration, predict, save_calibration
 from slipstream.sim.cost import model_shape
 from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel
+from slipstream.sim.forecast import MODEL_ERROR, Forecast, plan_forecast
 from slipstream.sim.hardware import HARDWARE, Hardware, hardware
 from slipstream.sim.lengths import parse_lengths
-from slipstream.sim.planner import PlanRequest, balanced_split, format_plan, plan, plot_plan
+from slipstream.sim.planner import (
+    Candidate,
+    PlanRequest,
+    balanced_split,
+    format_plan,
+    plan,
+    plot_plan,
+)
 from slipstream.sim.runs import RunError, read_run
 from slipstream.sim.simulator import Cluster, SimConfig, SimResult, Workload, simulate
 
 DEFAULT_LENGTHS = "lognormal:median=2000,sigma=0.7,max=16384"
+
+
+def fmt_duration(seconds: float) -> str:
+    """4h05m, 3m20s, 45s."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -222,7 +238,24 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--lag-cap", type=int, default=8, help="largest max lag accepted")
     p.add_argument("--steps", type=int, default=8, help="steps simulated per candidate")
     p.add_argument("--plot", default="plan.png", help="PNG to draw ('' for none)")
+    p.add_argument(
+        "--run-steps", type=int, default=1000, help="steps of the run whose duration to forecast"
+    )
+    p.add_argument(
+        "--model-error",
+        type=float,
+        default=MODEL_ERROR,
+        help="the simulator's relative error, widening the interval (default: as measured "
+        "out of sample, bench/sim_calibration.py)",
+    )
     return p
+
+
+def _run_forecast(req: PlanRequest, r: Candidate, args: argparse.Namespace) -> Forecast:
+    """The recommended configuration's duration for --run-steps steps, with its interval."""
+    cluster = Cluster(req.hardware, req.model, req.n_gpus, r.sampler_gpus)
+    cfg = SimConfig(cluster, req.workload, preset(r.schedule, r.max_lag), 2, req.seed)
+    return plan_forecast(cfg, max(1, args.run_steps), args.model_error)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -245,6 +278,8 @@ def _plan(args: argparse.Namespace) -> int:
         plot_plan(p, args.plot)
     r = p.recommended
     assert r is not None
+    f = _run_forecast(req, r, args)
+    duration = {"expected_s": f.remaining_s, "lo_s": f.lo_s, "hi_s": f.hi_s}
     if args.json:
         rows = [
             {
@@ -256,7 +291,8 @@ def _plan(args: argparse.Namespace) -> int:
             }
             for c in p.best
         ]
-        print(json.dumps({"recommended": rows[p.best.index(r)], "candidates": rows}))
+        best = rows[p.best.index(r)]
+        print(json.dumps({"recommended": best, "run_duration": duration, "candidates": rows}))
         return 0
     print(format_plan(p))
     where = (
@@ -266,6 +302,11 @@ def _plan(args: argparse.Namespace) -> int:
     )
     print(
         f"\nrecommended: {r.schedule}, max lag {r.max_lag}, {where}: {r.throughput:,.0f} trained tokens/s"
+    )
+    print(
+        f"a run of {args.run_steps} steps: {fmt_duration(f.remaining_s)} expected, 90 % interval "
+        f"{fmt_duration(f.lo_s)} to {fmt_duration(f.hi_s)} (length draws, and the simulator's "
+        f"{args.model_error:.0%} error measured out of sample)"
     )
     if args.plot:
         print(f"plot: {args.plot}")

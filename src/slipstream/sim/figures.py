@@ -1,21 +1,25 @@
-"""The published figures the simulator reproduces, each as a function with its assumptions.
+"""Published figures set beside the simulator, each as a function with its assumptions.
 
+Figures 1, 3 and 4 take the published numbers as inputs (the straggler lengths, the MTTF
+points, the failure rate and recovery times): they are consistency checks of the model, not
+reproductions. Figure 2 is derived: the published ratios are only compared with it.
 tests/test_sim_figures.py asserts them; bench/sim.py prints them.
 
-1. Straggler tail (Applied Compute: 40 problems x 32 samples on a 30B model, 99 % of samples
+1. Straggler tail, consistency check (Applied Compute: 40 problems x 32 samples on a 30B model, 99 % of samples
    done in 40 s, the last 1 % take 80 s more). Assumption: decode runs at a constant 10 ms a
    step whatever the batch (memory bound, weight reads dominate), so time is proportional to
    length: 4,000 tokens = 40 s, 12,000 = 120 s; training and weight sync take no time, so the
    figure isolates sampling. 8 engines of 160 slots hold the whole batch at once.
-2. Pipeline vs sync on 128 H100s, long reasoning (PipelineRL ~2x, VCPO 2.5x, AReaL 2-2.3x,
+2. Pipeline vs sync on 128 H100s, long reasoning, derived (PipelineRL ~2x, VCPO 2.5x, AReaL 2-2.3x,
    ROLL Flash 2.2x). Assumptions: Qwen2.5-7B; DAPO's batch of 512 prompts x 16 samples, prompts
    of 512 tokens; lengths lognormal with median 5,000 tokens and log-sigma 0.6, cut at 16,384
    (mean ~5,900); H100 presets (decode at 70 % of HBM bandwidth + 3 ms a step, training at
    30 % MFU). `sync` is colocated (all 128 GPUs generate, then all train, as verl's hybrid
    engine); `pipeline` (max lag 4) runs 60 sampler GPUs and 68 trainer GPUs, the split the
    planner picks. The ratio is of trained tokens per second, not time to equal quality.
-3. MTTF = c / N, one c per source (failures.py).
-4. Goodput at one failure a day (a 50-day run on 4,000 GPUs): manual vs automated recovery.
+3. MTTF = c / N, one c per source fitted to its published points (failures.py): consistency.
+4. Goodput at one failure a day (a 50-day run on 4,000 GPUs): manual vs automated recovery,
+   from the published failure rate and recovery times: consistency.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The simulator needs only a few keys; each is looked up under the names the orche
 (`[sampling] group_size`, `max_new_tokens`, `[trainer] batch_prompts`, `micro_batch_size`,
 `[schedule] name`, `max_lag`) with optional ones for the local runtime: the number of sampler
 processes (`[runtime] num_samplers`, default 1) and the most sequences an engine decodes at
-once (`[engine] max_batch`, default: the whole batch at once). Errors name the file and, for
+once (`[runtime] sampler_slots` or `[engine] max_batch`, default: the whole batch at once).
+The local runtime's `runtime/sampler_busy` is read as `sampler_busy`. Errors name the file and, for
 metrics, the line.
 """
 
@@ -15,6 +16,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from slipstream.schedule.presets import preset
 
 # Per-step metrics the calibration fits on (see calibrate.py).
 REQUIRED_METRICS = (
@@ -28,6 +31,8 @@ REQUIRED_METRICS = (
     "engine/prefill_tokens",
     "sampler_busy",
 )
+# The local and Ray runtimes name a metric of the sync loop differently: read either.
+ALIASES = {"sampler_busy": "runtime/sampler_busy"}
 
 
 class RunError(ValueError):
@@ -71,7 +76,13 @@ class RunRecord:
 
     @property
     def max_lag(self) -> int:
-        return int(self._get("schedule", "max_lag", 0))
+        """`[schedule] max_lag`, or the preset's own K when unset (as the orchestrator does);
+        under `max_lag = "auto"`, the largest K the run reached (its `schedule/max_lag`)."""
+        value = self.config.get("schedule", {}).get("max_lag")
+        if value == "auto":
+            ks = [r["schedule/max_lag"] for r in self.metrics if "schedule/max_lag" in r]
+            return max(ks) if ks else int(self.config["schedule"].get("max_lag_max", 8))
+        return int(value) if value is not None else preset(self.schedule).max_lag
 
     @property
     def num_samplers(self) -> int:
@@ -80,9 +91,11 @@ class RunRecord:
 
     @property
     def max_batch(self) -> int:
-        """Most sequences one engine decodes at once; the whole step's batch when unset."""
+        """Most sequences one engine decodes at once (`[runtime] sampler_slots` of the local
+        runtime, or `[engine] max_batch`); the whole step's batch when unset."""
         engine = self.config.get("engine", {})
-        value = engine.get("max_batch", engine.get("max_num_seqs"))
+        slots = self.config.get("runtime", {}).get("sampler_slots")
+        value = slots or engine.get("max_batch", engine.get("max_num_seqs"))
         return int(value) if value else self.batch_prompts * self.group_size
 
     @property
@@ -125,6 +138,9 @@ def read_metrics(path: Path, require: tuple[str, ...] = ()) -> list[dict[str, An
                 raise RunError(f"{path}:{i}: not JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise RunError(f"{path}:{i}: expected a JSON object")
+            for name, alias in ALIASES.items():
+                if name not in row and alias in row:
+                    row[name] = row[alias]
             missing = [k for k in require if k not in row]
             if missing:
                 raise RunError(f"{path}:{i}: missing {', '.join(missing)}")

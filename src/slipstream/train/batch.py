@@ -17,34 +17,31 @@ def collate(
     if not samples:
         raise ValueError("cannot collate an empty list of samples")
     width = max(len(s.prompt_tokens) + len(s.completion_tokens) for s in samples)
-    B = len(samples)
-    ids = torch.full((B, width), pad_id, dtype=torch.long)
-    mask = torch.zeros(B, width - 1, dtype=torch.bool)
-    blogp = torch.zeros(B, width - 1)
-    versions = torch.full((B, width - 1), -1, dtype=torch.long)
-    for r, s in enumerate(samples):
+    # rows as Python lists, then one tensor each: a tensor per row and field cost ~5 ms a step
+    # of 64 rows, more than the rest of collation
+    ids, mask, blogp, versions = [], [], [], []
+    for s in samples:
         p, c = len(s.prompt_tokens), len(s.completion_tokens)
-        ids[r, : p + c] = torch.tensor(s.prompt_tokens + s.completion_tokens)
+        rest = width - p - c
+        ids.append(s.prompt_tokens + s.completion_tokens + [pad_id] * rest)
         # target column t predicts token t+1: completion token j sits at column p - 1 + j
-        mask[r, p - 1 : p - 1 + c] = True if s.model_mask_T is None else _model_mask(s)
-        blogp[r, p - 1 : p - 1 + c] = torch.tensor(s.behavior_logp_T, dtype=torch.float32)
-        versions[r, p - 1 : p - 1 + c] = torch.tensor(s.versions_T, dtype=torch.long)
-    versions.masked_fill_(~mask, -1)  # environment tokens, as outside the mask
+        keep = [True] * c if s.model_mask_T is None else [bool(m) for m in s.model_mask_T]
+        mask.append([False] * (p - 1) + keep + [False] * rest)
+        blogp.append([0.0] * (p - 1) + list(s.behavior_logp_T) + [0.0] * rest)
+        versions.append([-1] * (p - 1) + list(s.versions_T) + [-1] * rest)
+    ids_t = torch.tensor(ids, dtype=torch.long)
+    mask_t = torch.tensor(mask, dtype=torch.bool)
+    versions_t = torch.tensor(versions, dtype=torch.long)
+    versions_t.masked_fill_(~mask_t, -1)  # environment tokens, as outside the mask
     return Batch(
-        input_ids=ids,
-        targets=ids[:, 1:],
-        loss_mask=mask,
-        behavior_logp=blogp,
-        versions=versions,
+        input_ids=ids_t,
+        targets=ids_t[:, 1:],
+        loss_mask=mask_t,
+        behavior_logp=torch.tensor(blogp, dtype=torch.float32),
+        versions=versions_t,
         advantages=torch.tensor(list(advantages), dtype=torch.float32),
         group_ids=torch.tensor(list(group_ids), dtype=torch.long),
     )
-
-
-def _model_mask(s: Sample) -> torch.Tensor:
-    """`[c]` bool: the model's tokens of a multi-turn sample (environment tokens carry no loss)."""
-    assert s.model_mask_T is not None
-    return torch.tensor(s.model_mask_T, dtype=torch.bool)
 
 
 def token_logprobs(

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,15 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int = 2,
     dtype: torch.dtype | None = None,
+    protect: Collection[int] = (),
 ) -> Path:
     """Write `checkpoints/step_NNNNNN` atomically and delete all but the newest `keep`.
 
     The model folder holds the weights in `dtype` (the dtype trained; None: the model's own),
     loadable in `transformers` as it is. When that is narrower than the model's float32
     master weights, these go beside it (`master.safetensors`), so a resumed run continues
-    from exactly the weights it stopped at, not from their bfloat16 rounding."""
+    from exactly the weights it stopped at, not from their bfloat16 rounding. Steps in
+    `protect` are never deleted (the watchdog's rollback target)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(".tmp-*"):  # a write that a crash interrupted (one writer per run)
@@ -75,7 +78,8 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if int(old.name.removeprefix(PREFIX)) not in protect:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -56,10 +56,19 @@ def channel_layout(model: CausalLM, dtype: torch.dtype) -> dict[str, torch.Tenso
 def make_adamw(
     model: CausalLM, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.99)
 ) -> torch.optim.AdamW:
-    """AdamW over `model`'s parameters; the fused kernel (one launch for every parameter) on
-    CUDA. On the CPU the default (foreach) kernel is kept: it bumps the parameters' version
-    counters, which the in-process engine's packed weights watch (engine.packed)."""
-    on_cuda = all(p.is_cuda for p in model.parameters())
+    """AdamW over `model`'s parameters with the fused kernel (one launch for every parameter),
+    on the CPU too: there it takes 1.4 ms a step for a 1M-parameter model against 8 ms for the
+    per-tensor loop (bench/peer_trl.py's harness, one thread). The fused kernel does not bump
+    the parameters' version counters, which the in-process engine's packed weights watch
+    (engine.packed): `step_adamw` bumps them."""
     return torch.optim.AdamW(
-        model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, fused=on_cuda or None
+        model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas, fused=True
     )
+
+
+def step_adamw(opt: torch.optim.Optimizer) -> None:
+    """`opt.step()`, then each parameter's version counter moved, as an in-place update does
+    (the fused kernel writes the storage without moving it)."""
+    opt.step()
+    params = [p for g in opt.param_groups for p in g["params"]]
+    torch.autograd.graph.increment_version(params)

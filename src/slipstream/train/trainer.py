@@ -94,7 +94,9 @@ class Trainer:
         self.pad_id = pad_id
         self.version = 0
         self.skipped_steps = 0
-        self.opt = precision.make_adamw(model, cfg.lr, cfg.weight_decay, betas=(0.9, 0.99))
+        self.lr_scale = 1.0  # the watchdog's multiplier of the learning rate (schedule.watchdog)
+        self.measure_step_kl = False  # train/step_kl: one no-grad forward after the update
+        self.opt = precision.make_adamw(model, cfg.lr, cfg.weight_decay, betas=cfg.betas)
         self._hp: dict[str, Any] = {
             k: v for k, v in (("eps_low", cfg.eps_low), ("eps_high", cfg.eps_high)) if v is not None
         }
@@ -140,9 +142,12 @@ class Trainer:
         parts, ent_sum, seq_lr, tok_lr = [], full.advantages.new_zeros(()), [], []
         self.opt.zero_grad(set_to_none=True)
         total = full.advantages.new_zeros(())  # sum of the micro-batches' numerators
+        old_by_mb: list[tuple[slice, torch.Tensor]] = []
         for rows in self.micro_batches(full):
             batch = full.slice(rows)
             logp, entropy = self.logprobs(batch)
+            if self.measure_step_kl:
+                old_by_mb.append((rows, logp.detach()))
             old_logp = self._proximal(logp, batch)
             out = losses.compute(
                 self.cfg.loss,
@@ -179,8 +184,8 @@ class Trainer:
         finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
         if finite:
             for g in self.opt.param_groups:
-                g["lr"] = lr * lr_scale
-            self.opt.step()
+                g["lr"] = lr * lr_scale * self.lr_scale
+            precision.step_adamw(self.opt)
         else:
             self.skipped_steps += 1  # weights and optimizer state untouched
         self.opt.zero_grad(set_to_none=True)
@@ -192,7 +197,7 @@ class Trainer:
                 "train/loss": float(total_loss),
                 "train/entropy": float(ent_sum / num_tokens.clamp(min=1)),
                 "train/grad_norm": float(grad_norm),
-                "train/lr": lr * lr_scale,
+                "train/lr": lr * lr_scale * (self.lr_scale if finite else 1.0),
                 "train/skipped": 0.0 if finite else 1.0,
                 "tokens/trained": float(num_tokens),
                 # how far the data's policy is from this one: 1 on-policy (docs/algorithms.md)
@@ -202,7 +207,25 @@ class Trainer:
         )
         if math.isnan(metrics["train/grad_norm"]):
             metrics["train/grad_norm"] = float("inf")
+        if self.measure_step_kl:
+            metrics["train/step_kl"] = self.step_kl(full, old_by_mb) if finite else 0.0
         return metrics
+
+    @torch.no_grad()
+    def step_kl(self, full: Batch, old: list[tuple[slice, torch.Tensor]]) -> float:
+        """KL(before || after) of the step just taken, on its own tokens: the k3 estimate
+        `mean(r - 1 - log r)`, `r = pi_after / pi_before`, over the loss mask (the tokens were
+        sampled near `pi_before`). `old`: each micro-batch's rows and log-probs `[b, T]`
+        before the update. Costs one forward pass without gradients."""
+        total, n = 0.0, 0
+        for rows, before in old:
+            batch = full.slice(rows)
+            after, _ = self.logprobs(batch)
+            m = batch.loss_mask.bool()
+            log_r = (after.float() - before.float())[m]
+            total += float((log_r.exp() - 1 - log_r).sum())
+            n += int(m.sum())
+        return total / max(n, 1)
 
     def micro_batches(self, full: Batch) -> list[slice]:
         """Row ranges of `full` (length-sorted): `micro_batch_size` rows and at most

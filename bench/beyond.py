@@ -1,0 +1,252 @@
+"""What no other framework has: the self-tuning staleness bound, the collapse watchdog, the
+forecast of a run's duration (issue 22).
+
+(a) `schedule.max_lag = "auto"` against fixed K in {1, 2, 4, 8}: the `pipeline` schedule on
+    the built-in task, the same steps, batch and seeds for all, runs interleaved (seed, then
+    configuration) so a change in the machine's load hits every configuration alike.
+    Evaluation is deferred (`runtime.defer_eval`, every `--eval-every` steps) so that it takes
+    no time from training. Per configuration: time to the target held-out accuracy (fixed
+    here, before any run: `--target`; a run that never reaches it counts its whole wall time
+    and is marked), and final held-out accuracy, medians over seeds.
+    `auto_lag_vs_best_fixed`: for time (auto / best fixed, lower is better) and accuracy (auto /
+    best fixed, higher is better), the best fixed K picked per metric after the fact, which the
+    controller is never told. Target: within 5 % on both (time <= 1.05, accuracy >= 0.95).
+(b) The watchdog: the same schedule at K = `--wd-lag`, a learning-rate spike injected at
+    step `--spike-at` (x `--spike-factor` for `--spike-steps` steps, `watchdog.inject_lr_spike_*`), with the watchdog off, and with
+    `rollback` on the `step_kl`, `grad_spike` and `nonfinite` alarms; and an undisturbed run.
+    `watchdog_acc_gap`: undisturbed final accuracy minus rollback's, in points (target <= 3).
+(c) The forecast: bench/forecast.py (issue 22, part 4) when it exists; its last JSON line's
+    `forecast_error_at_25pct` and `forecast_coverage` are passed through. Otherwise null.
+
+Run: python bench/beyond.py [--seeds 0,1,2] [--steps 40] [--lags 1,2,4,8] [--target 0.2]
+     [--out bench_out/beyond] [--resume] [--skip-auto] [--skip-watchdog] [key=value ...]
+The last line is one JSON object: `auto_lag_vs_best_fixed`, `watchdog_acc_gap`,
+`forecast_error_at_25pct`, `forecast_coverage`, the sizes and the per-configuration figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROLLBACK = [
+    "watchdog.enabled=true",
+    'watchdog.actions={step_kl="rollback", grad_spike="rollback", nonfinite="rollback"}',
+]
+
+
+def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: list[str]) -> dict:
+    """One `pipeline` run; its time to target, final accuracy and K trajectory."""
+    from slipstream.config import load_config
+    from slipstream.schedule.launch import train_async
+
+    run_dir = Path(args.out) / name
+    cfg = load_config(
+        None,
+        [
+            f"run.steps={args.steps}",
+            f"eval.every={args.eval_every}",
+            'schedule.name="pipeline"',
+            'runtime.kind="local"',
+            "runtime.defer_eval=true",
+            "run.quiet=true",
+            f"checkpoint.every={args.ckpt_every}",
+            *extra,
+            *overrides,
+            f'run.dir="{run_dir}"',
+        ],
+    )
+    summary = train_async(cfg)
+    curve = summary["heldout_curve"]
+    hit = next((c["wall_s"] for c in curve if c["heldout_acc"] >= args.target), None)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    ks = [r["schedule/max_lag"] for r in rows if "schedule/max_lag" in r]
+    ess = [r["staleness/ess_token"] for r in rows if "staleness/ess_token" in r]
+    return {
+        "acc": summary["heldout_acc_end"],
+        "acc_start": summary["heldout_acc_start"],
+        "time_to_target": hit if hit is not None else summary["wall_s"],
+        "reached": hit is not None,
+        "wall_s": summary["wall_s"],
+        "k_path": ks,
+        "ess_mean": statistics.fmean(ess) if ess else None,
+        "rollbacks": summary.get("watchdog", {}).get("rollbacks", 0),
+        "alarms": [
+            (e["step"], e["alarm"], e["action"])
+            for e in summary.get("watchdog", {}).get("events", [])
+        ],
+    }
+
+
+def part_auto(args: argparse.Namespace, extra: list[str], done: dict) -> dict[str, list[dict]]:
+    configs = {f"K={k}": [f"schedule.max_lag={k}"] for k in args.lags}
+    configs["auto"] = [
+        'schedule.max_lag="auto"',
+        f"schedule.max_lag_max={max(args.lags)}",
+    ]
+    res: dict[str, list[dict]] = {}
+    for seed in args.seeds:
+        for name, ov in configs.items():
+            key = f"{name}/s{seed}"
+            r = done.get(key) or {
+                **run_one(
+                    f"auto_{name.replace('=', '')}_s{seed}", [*ov, f"run.seed={seed}"], args, extra
+                ),
+                "seed": seed,
+            }
+            done[key] = r
+            res.setdefault(name, []).append(r)
+            print(
+                f"beyond: {name} seed={seed}: acc {r['acc']:.3f}, time to {args.target} "
+                f"{r['time_to_target']:.1f}s{'' if r['reached'] else ' (not reached)'}, "
+                f"wall {r['wall_s']:.0f}s, K path {_k_path(r['k_path'])}",
+                flush=True,
+            )
+            save(args, done)
+    return res
+
+
+def _k_path(ks: list[int]) -> str:
+    """`1x3 2x5 ...`: each K and for how many steps, in order."""
+    out: list[list[int]] = []
+    for k in ks:
+        if out and out[-1][0] == k:
+            out[-1][1] += 1
+        else:
+            out.append([k, 1])
+    return " ".join(f"{k}x{n}" for k, n in out) or "-"
+
+
+def part_watchdog(args: argparse.Namespace, extra: list[str], done: dict) -> dict[str, dict]:
+    base = [f"schedule.max_lag={args.wd_lag}", f"run.seed={args.wd_seed}"]
+    spike = [
+        f"watchdog.inject_lr_spike_at={args.spike_at}",
+        f"watchdog.inject_lr_spike_factor={args.spike_factor}",
+        f"watchdog.inject_lr_spike_steps={args.spike_steps}",
+    ]
+    configs = {
+        "undisturbed": base,
+        "spike, no watchdog": [*base, *spike],
+        "spike, rollback": [*base, *spike, *ROLLBACK],
+    }
+    res = {}
+    for i, (name, ov) in enumerate(configs.items()):
+        key = f"wd/{name}"
+        r = done.get(key) or run_one(f"wd_{i}", ov, args, extra)
+        done[key] = res[name] = r
+        print(
+            f"beyond: watchdog {name}: acc {r['acc']:.3f} (start {r['acc_start']:.3f}), "
+            f"rollbacks {r['rollbacks']}, alarms {r['alarms'][:6]}",
+            flush=True,
+        )
+        save(args, done)
+    return res
+
+
+def save(args: argparse.Namespace, done: dict) -> None:
+    (Path(args.out) / "results.json").write_text(json.dumps(done, indent=1))
+
+
+def auto_table(res: dict[str, list[dict]], target: float) -> tuple[str, dict[str, float]]:
+    lines = [
+        f"| K | time to {target} (s): median (range) | reached | final acc: median (range) | ESS token |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, runs in res.items():
+        t = [r["time_to_target"] for r in runs]
+        a = [r["acc"] for r in runs]
+        e = [r["ess_mean"] for r in runs if r["ess_mean"] is not None]
+        lines.append(
+            f"| {name} | {statistics.median(t):.1f} ({min(t):.1f}-{max(t):.1f}) "
+            f"| {sum(r['reached'] for r in runs)}/{len(runs)} "
+            f"| {statistics.median(a):.3f} ({min(a):.3f}-{max(a):.3f}) "
+            f"| {statistics.fmean(e):.3f} |"
+        )
+    fixed = [n for n in res if n != "auto"]
+    med = {n: (statistics.median(r["time_to_target"] for r in res[n]),
+               statistics.median(r["acc"] for r in res[n])) for n in res}  # fmt: skip
+    best_t = min(fixed, key=lambda n: med[n][0])
+    best_a = max(fixed, key=lambda n: med[n][1])
+    ratio = {
+        "time_ratio": med["auto"][0] / med[best_t][0],
+        "acc_ratio": med["auto"][1] / med[best_a][1] if med[best_a][1] > 0 else float("nan"),
+        "best_fixed_time": best_t,
+        "best_fixed_acc": best_a,
+    }
+    return "\n".join(lines), ratio
+
+
+def forecast(args: argparse.Namespace) -> dict[str, Any]:
+    """bench/forecast.py's figures, when that script exists (another part of issue 22)."""
+    script = Path(__file__).with_name("forecast.py")
+    if not script.exists() or args.skip_forecast:
+        print("beyond: bench/forecast.py not present: forecast keys are null")
+        return {"forecast_error_at_25pct": None, "forecast_coverage": None}
+    out = subprocess.run(
+        [sys.executable, str(script), *args.forecast_args.split()],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(out)
+    last = json.loads(out.splitlines()[-1])
+    return {k: last.get(k) for k in ("forecast_error_at_25pct", "forecast_coverage")}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--lags", default="1,2,4,8")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--ckpt-every", type=int, default=5)
+    ap.add_argument("--target", type=float, default=0.2)
+    ap.add_argument("--wd-lag", type=int, default=2)
+    ap.add_argument("--wd-seed", type=int, default=0)
+    ap.add_argument("--spike-at", type=int, default=20)
+    ap.add_argument("--spike-factor", type=float, default=30.0)
+    ap.add_argument("--spike-steps", type=int, default=2)
+    ap.add_argument("--out", default="bench_out/beyond")
+    ap.add_argument("--resume", action="store_true", help="keep the runs in OUT/results.json")
+    ap.add_argument("--skip-auto", action="store_true")
+    ap.add_argument("--skip-watchdog", action="store_true")
+    ap.add_argument("--skip-forecast", action="store_true")
+    ap.add_argument("--forecast-args", default="", help="passed to bench/forecast.py")
+    args, extra = ap.parse_known_args(argv)
+    args.seeds = [int(x) for x in args.seeds.split(",")]
+    args.lags = [int(x) for x in args.lags.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    done: dict[str, Any] = {}
+    if args.resume and (out / "results.json").exists():
+        done = json.loads((out / "results.json").read_text())
+    result: dict[str, Any] = {"steps": args.steps, "seeds": args.seeds, "target": args.target}
+    if not args.skip_auto:
+        res = part_auto(args, extra, done)
+        text, ratio = auto_table(res, args.target)
+        print(text)
+        result["auto_lag_vs_best_fixed"] = ratio
+        result["auto_lag_met"] = ratio["time_ratio"] <= 1.05 and ratio["acc_ratio"] >= 0.95
+    if not args.skip_watchdog:
+        wd = part_watchdog(args, extra, done)
+        print("| run | final acc | rollbacks |\n| --- | --- | --- |")
+        for name, r in wd.items():
+            print(f"| {name} | {r['acc']:.3f} | {r['rollbacks']} |")
+        gap = 100 * (wd["undisturbed"]["acc"] - wd["spike, rollback"]["acc"])
+        result["watchdog_acc_gap"] = gap
+        result["watchdog_no_rollback_gap"] = 100 * (
+            wd["undisturbed"]["acc"] - wd["spike, no watchdog"]["acc"]
+        )
+        result["watchdog_met"] = gap <= 3.0
+    result.update(forecast(args))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":  # the sampler processes are spawned: they import this module
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,150 @@
+"""Out-of-sample test of the simulator on this machine: calibrate on one configuration's runs,
+predict other schedules and batch sizes, compare with what those runs measured.
+
+Records four short runs of the built-in task on the local runtime (one trainer process, one
+sampler process, each with the default threads), with the same seed and settings except:
+
+    sync_b16       schedule sync,     batch_prompts 16   (the calibration run)
+    pipeline_b16   schedule pipeline, batch_prompts 16   (another schedule)
+    sync_b32       schedule sync,     batch_prompts 32   (another batch size)
+    pipeline_b32   schedule pipeline, batch_prompts 32   (both)
+    sync_b16_again the calibration run again, last   (the machine's noise floor: the same
+                   run, same seed, a few minutes later)
+
+then fits the CPU profile on `sync_b16` only (`slipstream.sim.calibrate.fit_profile`) and
+predicts the mean step time and sampler busy fraction of the other three
+(`calibrate.predict`: the discrete-event simulator runs the target's config with the fitted
+profile and sync_b16's completion lengths). Steps after the first are compared.
+
+Run (about 3 minutes on this 2-core machine; a heavy job, so under the shared lock):
+
+    flock /work/wt/notes/bench.lock timeout 900 python bench/sim_calibration.py \
+        --out bench_out/simcal [--write-test-data]
+
+`--write-test-data` copies the runs, trimmed to the keys the calibration reads, to
+tests/data/simcal/ (what tests/test_sim_out_of_sample.py checks). `--no-record` skips the
+runs and predicts from the folders already in `--out`. Ends with one JSON line:
+`{"targets": {NAME: {step_time_err, sampler_busy_err}}, "max_abs_err": X}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from slipstream.sim.calibrate import fit_profile, predict
+from slipstream.sim.runs import read_run
+
+RUNS = {
+    "sync_b16": ("sync", 16),
+    "pipeline_b16": ("pipeline", 16),
+    "sync_b32": ("sync", 32),
+    "pipeline_b32": ("pipeline", 32),
+    "sync_b16_again": ("sync", 16),
+}
+SOURCE = "sync_b16"
+KEEP = (
+    "step",
+    "wall_s",
+    "step_time_s",
+    "time/generate_s",
+    "time/train_s",
+    "tokens/generated",
+    "tokens/trained",
+    "engine/decode_steps",
+    "engine/prefill_tokens",
+    "sampler_busy",
+    "runtime/sampler_busy",
+    "runtime/sampler_blocked",
+    "prompt_len_mean",
+    "completion_lens",
+)
+
+
+def record(out: Path, name: str, steps: int, seed: int) -> Path:
+    """Train one run of `RUNS[name]` into out/name (the local runtime, evaluation deferred
+    to after the run so that it takes no time from the steps)."""
+    from slipstream.config import load_config
+    from slipstream.schedule.launch import train_async
+
+    schedule, batch = RUNS[name]
+    shutil.rmtree(out / name, ignore_errors=True)
+    cfg = load_config(
+        None,
+        [
+            f'run.dir="{out / name}"',
+            f"run.steps={steps}",
+            f"run.seed={seed}",
+            "run.quiet=true",
+            f'schedule.name="{schedule}"',
+            "schedule.max_lag=2" if schedule == "pipeline" else "schedule.max_lag=0",
+            f"trainer.batch_prompts={batch}",
+            "sampling.group_size=8",
+            'runtime.kind="local"',
+            "runtime.defer_eval=true",
+            f"eval.every={steps}",
+            "eval.num_prompts=64",
+        ],
+    )
+    train_async(cfg)
+    return out / name
+
+
+def trim(src: Path, dst: Path) -> None:
+    """Copy a run folder's config, model info and metrics, keeping only the KEEP keys."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in ("config.toml", "model_info.json"):
+        shutil.copy(src / f, dst / f)
+    rows = [json.loads(line) for line in (src / "metrics.jsonl").read_text().splitlines() if line]
+    text = "".join(json.dumps({k: r[k] for k in KEEP if k in r}) + "\n" for r in rows)
+    (dst / "metrics.jsonl").write_text(text)
+
+
+def compare(folder: Path) -> dict[str, dict[str, float]]:
+    """Fit on folder/SOURCE, predict every other run in RUNS."""
+    cal = fit_profile(read_run(folder / SOURCE))
+    return {n: predict(cal, read_run(folder / n)) for n in RUNS if n != SOURCE}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="bench_out/simcal")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--names", default=",".join(RUNS), help="the runs to record (default all)")
+    p.add_argument("--write-test-data", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    if not args.no_record:
+        for name in args.names.split(","):
+            print(f"recording {name} ...", flush=True)
+            record(out, name, args.steps, args.seed)
+    if args.write_test_data:
+        data = Path(__file__).resolve().parents[1] / "tests" / "data" / "simcal"
+        for name in RUNS:
+            trim(out / name, data / name)
+    results = compare(out)
+    print(f"calibrated on {SOURCE} ({args.steps} steps each, steps after the first compared)")
+    print(f"{'target':14} {'step s':>8} {'pred':>8} {'err':>7} {'busy':>6} {'pred':>6} {'err':>7}")
+    for n, r in results.items():
+        print(
+            f"{n:14} {r['step_time_s']:8.3f} {r['step_time_s_pred']:8.3f} "
+            f"{r['step_time_err']:+7.1%} {r['sampler_busy']:6.1%} {r['sampler_busy_pred']:6.1%} "
+            f"{r['sampler_busy_err']:+7.1%}"
+        )
+    errs = [abs(r[k]) for r in results.values() for k in ("step_time_err", "sampler_busy_err")]
+    line = {
+        "targets": {
+            n: {k: round(r[k], 4) for k in ("step_time_err", "sampler_busy_err")}
+            for n, r in results.items()
+        },
+        "max_abs_err": round(max(errs), 4),
+    }
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":  # the sampler processes are spawned: they import this module
+    main()

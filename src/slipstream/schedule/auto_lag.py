@@ -1,0 +1,196 @@
+"""The self-tuning staleness bound (`schedule.max_lag = "auto"`): a pure controller of K.
+
+Called once per closed window with that window's measurements; it returns a new K or None.
+The orchestrator applies a new K at the window boundary (admission control and the lag
+policy read it from then on), so K never changes inside a window.
+
+The rule (docs/algorithms.md, "Self-tuning staleness bound"), on exponential moving averages
+over windows of the trained tokens' ESS, `mismatch/kl` and the trainer's wait share:
+
+- **decrease** (multiplicative): ESS below `ess_target`, or `mismatch/kl` above `kl_limit`:
+  `K <- max(k_min, K // 2)`, and the *ceiling* becomes `K - 1`: the K that was too stale is
+  not tried again.
+- **increase** (additive): the trainer waited for data (wait share >= `wait_min`) and ESS is
+  at least `ess_target + margin` (and KL at most half its limit): `K <- K + 1`, up to the
+  ceiling (initially `k_max`).
+- otherwise K holds. Every change needs `patience` windows measured under the current K, and
+  resets the averages, so a decision rests only on data trained under the K it judges.
+
+Why it does not oscillate: the band `[target, target + margin)` between the two thresholds
+is hysteresis (an ESS inside it moves nothing), and the ceiling only ever goes down. With
+constant conditions (ESS a non-increasing function of K, as staler data is further from the
+policy), K climbs one step at a time to the largest K whose ESS is above the band, or to the
+ceiling, and stays; a K whose ESS is below the target is left once and never re-entered. So
+the number of changes is finite (at most `k_max - k_min` decreases, each followed by at most
+`k_max` increases), which rules out a limit cycle. tests/test_auto_lag.py drives it with a
+scripted ESS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slipstream.config import Config
+
+
+@dataclass(frozen=True)
+class AutoLagRule:
+    """Settings of the controller (`schedule.*` of the config)."""
+
+    k_min: int = 0
+    k_max: int = 8
+    ess_target: float = 0.8
+    kl_limit: float = 0.0  # 0: the KL does not count
+    margin: float = 0.03  # hysteresis band above the target
+    wait_min: float = 0.05  # the trainer "waits for data" above this share of its step
+    patience: int = 2  # windows under the current K before the next change
+    smoothing: float = 0.5  # weight of the newest window in the averages
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.k_min <= self.k_max:
+            raise ValueError(f"need 0 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
+        if self.patience < 1 or not 0 < self.smoothing <= 1:
+            raise ValueError("patience must be >= 1 and smoothing in (0, 1]")
+
+
+@dataclass
+class Decision:
+    k: int
+    reason: str  # ess_low | kl_high | trainer_waits
+
+
+@dataclass
+class AutoLag:
+    """State of the controller: the current K, its ceiling and the running averages."""
+
+    rule: AutoLagRule
+    k: int
+    ceiling: int = -1  # set from rule.k_max on construction
+    since_change: int = 0
+    ess: float | None = None
+    kl: float | None = None
+    wait: float | None = None
+    changes: list[tuple[int, int, str]] = field(default_factory=list)  # (window, K, reason)
+    windows: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ceiling < 0:
+            self.ceiling = self.rule.k_max
+        self.k = min(max(self.k, self.rule.k_min), self.rule.k_max)
+
+    def _avg(self, old: float | None, new: float) -> float:
+        a = self.rule.smoothing
+        return new if old is None else a * new + (1 - a) * old
+
+    def observe(self, ess: float, kl: float, wait: float) -> Decision | None:
+        """One closed window: its token ESS, `mismatch/kl` and trainer wait share. Returns
+        the new K and why, or None when K holds."""
+        r = self.rule
+        self.windows += 1
+        self.since_change += 1
+        self.ess, self.kl = self._avg(self.ess, ess), self._avg(self.kl, kl)
+        self.wait = self._avg(self.wait, wait)
+        if self.since_change < r.patience:
+            return None
+        kl_high = r.kl_limit > 0 and self.kl > r.kl_limit
+        decision = None
+        if (self.ess < r.ess_target or kl_high) and self.k > r.k_min:
+            self.ceiling = max(r.k_min, self.k - 1)
+            reason = "ess_low" if self.ess < r.ess_target else "kl_high"
+            decision = Decision(max(r.k_min, self.k // 2), reason)
+        elif (
+            self.k < self.ceiling
+            and self.wait >= r.wait_min
+            and self.ess >= r.ess_target + r.margin
+            and (r.kl_limit <= 0 or self.kl <= r.kl_limit / 2)
+        ):
+            decision = Decision(self.k + 1, "trainer_waits")
+        if decision is not None:
+            self.k = decision.k
+            self.since_change, self.ess, self.kl, self.wait = 0, None, None, None
+            self.changes.append((self.windows, decision.k, decision.reason))
+        return decision
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "ceiling": self.ceiling, "changes": [list(c) for c in self.changes]}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.k, self.ceiling = int(d["k"]), int(d["ceiling"])
+        self.changes = [(int(w), int(k), str(r)) for w, k, r in d.get("changes", [])]
+
+
+class LagControl:
+    """The orchestrator's hook: reads a step record, returns the K for the next window.
+
+    Wraps an `AutoLag` (None: K fixed) and the watchdog's `tighten` override, which forces
+    K = 0 for a number of windows whatever the controller says. Writes `schedule/max_lag`
+    into every record and `schedule/max_lag_reason` into those where K changed."""
+
+    def __init__(self, auto: AutoLag | None, fixed_k: int) -> None:
+        self.auto = auto
+        self.base_k = auto.k if auto is not None else fixed_k
+        self.zero_for = 0  # windows left under the watchdog's K = 0
+        self.current = self.base_k
+
+    def state_dict(self) -> dict[str, Any]:
+        """For the checkpoint: a resumed run goes on with the same K and ceiling."""
+        auto = self.auto.state_dict() if self.auto is not None else None
+        return {
+            "base_k": self.base_k,
+            "zero_for": self.zero_for,
+            "current": self.current,
+            "auto": auto,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.base_k, self.zero_for, self.current = d["base_k"], d["zero_for"], d["current"]
+        if self.auto is not None and d.get("auto") is not None:
+            self.auto.load_state_dict(d["auto"])
+
+    def tighten(self, windows: int) -> None:
+        """The watchdog's `tighten`: K = 0 from the next window, for `windows` windows."""
+        self.zero_for = max(self.zero_for, windows)
+
+    def __call__(self, record: dict[str, Any]) -> int:
+        if self.auto is not None:
+            d = self.auto.observe(
+                float(record.get("staleness/ess_token", 1.0)),
+                float(record.get("mismatch/kl", 0.0)),
+                float(record.get("runtime/trainer_wait", 0.0)),
+            )
+            if d is not None:
+                self.base_k = d.k
+                record["schedule/max_lag_reason"] = d.reason
+        k = 0 if self.zero_for > 0 else self.base_k
+        if self.zero_for > 0:
+            self.zero_for -= 1
+            if k != self.current:
+                record["schedule/max_lag_reason"] = "watchdog_tighten"
+        elif k != self.current and "schedule/max_lag_reason" not in record:
+            record["schedule/max_lag_reason"] = "tighten_over"
+        self.current = k
+        record["schedule/max_lag"] = k
+        return k
+
+
+def lag_control(cfg: Config, fixed_k: int) -> LagControl | None:
+    """The orchestrator's K hook for `cfg`: a controller under `schedule.max_lag = "auto"`, a
+    fixed K that the watchdog can tighten when any of its actions is `tighten`; else None."""
+    sc, wd = cfg.schedule, cfg.watchdog
+    auto = None
+    if sc.max_lag == "auto":
+        rule = AutoLagRule(
+            sc.max_lag_min,
+            sc.max_lag_max,
+            sc.ess_target,
+            sc.auto_kl_limit,
+            sc.auto_margin,
+            sc.auto_wait_min,
+            sc.auto_patience,
+        )
+        auto = AutoLag(rule, sc.auto_start)
+    elif not (wd.enabled and "tighten" in wd.actions.values()):
+        return None
+    return LagControl(auto, fixed_k)

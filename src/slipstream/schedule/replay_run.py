@@ -1,0 +1,424 @@
+"""`slipstream replay RUN_DIR`: re-execute a recorded asynchronous run in one process.
+
+(Not the experience replay buffer of `schedule.replay`.) The run's schedule record
+(schedule.record) says in which order the trainer process did everything, and what each
+sampler's engine did at each of its steps. `TrainerReplay` walks the trainer's events in
+order with a fresh `Run` built from the run's config: draws, group sizes and seeds are asked
+of the trainer in the same order (its counters follow); a message from a sampler advances
+that sampler's `SamplerReplayer` to the point where it was sent (the engine re-executed step
+by step, schedule.replay_sampler) and takes the group it produced; settling, the optimizer
+step, the publish (into a `WeightStore` the replayers load from) and the step record follow
+as the orchestrator did them. With the recorded config the result is the run again, bit for
+bit on the same kind of machine (float32 on a CPU, the same torch build and thread counts,
+which the record holds and the replay sets): every metric but wall-clock timings
+(`TIMINGS`) and the values observed on live queues (`schedule.record.OBSERVED`, carried
+over), and the final weights.
+
+A replay may change settings that act on the trainer only (`EDITABLE`): the samplers then
+generate with the new weights under the recorded schedule (each request admitted at its
+recorded engine step if a slot is free, each weight version loaded at its recorded step), so
+the run is the same schedule of staleness with one thing changed. `run.steps` may be lowered
+to stop early (to bisect). Anything that changes what is drawn, how it is sampled, the
+engine or the schedule is refused: the record would not describe that run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slipstream.config import Config, ConfigError, load_config
+from slipstream.schedule.record import FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
+from slipstream.schedule.replay_sampler import (
+    Diverged,
+    SamplerReplayer,
+    WeightStore,
+    read_jsonl,
+)
+from slipstream.schedule.step_stats import StepStats, group_lag
+from slipstream.types import Group, Prompt
+
+# Wall-clock measurements: a replay measures its own, so they are not compared
+TIMINGS = (
+    "wall_s",
+    "step_time_s",
+    "runtime/sampler_busy",
+    "runtime/sampler_blocked",
+    "runtime/trainer_wait",
+    "runtime/weight_sync_s",
+    "runtime/weight_publish_s",
+    "weights/publish_s",
+    "weights/pause_s",
+    "time/generate_s",
+    "time/train_s",
+    "engine/tokens_per_s",
+    "train/tokens_per_s",
+    # the run's forecast of its own duration (sim.forecast), fitted to the timings above
+    "forecast/remaining_s",
+    "forecast/remaining_lo_s",
+    "forecast/remaining_hi_s",
+    "forecast/end_s",
+)
+# Settings a replay may change: they act on the trainer's step, its evaluation or its output
+EDITABLE = (
+    "trainer.",
+    "filters.overlong",
+    "filters.overlong_cache",
+    "filters.zero_variance",
+    "replay.",
+    "eval.",
+    "checkpoint.",
+    "wandb.",
+    "run.steps",
+    "run.quiet",
+    "run.sinks",
+    "run.rollouts_per_step",
+)
+FIXED = ("trainer.batch_prompts",)  # read by the orchestrator: the schedule's window size
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    """The record's meta.json, checked: ConfigError (one line) when it cannot be replayed."""
+    path = run_dir / "schedule" / "meta.json"
+    if not (run_dir / "config.toml").exists():
+        raise ConfigError(f"{run_dir}: not a run folder (no config.toml)")
+    if not path.exists():
+        raise ConfigError(f"{path}: no schedule record; train with run.record_schedule=true")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not JSON ({e})") from None
+    if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+        raise ConfigError(
+            f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
+            f"expected {FORMAT!r} version {FORMAT_VERSION}"
+        )
+    if not meta.get("complete"):
+        why = (
+            f"{meta.get('restarts')} sampler restart(s)"
+            if meta.get("restarts")
+            else "it did not finish"
+        )
+        raise ConfigError(f"{path}: the record is incomplete ({why}); only a complete run replays")
+    return meta
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Config, list[str]]:
+    """The replay's config: the run's, with `overrides`; and the keys they changed.
+    ConfigError names the first key a replay may not change."""
+    path = run_dir / "config.toml"
+    original = load_config(path, [])
+    mine = [f"run.dir={json.dumps(str(out))}", "run.record_schedule=false"]
+    cfg = load_config(path, [*overrides, *mine])
+    a, b = _flat(original.model_dump()), _flat(cfg.model_dump())
+    changed = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    changed = [k for k in changed if k not in ("run.dir", "run.record_schedule")]
+    for k in changed:
+        if k in FIXED or not any(k == e or (e.endswith(".") and k.startswith(e)) for e in EDITABLE):
+            raise ConfigError(
+                f"replay: {k} would change what the samplers generate or the schedule itself; "
+                f"a replay may change only {', '.join(e + '*' if e.endswith('.') else e for e in EDITABLE)} "
+                f"(not {', '.join(FIXED)})"
+            )
+    if cfg.run.steps > original.run.steps:
+        raise ConfigError(
+            f"replay: run.steps = {cfg.run.steps}, but the record holds {original.run.steps} steps"
+        )
+    return cfg, changed
+
+
+class TrainerReplay:
+    """The trainer process of a recorded run, re-executed with its samplers (see module)."""
+
+    def __init__(self, cfg: Config, meta: dict[str, Any], record: Path, exact: bool) -> None:
+        from slipstream.schedule.learner import RunLearner
+        from slipstream.schedule.presets import preset
+        from slipstream.schedule.sampler import SamplerSpec
+        from slipstream.schedule.setup import setup
+        from slipstream.train.precision import parse_dtype
+
+        self.cfg, self.meta, self.exact = cfg, meta, exact
+        self.run = run = setup(cfg)
+        self.threads = int(meta["trainer_threads"])
+        torch.set_num_threads(self.threads)
+        self.spec = preset(cfg.schedule.name, cfg.schedule.lag_bound)
+        self.learner = RunLearner(run, cfg.runtime.defer_eval, run.timeline)
+        B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, cfg.schedule.redundant
+        slots = cfg.runtime.sampler_slots or B * (G + r)
+        dtype = parse_dtype(cfg.model.dtype)
+        spec = SamplerSpec(
+            cfg, run.model.config, dtype, run.tok, self.spec, slots, run.engine.max_len
+        )
+        n = int(meta["samplers"])
+        logs = [read_jsonl(record / f"sampler{i}.jsonl") for i in range(n)]
+        self.store = WeightStore([SamplerReplayer.loads(ev) for ev in logs])
+        self.store.publish(0, dict(run.model.named_parameters()))
+        self.prompts: dict[str, Prompt] = {}
+        sampler_threads = int(meta["sampler_threads"])
+        self.samplers = [
+            SamplerReplayer(spec(i), logs[i], self.prompts, self.store, sampler_threads, exact)
+            for i in range(n)
+        ]
+        torch.set_num_threads(self.threads)
+        self.events = read_jsonl(record / "trainer.jsonl")
+        self.stats = StepStats()
+        self.window: dict[int, Group] = {}
+        self.kept: list[Group] = []
+        self.started = False
+        self.issued = self.popped = 0
+        self._step: tuple[list[Group], dict[str, Any], dict[str, Any], float] | None = None
+        self._publish_s = 0.0
+
+    def _check(self, what: str, recorded: Any, got: Any) -> None:
+        if recorded != got and self.exact:
+            raise Diverged(f"{what}: recorded {recorded!r}, replayed {got!r}")
+
+    def run_all(self) -> dict[str, Any]:
+        """Every event up to the last step; then the run's end (deferred evaluation, summary)."""
+        from slipstream.schedule.sync import finish
+
+        t0 = time.perf_counter()
+        self.learner.t_start = t0
+        acc_start = self.learner.evaluate(0)
+        handlers = {
+            "msg": self._msg, "draw": self._draw, "sizes": self._sizes, "seeds": self._seeds,
+            "aged": self._aged, "settle": self._settle, "train": self._train,
+            "publish": self._publish, "after": self._after,
+        }  # fmt: skip
+        for e in self.events:
+            handlers[e["e"]](e)
+            if e["e"] == "after" and self.learner.version >= self.cfg.run.steps:
+                break
+        self.learner.evaluate_deferred()
+        curve = sorted(self.learner.curve, key=lambda c: c["step"])
+        self.run.info.update(replay_of=str(self.meta.get("run_dir", "")), exact=self.exact)
+        acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
+        return finish(self.run, acc_start, curve[-1]["heldout_acc"], time.perf_counter() - t0)
+
+    # ---- messages from samplers ---------------------------------------------------------
+    def _msg(self, e: dict[str, Any]) -> None:
+        r, kind = self.samplers[e["s"]], e["k"]
+        msg = None
+        if kind in ("group", "aborted"):
+            msg = r.group(e["g"])
+            if msg.kind != kind:
+                raise Diverged(f"group {e['g']}: recorded {kind}, replayed {msg.kind}")
+            assert msg.report is not None
+            rep = msg.report
+        else:
+            rep = r.report_at(e["n"])
+        torch.set_num_threads(self.threads)
+        if "rep" in e:
+            rep = replace(rep, **dict(zip(TIMING_FIELDS, e["rep"])))
+            self._check(f"sampler {e['s']} tokens generated", e["tok"], rep.tokens_generated)
+        self.stats.add_report(rep)
+        if msg is None:
+            return
+        self._group(e, msg.group)
+
+    def _group(self, e: dict[str, Any], group: Group | None) -> None:
+        """What the orchestrator did with a group's message (its recorded verdict)."""
+        assert group is not None
+        led, verdict = self.learner.ledger, e["v"]
+        if verdict == "late":
+            self.stats.late_groups += 1
+            return
+        self.popped += 1
+        self.stats.delivered_group(e["s"], group)
+        led.generated += 1
+        led.count_episodes(group)
+        if e["k"] == "aborted":
+            led.aborted += 1
+            return
+        self._check(
+            f"group {e['g']} token versions", e["ver"], [rle(s.versions_T) for s in group.samples]
+        )
+        if verdict == "stale":
+            led.stale += 1
+            self.stats.stale_tokens += group.num_tokens
+            return
+        self.window[e["g"]] = group
+
+    def _aged(self, e: dict[str, Any]) -> None:
+        group = self.window.pop(e["g"])
+        self.learner.ledger.stale += 1
+        self.stats.stale_tokens += group.num_tokens
+
+    # ---- calls into the trainer -----------------------------------------------------------
+    def _draw(self, e: dict[str, Any]) -> None:
+        if not self.started:  # the orchestrator's clocks start just before its first issue
+            self.stats.start()
+            self.started = True
+        prompts = self.learner.draw(e["n"])
+        self._check("draw", e["ids"], [p.id for p in prompts])
+        self.prompts.update((p.id, p) for p in prompts)
+
+    def _sizes(self, e: dict[str, Any]) -> None:
+        out = self.learner.group_sizes([self.prompts[i] for i in e["ids"]])
+        self._check("group sizes", e["out"], out)
+
+    def _seeds(self, e: dict[str, Any]) -> None:
+        out = self.learner.seeds(self.prompts[e["id"]], e["n"])
+        self._check(f"seeds of {e['id']!r}", e["out"], out)
+        self.issued += 1
+
+    def _settle(self, e: dict[str, Any]) -> None:
+        self.kept += self.learner.settle([self.window[g] for g in e["g"]])
+
+    def _train(self, e: dict[str, Any]) -> None:
+        kept, self.kept = self.kept, []
+        step = self.learner.version + 1
+        if self.exact and len(kept) != e["n"]:
+            raise Diverged(f"step {step}: {len(kept)} groups kept, recorded {e['n']}")
+        if not kept:  # (a what-if replay: its filters dropped every group of the window)
+            raise Diverged(f"step {step}: no group left to train on; the record has {e['n']}")
+        self.stats.trained_keys(kept)
+        lag = group_lag(kept, self.learner.version, self.spec.max_lag)
+        t0 = time.perf_counter()
+        metrics = self.learner.train(kept)
+        self.learner.ledger.trained += len(kept)
+        self._step = (kept, metrics, lag, time.perf_counter() - t0)
+
+    def _publish(self, e: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        self.store.publish(self.learner.version, dict(self.run.model.named_parameters()))
+        self._publish_s = time.perf_counter() - t0
+
+    def _after(self, e: dict[str, Any]) -> None:
+        assert self._step is not None
+        _, metrics, lag, t_train = self._step
+        groups = [self.window.pop(g) for g in e["g"]]
+        v = self.learner.version
+        record = {
+            "step": v,
+            "version": v,
+            **self.stats.record(groups, metrics, lag, t_train, self._publish_s),
+            "queue/depth": e["obs"].get("queue/depth"),
+            "queue/in_flight": self.issued - self.popped,
+            "filters/extra_draws": e["obs"].get("filters/extra_draws", 0),
+            **self.learner.ledger.flat(),
+        }
+        self.learner.after_step(record, groups)
+
+
+def compare(original: Path, replayed: Path) -> dict[str, Any]:
+    """Every step record's values but `TIMINGS`, and the final checkpoint's tensors."""
+    from slipstream.schedule.sync import read_records
+
+    a, b = read_records(original / "metrics.jsonl"), read_records(replayed / "metrics.jsonl")
+    diffs: list[tuple[int, str, Any, Any]] = []
+    compared: set[str] = set()
+    for ra, rb in zip(a, b):
+        for k in sorted((ra.keys() | rb.keys()) - set(TIMINGS)):
+            compared.add(k)
+            x, y = ra.get(k), rb.get(k)
+            if x != y and not (
+                isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)
+            ):
+                diffs.append((int(rb.get("step", -1)), k, x, y))
+    steps = min(len(a), len(b))
+    return {
+        "steps_compared": steps,
+        "metrics_compared": sorted(compared),
+        "timings_not_compared": list(TIMINGS),
+        "metric_differences": len(diffs),
+        "first_differences": [list(d) for d in diffs[:5]],
+        "weights_equal": _weights_equal(
+            original, replayed, int(b[steps - 1]["step"]) if steps else 0
+        ),
+    }
+
+
+def _weights_equal(original: Path, replayed: Path, step: int) -> bool | None:
+    """The checkpoints of `step` hold equal tensors (torch.equal); None if one is missing."""
+    from safetensors.torch import load_file
+
+    def tensors(run: Path) -> dict[str, torch.Tensor] | None:
+        model = run / "checkpoints" / f"step_{step:06d}" / "model"
+        master = model.parent / "master.safetensors"
+        path = master if master.exists() else model / "model.safetensors"
+        return load_file(path) if path.exists() else None
+
+    x, y = tensors(original), tensors(replayed)
+    if x is None or y is None:
+        return None
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def _out_dir(run_dir: Path, out: str | None) -> Path:
+    if out is not None:
+        path = Path(out)
+        if path.exists() and any(path.iterdir()):
+            raise ConfigError(f"replay: --out {path} exists and is not empty")
+        return path
+    n, path = 1, run_dir / "replay"
+    while path.exists():
+        n += 1
+        path = run_dir / f"replay-{n}"
+    return path
+
+
+def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[str, Any]:
+    """Re-execute `run_dir` into a new run folder (default RUN_DIR/replay); the comparison with
+    the original (`compare`), also written to `<out>/replay.json`. Raises ConfigError for a
+    record that cannot be replayed or a setting a replay may not change, Diverged when an exact
+    replay leaves the record."""
+    meta = read_meta(run_dir)
+    path = _out_dir(run_dir, out)
+    cfg, changed = replay_config(run_dir, overrides, path)
+    meta["run_dir"] = str(run_dir)
+    t0 = time.perf_counter()
+    TrainerReplay(cfg, meta, run_dir / "schedule", exact=not changed).run_all()
+    wall = time.perf_counter() - t0
+    result = {"out": str(path), "changed": changed, "replay_wall_s": wall, **compare(run_dir, path)}
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        result["original_wall_s"] = json.loads(summary.read_text()).get("wall_s")
+    (path / "replay.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def replay_main(argv: list[str]) -> int:
+    """`slipstream replay RUN_DIR [key=value ...] [--out DIR]`."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="slipstream replay",
+        description="Re-execute a run recorded with run.record_schedule=true, in one process.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.add_argument("items", nargs="*", help="key=value: trainer-side settings to change")
+    parser.add_argument("--out", metavar="DIR", help="the replay's run folder (RUN_DIR/replay)")
+    args = parser.parse_args(argv)
+    try:
+        r = replay(Path(args.run_dir), list(args.items), args.out)
+    except Diverged as e:
+        print(f"slipstream: replay diverged from the record: {e}", file=sys.stderr)
+        return 1
+    same = r["metric_differences"] == 0 and r["weights_equal"] is True
+    what = f"with {', '.join(r['changed'])} changed" if r["changed"] else "exactly"
+    print(
+        f"replayed {r['steps_compared']} steps {what} in {r['replay_wall_s']:.1f}s -> {r['out']}: "
+        f"{r['metric_differences']} metric values differ (timings not compared: "
+        f"{', '.join(TIMINGS)}), final weights {'equal' if r['weights_equal'] else 'differ'}"
+    )
+    for step, key, x, y in r["first_differences"]:
+        print(f"  step {step}: {key}: {x!r} -> {y!r}")
+    return 0 if same or r["changed"] else 1

@@ -1,0 +1,300 @@
+"""The collapse watchdog (`[watchdog]`): alarms on every step, and what to do about them.
+
+After each step the watchdog runs the alarms of `algo.alarms` on the step record and a short
+history, writes `watchdog/*` into the record (so the metrics, the live view and the sinks
+have them), logs a line per alarm, and takes the strongest action among the alarms that
+fired (config `watchdog.actions`, default `warn`):
+
+- `warn`: nothing more.
+- `tighten`: for `tighten_steps` steps the learning rate is scaled by `tighten_lr_scale`
+  and, on an orchestrated schedule, K is 0 (schedule.auto_lag.LagControl).
+- `rollback`: the trainer's weights and optimizer state go back to the newest checkpoint at
+  least `rollback_margin` steps older than the first alarm of the episode (alarms in steps
+  less than `window` apart are one episode), the data produced by the undone policy
+  versions is discarded (the orchestrator's queued groups, replayed samples), and the
+  learning rate is multiplied by `rollback_lr_scale` for the rest of the run. The version
+  counter goes on (samplers load only newer versions): on an orchestrated schedule the
+  restored weights are published as a new version, the in-process loop keeps its count.
+  At most `max_rollbacks`; without a checkpoint to go back to, or past the bound, a
+  rollback alarm only warns. The checkpoint a rollback would restore is never deleted
+  (`protected`), even past `checkpoint.keep`.
+
+Events (step, alarm, message, action) go to `summary.json["watchdog"]`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slipstream.algo import alarms
+from slipstream.config.watchdog import WatchdogConfig
+from slipstream.train.checkpoint import PREFIX, list_checkpoints, load_trainer_state, load_weights
+from slipstream.train.trainer import Trainer
+from slipstream.types import Group
+
+if TYPE_CHECKING:
+    from slipstream.schedule.learner import RunLearner
+    from slipstream.schedule.orchestrator import Orchestrator
+    from slipstream.schedule.setup import Run
+
+STRENGTH = {"warn": 0, "tighten": 1, "rollback": 2}
+
+
+@dataclass
+class Event:
+    step: int
+    alarm: str
+    message: str
+    action: str  # what was done: warn | tighten | rollback (a refused rollback: warn)
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.removeprefix(PREFIX))
+
+
+def reward_std(groups: list[Group]) -> float:
+    rewards = [s.reward for g in groups for s in g.samples]
+    return statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+
+
+class Watchdog:
+    """Alarm state of one run. `rollback` is the loop's way to restore a checkpoint (it gets
+    the checkpoint folder and the last bad version); None: rollbacks only warn."""
+
+    def __init__(
+        self,
+        cfg: WatchdogConfig,
+        trainer: Trainer,
+        run_dir: Path,
+        log: Callable[[str], None] = print,
+        tighten_lag: Callable[[int], None] | None = None,
+    ) -> None:
+        self.cfg, self.trainer, self.run_dir, self.log = cfg, trainer, run_dir, log
+        self.tighten_lag = tighten_lag
+        self.rollback: Callable[[Path, int], None] | None = None
+        self.active = cfg.enabled  # False: only the injected spike (a run without a watchdog)
+        trainer.measure_step_kl = cfg.enabled and cfg.step_kl_limit > 0
+        n = cfg.window
+        self.entropy: deque[float] = deque(maxlen=n)
+        self.grad_norm: deque[float] = deque(maxlen=n + 1)
+        self.reward_std: deque[float] = deque(maxlen=max(cfg.reward_constant_steps, 1))
+        self.events: list[Event] = []
+        self.rollbacks = 0
+        self.rollback_scale = 1.0
+        self.tighten_left = 0
+        self.spike_left: int | None = None  # None: the injected spike has not started
+        self.first_alarm: int | None = None  # step of the open episode's first alarm
+        self.last_alarm = -(10**9)
+
+    # ---- before a step ------------------------------------------------------------------------
+    def before_step(self) -> None:
+        """Set the trainer's learning-rate multiplier for the step about to run."""
+        c, step = self.cfg, self.trainer.version + 1
+        spike = 1.0
+        if c.inject_lr_spike_at and self.spike_left is None and step >= c.inject_lr_spike_at:
+            self.spike_left = c.inject_lr_spike_steps
+            self.log(f"watchdog: injecting a learning-rate spike x{c.inject_lr_spike_factor:g}")
+        if self.spike_left:
+            self.spike_left -= 1
+            spike = c.inject_lr_spike_factor
+        tight = c.tighten_lr_scale if self.tighten_left > 0 else 1.0
+        self.tighten_left = max(0, self.tighten_left - 1)
+        self.trainer.lr_scale = self.rollback_scale * tight * spike
+
+    # ---- after a step -------------------------------------------------------------------------
+    def fired(self, record: dict[str, Any], groups: list[Group]) -> list[tuple[str, str]]:
+        """The alarms the step `record` (trained on `groups`) sets off: (alarm, message)."""
+        c = self.cfg
+        ent = float(record.get("train/entropy", 0.0))
+        loss = float(record.get("train/loss", 0.0))
+        grad = float(record.get("train/grad_norm", 0.0))
+        self.entropy.append(ent)
+        self.grad_norm.append(grad)
+        self.reward_std.append(reward_std(groups))
+        found = {
+            "entropy_drop": alarms.entropy_drop(list(self.entropy), c.entropy_drop_rate),
+            "step_kl": alarms.step_kl(float(record.get("train/step_kl", 0.0)), c.step_kl_limit),
+            "ess_low": alarms.ess_low(float(record.get("staleness/ess_token", 1.0)), c.ess_floor),
+            "reward_constant": alarms.reward_constant(
+                list(self.reward_std), c.reward_constant_steps
+            ),
+            "grad_spike": alarms.grad_spike(list(self.grad_norm), c.grad_spike_factor),
+            "nonfinite": alarms.nonfinite(loss, grad) if c.nonfinite else None,
+        }
+        return [(k, m) for k, m in found.items() if m is not None]
+
+    def observe(self, record: dict[str, Any], groups: list[Group]) -> str:
+        """Check the step `record`; act; write `watchdog/*` into it. Returns the action taken
+        ("" when no alarm fired)."""
+        if not self.active:
+            return ""
+        return self._act(int(record["step"]), self.fired(record, groups), record)
+
+    def observe_empty(self, groups: list[Group], step: int) -> str:
+        """A batch that left nothing to train on: all rewards equal is `reward_constant`."""
+        if not self.active or self.cfg.reward_constant_steps == 0 or reward_std(groups) >= 1e-6:
+            return ""
+        return self._act(step, [("reward_constant", "a batch with every reward the same")], {})
+
+    def _act(self, step: int, found: list[tuple[str, str]], record: dict[str, Any]) -> str:
+        record["watchdog/alarms"] = len(found)
+        record["watchdog/rollbacks"] = self.rollbacks
+        record["watchdog/lr_scale"] = self.trainer.lr_scale
+        if not found:
+            if step - self.last_alarm >= self.cfg.window:
+                self.first_alarm = None
+            return ""
+        if self.first_alarm is None:
+            self.first_alarm = step
+        self.last_alarm = step
+        action: str = max(
+            (self.cfg.actions.get(a, "warn") for a, _ in found), key=STRENGTH.__getitem__
+        )
+        if action == "rollback":
+            action = self._rollback(step)
+        elif action == "tighten":
+            self._tighten()
+        for alarm, message in found:
+            self.events.append(Event(step, alarm, message, action))
+            self.log(f"watchdog: step {step}: {alarm}: {message} -> {action}")
+        record["watchdog/alarm"] = ",".join(a for a, _ in found)
+        record["watchdog/action"] = action
+        record["watchdog/rollbacks"] = self.rollbacks
+        return action
+
+    def _tighten(self) -> None:
+        self.tighten_left = self.cfg.tighten_steps
+        if self.tighten_lag is not None:
+            self.tighten_lag(self.cfg.tighten_steps)
+
+    def _rollback(self, step: int) -> str:
+        target = self.target()
+        if self.rollback is None or target is None or self.rollbacks >= self.cfg.max_rollbacks:
+            why = "no checkpoint before the alarm" if target is None else "max_rollbacks reached"
+            self.log(f"watchdog: step {step}: rollback refused ({why})")
+            return "warn"
+        self.rollback(target, self.trainer.version)
+        self.rollbacks += 1
+        self.rollback_scale *= self.cfg.rollback_lr_scale
+        self.log(f"watchdog: rolled back to {target.name}; learning rate x{self.rollback_scale:g}")
+        # a new episode starts from the restored weights: the old history judged other weights
+        self.entropy.clear()
+        self.grad_norm.clear()
+        self.reward_std.clear()
+        self.first_alarm, self.last_alarm = None, -(10**9)
+        return "rollback"
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def target(self) -> Path | None:
+        """The checkpoint a rollback restores now: the newest at least `rollback_margin`
+        steps before the open episode's first alarm (or the next step, with none open)."""
+        first = self.first_alarm if self.first_alarm is not None else self.trainer.version + 1
+        cut = first - self.cfg.rollback_margin
+        ok = [p for p in list_checkpoints(self.run_dir) if checkpoint_step(p) <= cut]
+        return ok[-1] if ok else None
+
+    def protected(self) -> set[int]:
+        """Checkpoint steps that `checkpoint.keep` must not delete: the rollback target."""
+        t = self.target()
+        return set() if t is None else {checkpoint_step(t)}
+
+    def hold_checkpoint(self) -> bool:
+        """True while an alarm episode is open and a rollback may still come: no checkpoint
+        of suspect weights is taken then."""
+        can = (
+            self.active
+            and "rollback" in self.cfg.actions.values()
+            and self.rollbacks < self.cfg.max_rollbacks
+        )
+        return can and self.first_alarm is not None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "alarms": len(self.events),
+            "rollbacks": self.rollbacks,
+            "lr_scale": self.rollback_scale,
+            "events": [asdict(e) for e in self.events],
+        }
+
+
+def undone(group: Group, first_bad: int, last_bad: int) -> bool:
+    """True when a token of `group` was produced by a version in `[first_bad, last_bad]`."""
+    return any(first_bad <= v <= last_bad for s in group.samples for v in s.versions_T)
+
+
+# ---- the loops' side -------------------------------------------------------------------------
+
+
+def make_watchdog(run: Run, tighten_lag: Callable[[int], None] | None = None) -> Watchdog | None:
+    """The run's watchdog (None with `watchdog.enabled = false` and no injected spike; with
+    the spike alone, one that only injects it); its rollback target is protected from
+    `checkpoint.keep` (`Run.keep_steps`)."""
+    c = run.cfg.watchdog
+    if not c.enabled and not c.inject_lr_spike_at:
+        return None
+    wd = Watchdog(run.cfg.watchdog, run.trainer, run.dir, run.view.log, tighten_lag)
+    run.keep_steps = wd.protected
+    return wd
+
+
+def restore_training(run: Run, ckpt: Path) -> None:
+    """Weights and optimizer state from `ckpt` into the live model and trainer (in place, so
+    the engines sharing the model see them); the version counter is left alone."""
+    load_weights(run.model, ckpt / "model")
+    run.trainer.opt.load_state_dict(load_trainer_state(ckpt)["optimizer"])
+    run.trainer.opt.zero_grad(set_to_none=True)
+
+
+def inprocess_rollback(run: Run) -> Callable[[Path, int], None]:
+    """Rollback for the in-process loop: restore, and forget replayed samples of the undone
+    versions (the loop holds no other queued data)."""
+
+    def go(ckpt: Path, last_bad: int) -> None:
+        restore_training(run, ckpt)
+        first_bad = checkpoint_step(ckpt) + 1
+        if run.replay is not None:
+            run.replay.discard(lambda s: any(first_bad <= v <= last_bad for v in s.versions_T))
+
+    return go
+
+
+def orchestrated_rollback(
+    run: Run, learner: RunLearner, orch: Orchestrator
+) -> Callable[[Path, int], None]:
+    """Rollback for an orchestrated schedule: restore, publish the restored weights as a new
+    version (samplers load only newer ones), and discard every group with a token of the
+    undone versions: those already received now, those still in flight when they arrive
+    (ledger: `discarded`)."""
+    undone_ranges: list[tuple[int, int]] = []
+
+    def reject(group: Group) -> bool:
+        return any(undone(group, lo, hi) for lo, hi in undone_ranges)
+
+    def go(ckpt: Path, last_bad: int) -> None:
+        restore_training(run, ckpt)
+        undone_ranges.append((checkpoint_step(ckpt) + 1, last_bad))
+        if run.replay is not None:
+            run.replay.discard(
+                lambda s: any(lo <= v <= hi for lo, hi in undone_ranges for v in s.versions_T)
+            )
+        run.trainer.version += 1  # the restored weights are a new version
+        run.engine.version = run.eval_engine.version = run.trainer.version
+        learner.publish(orch.ch)
+        orch.reject = reject
+        st = orch.state
+        before = len(st.window) + sum(len(v) for v in st.batches.values())
+        st.window = [p for p in st.window if not reject(p[1])]
+        for b in st.batches:
+            st.batches[b] = [p for p in st.batches[b] if not reject(p[1])]
+        gone = before - len(st.window) - sum(len(v) for v in st.batches.values())
+        run.ledger.discarded += gone
+        if not orch.fixed:
+            st.out_of_bound += gone  # their places in the admission bound are free again
+        orch.issue()
+
+    return go

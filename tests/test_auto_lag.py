@@ -1,0 +1,115 @@
+"""The self-tuning staleness bound (schedule.auto_lag): driven by a scripted ESS."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slipstream.config import ConfigError, load_config
+from slipstream.schedule.auto_lag import AutoLag, AutoLagRule, LagControl, lag_control
+
+RULE = AutoLagRule(k_min=0, k_max=8, ess_target=0.8, margin=0.03, wait_min=0.05, patience=2)
+
+
+def drive(auto: AutoLag, ess_of_k, windows: int, wait: float = 0.3, kl: float = 0.0) -> list[int]:
+    """K after each of `windows` windows, with the ESS a function of the K the data had."""
+    ks = []
+    for _ in range(windows):
+        auto.observe(ess_of_k(auto.k), kl, wait)
+        ks.append(auto.k)
+    return ks
+
+
+def test_climbs_to_the_largest_k_above_the_band_and_stays():
+    # ESS(K) = 1 - 0.04 K: 0.88 at K=3 (>= 0.83, raise), 0.84 at K=4 (>= 0.83, raise),
+    # 0.80 at K=5 (in the band [0.80, 0.83): hold). So K settles at 5, reached by +1 steps.
+    auto = AutoLag(RULE, k=1)
+    ks = drive(auto, lambda k: 1 - 0.04 * k, 300)
+    assert ks[-1] == 5
+    assert all(b - a in (0, 1) for a, b in itertools.pairwise(ks))  # only additive increases
+    assert len(set(ks[20:])) == 1  # constant conditions: no change after it settled
+    assert [c[2] for c in auto.changes] == ["trainer_waits"] * 4
+
+
+def test_a_k_below_target_is_left_once_and_never_reentered():
+    # ESS 0.9 up to K=5, 0.7 beyond: it climbs to K=6 (0.7 < 0.8), is halved to 3 and the
+    # ceiling becomes 5; then it climbs 3 -> 4 -> 5 and holds: K=6 is never tried again.
+    rule = AutoLagRule(k_min=0, k_max=8, ess_target=0.8, margin=0.0, patience=2)
+    auto = AutoLag(rule, k=1)
+    ks = drive(auto, lambda k: 0.9 if k <= 5 else 0.7, 400)
+    assert ks.count(6) == 2  # patience windows under K=6, then down
+    assert auto.ceiling == 5 and ks[-1] == 5
+    assert len(set(ks[40:])) == 1
+    assert [c[2] for c in auto.changes].count("ess_low") == 1
+
+
+def test_holds_while_the_trainer_does_not_wait():
+    auto = AutoLag(RULE, k=2)
+    assert set(drive(auto, lambda k: 1.0, 100, wait=0.0)) == {2}
+
+
+def test_kl_above_limit_lowers_k():
+    rule = AutoLagRule(k_max=8, kl_limit=0.05, patience=1)
+    auto = AutoLag(rule, k=8)
+    auto.observe(0.99, 0.2, 0.5)
+    assert auto.k == 4 and auto.changes[-1][2] == "kl_high" and auto.ceiling == 7
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    slope=st.floats(0.0, 0.2),
+    top=st.floats(0.5, 1.0),
+    start=st.integers(0, 8),
+    patience=st.integers(1, 4),
+    margin=st.floats(0.0, 0.1),
+)
+def test_no_oscillation_under_constant_conditions(slope, top, start, patience, margin):
+    # Any ESS non-increasing in K, a trainer that always waits: a finite number of changes
+    # (at most one decrease, since the ceiling is then a K with ESS >= target), then K is fixed.
+    rule = AutoLagRule(k_min=0, k_max=8, ess_target=0.8, margin=margin, patience=patience)
+    auto = AutoLag(rule, k=start)
+    ks = drive(auto, lambda k: top - slope * k, 200)
+    assert len(auto.changes) <= 2 * rule.k_max + 1
+    assert len(set(ks[-50:])) == 1
+    assert sum(1 for c in auto.changes if c[2] == "ess_low") <= 4
+
+
+def test_lag_control_logs_every_change_and_the_watchdog_tighten():
+    ctl = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
+    assert ctl(dict(rec)) == 2
+    r = dict(rec)
+    ctl(r)
+    assert r["schedule/max_lag"] == 3 and r["schedule/max_lag_reason"] == "trainer_waits"
+    ctl.tighten(2)
+    r = dict(rec)
+    assert ctl(r) == 0 and r["schedule/max_lag_reason"] == "watchdog_tighten"
+    assert ctl(dict(rec)) == 0
+    r = dict(rec)
+    assert ctl(r) > 0 and "schedule/max_lag_reason" in r
+
+
+def test_config():
+    cfg = load_config(None, ['schedule.name="pipeline"', 'schedule.max_lag="auto"'])
+    ctl = lag_control(cfg, cfg.schedule.lag_bound)
+    assert ctl is not None and ctl.current == 1 and cfg.schedule.lag_bound == 8
+    assert lag_control(load_config(None, ['schedule.name="pipeline"']), 4) is None
+    with pytest.raises(ConfigError, match=r"schedule\.max_lag"):
+        load_config(None, ['schedule.max_lag="auto"'])  # sync
+    with pytest.raises(ConfigError, match=r"schedule\.max_lag_min"):
+        load_config(
+            None, ['schedule.name="async"', "schedule.max_lag_min=5", "schedule.max_lag_max=2"]
+        )
+
+
+def test_lag_control_state_round_trip():
+    ctl = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    for _ in range(3):
+        ctl({"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5})
+    ctl.tighten(2)
+    other = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    other.load_state_dict(ctl.state_dict())
+    assert other.state_dict() == ctl.state_dict() and other.auto.k == 4

@@ -1,0 +1,200 @@
+"""Exact replay of an asynchronous run (`run.record_schedule`, `slipstream replay`).
+
+A `pipeline` run with 2 sampler processes is recorded, then re-executed in this process from
+its record: every step metric but the wall-clock timings, and the final weights, must come
+out identical. Then: a replay with a trainer setting changed runs the same schedule to other
+weights; a record whose weight load is moved no longer replays; and the CLI's one-line
+errors for what cannot be replayed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slipstream.cli import main
+from slipstream.config import load_config
+from slipstream.config.load import dump_config
+from slipstream.model import save_pretrained
+from slipstream.model.builtin import init_builtin
+from slipstream.schedule.record import SamplerLog, rle
+from slipstream.schedule.replay_run import TIMINGS, replay
+from slipstream.schedule.replay_sampler import Diverged
+from slipstream.tasks import RunningSums
+
+REWARD = "def odd(prompt, completion):\n    return float(len(completion) % 2)\n"
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("assets")
+    model, tok = init_builtin(seed=3)
+    with torch.no_grad():  # wider than the init: varied completions, lengths, rewards
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.1)
+    save_pretrained(model, tmp / "model")
+    tok.save(tmp / "model")
+    rows = RunningSums(num_train=200, num_heldout=8).train_prompts()
+    (tmp / "rows.jsonl").write_text(
+        "".join(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n" for p in rows)
+    )
+    (tmp / "reward.py").write_text(REWARD)
+    return tmp
+
+
+def _overrides(assets: Path, run_dir: Path) -> list[str]:
+    return [
+        f'run.dir="{run_dir}"',
+        "run.steps=4",
+        "run.quiet=true",
+        "run.threads=1",
+        "run.record_schedule=true",
+        f'model.path="{assets / "model"}"',
+        'task.kind="jsonl"',
+        f'task.path="{assets / "rows.jsonl"}"',
+        f'task.reward="{assets / "reward.py"}:odd"',
+        "sampling.max_new_tokens=16",
+        "trainer.batch_prompts=4",
+        "sampling.group_size=4",
+        "eval.every=2",
+        "eval.num_prompts=8",
+        "checkpoint.every=2",
+        'runtime.kind="local"',
+        "runtime.num_samplers=2",
+        "runtime.trainer_threads=1",
+        "runtime.threads_per_sampler=1",
+        'schedule.name="pipeline"',
+        "schedule.max_lag=2",
+        'schedule.lag_policy="keep"',
+    ]
+
+
+@pytest.fixture(scope="module")
+def recorded(assets, tmp_path_factory) -> Path:
+    from slipstream.schedule.launch import train_async
+
+    run_dir = tmp_path_factory.mktemp("run") / "pipeline"
+    train_async(load_config(None, _overrides(assets, run_dir)))
+    return run_dir
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _final(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "checkpoints" / "step_000004" / "model" / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_pipeline_with_two_samplers_replays_bit_for_bit(recorded, tmp_path):
+    a = _records(recorded)
+    # an asynchronous schedule for real: tokens trained at a lag, both samplers used
+    assert max(r["staleness/lag_max"] for r in a) >= 1
+    groups = [
+        json.loads(x) for x in (recorded / "schedule" / "trainer.jsonl").read_text().splitlines()
+    ]
+    assert {e["s"] for e in groups if e["e"] == "msg" and e["k"] == "group"} == {0, 1}
+    result = replay(recorded, [], str(tmp_path / "replay"))
+    b = _records(tmp_path / "replay")
+    assert len(a) == len(b) == 4
+    for ra, rb in zip(a, b):
+        keys = ra.keys() - set(TIMINGS)
+        assert keys == rb.keys() - set(TIMINGS)
+        for k in keys:
+            same = ra[k] == rb[k] or (ra[k] != ra[k] and rb[k] != rb[k])  # NaN
+            assert same, (ra["step"], k, ra[k], rb[k])
+    assert {"train/loss", "reward_mean", "heldout_acc", "tokens/generated"} <= set(
+        result["metrics_compared"]
+    )
+    x, y = _final(recorded), _final(tmp_path / "replay")
+    assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    assert result["metric_differences"] == 0 and result["weights_equal"] is True
+
+
+@pytest.mark.slow
+def test_a_changed_trainer_setting_replays_the_schedule_to_other_weights(recorded, tmp_path):
+    result = replay(recorded, ["trainer.lr=3e-3"], str(tmp_path / "lr"))
+    assert result["changed"] == ["trainer.lr"]
+    assert result["steps_compared"] == 4 and result["weights_equal"] is False
+    assert result["metric_differences"] > 0
+
+
+@pytest.mark.slow
+def test_a_moved_weight_load_does_not_replay(recorded, tmp_path):
+    """The record decides: load one sampler's version 1 two engine steps later."""
+    copy = tmp_path / "run"
+    import shutil
+
+    shutil.copytree(recorded, copy)
+    path = copy / "schedule" / "sampler0.jsonl"
+    events = [json.loads(x) for x in path.read_text().splitlines()]
+    at = next(i for i, e in enumerate(events) if e.get("load") == 1)
+    e = events[at]
+    later = e["c"] + 2
+    events[at] = {k: v for k, v in e.items() if k != "load"}
+    events.insert(at + 1, {"c": later, "load": 1})
+    events = [e for e in events if set(e) != {"c"}]
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    with pytest.raises(Diverged):
+        replay(copy, [], str(tmp_path / "replay"))
+
+
+def test_sampler_log_positions_and_rle():
+    log = SamplerLog(4, 32)
+    log.on_step(0, [])  # the first weights (the engine held -1), nothing admitted
+    log.on_step(0, [(7, 0), (7, 1)])
+    log.stale_check(1)
+    log.on_step(0, [])  # nothing happened: no line
+    out = log.flush()
+    assert out["n"] == 3
+    assert out["ev"] == [
+        {"c": 0, "engine": [4, 32]},
+        {"c": 0, "load": 0},
+        {"c": 1, "admit": [[7, 0], [7, 1]]},
+        {"c": 2, "stale": 1},
+    ]
+    assert log.flush() == {"n": 3, "ev": []}
+    assert rle([3, 3, 4, 3]) == [[3, 2], [4, 1], [3, 1]] and rle([]) == []
+
+
+def _fake_run(tmp_path: Path, meta: dict | None) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = load_config(None, ['runtime.kind="local"', 'schedule.name="pipeline"'])
+    (run / "config.toml").write_text(dump_config(cfg))
+    if meta is not None:
+        (run / "schedule").mkdir()
+        (run / "schedule" / "meta.json").write_text(json.dumps(meta))
+    return run
+
+
+META = {"format": "slipstream-schedule", "version": 1, "complete": True, "samplers": 1}
+
+
+@pytest.mark.parametrize(
+    "meta, args, says",
+    [
+        (None, [], "no schedule record; train with run.record_schedule=true"),
+        ({**META, "version": 99}, [], "expected 'slipstream-schedule' version 1"),
+        ({**META, "complete": False, "restarts": 1}, [], "incomplete (1 sampler restart(s))"),
+        (META, ["sampling.temperature=0.5"], "replay: sampling.temperature would change"),
+        (META, ["trainer.batch_prompts=2"], "replay: trainer.batch_prompts would change"),
+        (META, ["run.steps=500"], "but the record holds 200 steps"),
+    ],
+)
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, meta, args, says):
+    run = _fake_run(tmp_path, meta)
+    assert main(["replay", str(run), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_cli_error_for_a_folder_that_is_no_run(tmp_path, capsys):
+    assert main(["replay", str(tmp_path)]) == 2
+    assert "not a run folder (no config.toml)" in capsys.readouterr().err

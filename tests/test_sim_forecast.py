@@ -1,0 +1,159 @@
+"""The run-duration forecast (slipstream.sim.forecast): its pieces by hand, the 90 % interval's
+coverage on series whose truth is known, and the online hook on a run folder."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slipstream.observe.progress import fields
+from slipstream.sim.forecast import (
+    OnlineForecast,
+    eval_cost,
+    forecast,
+    log_ar1,
+    t95,
+    var_of_mean,
+)
+from slipstream.sim.runs import RunRecord, read_run
+from test_sim_calibrate import fake_run
+
+
+def rows_of(times: list[float], eval_every: int = 1000, eval_s: float = 0.0) -> list[dict]:
+    """Step records with these step times, 0.1 s of overhead a step, evaluations of eval_s."""
+    rows, wall = [], 0.0
+    for i, t in enumerate(times, 1):
+        wall += t + 0.1 + (eval_s if i % eval_every == 0 else 0.0)
+        rows.append({"step": i, "wall_s": wall, "step_time_s": t})
+    return rows
+
+
+def test_t95_table() -> None:
+    assert t95(1) == 6.314 and t95(11) == 1.812 and t95(100) == 1.645 and t95(0) == 6.314
+
+
+def test_var_of_mean_by_hand() -> None:
+    # n = 3, rho = 0.5: 1/3 (1 + 2 (2/3 x 0.5 + 1/3 x 0.25)) = 1/3 x 11/6 = 0.6111
+    assert var_of_mean(1.0, 0.5, 3) == pytest.approx(11 / 18)
+    assert var_of_mean(2.0, 0.0, 4) == pytest.approx(0.5)
+
+
+def test_log_ar1_corrects_a_short_series() -> None:
+    assert log_ar1(np.ones(10)) == (0.0, 0.0)
+    x = np.exp(np.array([0.1, -0.1] * 10))  # alternating: negative correlation, clipped to 0
+    var, rho = log_ar1(x)
+    # rho 0 -> var_of_mean(1, 0, 20) = 1/20: var = 0.01 x 20/19 / (1 - 1/20)
+    assert rho == 0.0 and var == pytest.approx(0.01 * 20 / 19 / 0.95)
+
+
+def test_eval_cost_separates_evaluations_from_overhead() -> None:
+    rows = rows_of([1.0] * 20, eval_every=5, eval_s=2.0)
+    evaluation, overhead = eval_cost(rows, 5)
+    assert evaluation == pytest.approx(2.0) and overhead == pytest.approx(0.1)
+    # before the first periodic evaluation, the one at the start (in the first row's clock)
+    early = rows_of([1.0] * 4, eval_every=5)
+    for r in early:
+        r["wall_s"] += 3.0
+    assert eval_cost(early, 5) == (pytest.approx(3.0), pytest.approx(0.1))
+
+
+def test_constant_steps_forecast_exactly() -> None:
+    rows = rows_of([1.0] * 10, eval_every=5, eval_s=2.0)
+    run = RunRecord(Path("."), {}, {}, rows)
+    f = forecast(run, total_steps=30, eval_every=5, ratio=1.0)
+    # 20 steps of 1 s + 20 x 0.1 s overhead + evaluations at 15, 20, 25, 30 of 2 s = 30 s
+    assert f is not None and f.remaining_s == pytest.approx(30.0)
+    assert f.lo_s == pytest.approx(30.0) and f.hi_s == pytest.approx(30.0)
+    assert forecast(RunRecord(Path("."), {}, {}, rows[:3]), 30, 5, ratio=1.0) is None
+
+
+@pytest.mark.parametrize(("rho", "low"), [(0.0, 0.85), (0.5, 0.78)])
+def test_interval_covers_about_90_percent_of_stationary_runs(rho: float, low: float) -> None:
+    """Step times log-normal around 1 s, independent (rho 0) or AR(1) with rho 0.5 (a busy
+    machine slows a stretch of steps): forecasts at 25 % of 80 steps against each series' own
+    end, over 400 series. Coverage measured: 94 % and 87 %; at rho 0.8 it falls to ~81 %."""
+    rng = np.random.default_rng(0)
+    e = np.zeros((400, 80))
+    z = rng.standard_normal(400)
+    for i in range(80):  # AR(1) of unit variance, 400 series at once
+        z = rho * z + math.sqrt(1 - rho * rho) * rng.standard_normal(400)
+        e[:, i] = z
+    hits = 0
+    for times in np.exp(0.2 * e):
+        rows = rows_of(list(times))
+        f = forecast(RunRecord(Path("."), {}, {}, rows[:20]), 80, 1000, ratio=1.0)
+        assert f is not None
+        hits += f.lo_s <= rows[-1]["wall_s"] - rows[19]["wall_s"] <= f.hi_s
+    assert low <= hits / 400 <= 0.99, hits
+
+
+def test_online_forecast_on_a_run_folder(tmp_path: Path) -> None:
+    """On a run written by the calibration tests' step model (lengths, generation and
+    training): at step 15 of 60 the forecast is within 10 % of the run's real remainder, and
+    the interval holds it."""
+    run = read_run(fake_run(tmp_path / "a", batch_prompts=8, steps=60))
+    rows = run.metrics
+    wall = 0.0
+    for r in rows:  # fake_run writes no wall clock: steps back to back
+        wall += r["step_time_s"]
+        r["wall_s"] = wall
+        r["step"] += 1
+    online = OnlineForecast(tmp_path / "a", total_steps=60, eval_every=1000, every=5)
+    out = [online.observe(dict(r)) for r in rows[:15]]
+    assert out[0] == out[1] == out[2] == {}  # none before the fourth step
+    last = out[-1]
+    actual = rows[-1]["wall_s"] - rows[14]["wall_s"]
+    assert last["forecast/remaining_s"] == pytest.approx(actual, rel=0.10)
+    assert last["forecast/remaining_lo_s"] <= actual <= last["forecast/remaining_hi_s"]
+    assert last["forecast/end_s"] == pytest.approx(
+        rows[14]["wall_s"] + last["forecast/remaining_s"]
+    )
+    json.dumps(last)  # plain floats: the metrics sinks write them
+
+
+def test_online_forecast_never_raises(tmp_path: Path) -> None:
+    online = OnlineForecast(tmp_path / "missing", total_steps=10, eval_every=5, every=1)
+    for r in rows_of([1.0] * 4):  # without the record keys the forecast reads: nothing
+        assert online.observe(r) == {}
+    rows = read_run(fake_run(tmp_path / "a", batch_prompts=2, steps=4)).metrics
+    for r in rows:  # with them, but no config.toml in the folder: nothing, no error
+        assert online.observe({**r, "wall_s": 1.0}) == {}
+
+
+def test_live_view_shows_the_interval() -> None:
+    rec = {"forecast/remaining_s": 125.0, "forecast/remaining_lo_s": 100.0}
+    rec["forecast/remaining_hi_s"] = 190.0
+    assert fields(rec, eta_s=50.0) == [("ETA", "2m05s (90%: 1m40s-3m10s)")]
+    assert fields({}, eta_s=50.0) == [("ETA", "50s")]
+
+
+def _bench():
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "bench" / "forecast.py"
+    spec = importlib.util.spec_from_file_location("bench_forecast", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_scores_the_logged_forecasts_against_the_end() -> None:
+    bench = _bench()
+    rows = rows_of([1.0] * 20)  # walls 1.1, 2.2, ..., 22.0
+    for r in rows:
+        left = 20 - r["step"]
+        r |= {"forecast/remaining_s": 1.1 * left * 1.1}  # 10 % high
+        r |= {"forecast/remaining_lo_s": 1.1 * left, "forecast/remaining_hi_s": 1.1 * left * 1.2}
+    pts = bench.score_run(rows)
+    assert [p["step"] for p in pts] == [3, 5, 10]  # 10 % of 20 is 2: the third step at least
+    assert pts[1]["actual_s"] == pytest.approx(1.1 * 15)
+    assert pts[1]["pace_s"] == pytest.approx(1.1 * 15)  # the pace since step 1 is exact here
+    line = bench.measure_rows({"a": rows, "b": rows})["line"]
+    assert line["forecast_error_at_25pct"] == pytest.approx(0.1)
+    assert line["pace_error_at_25pct"] == pytest.approx(0.0)
+    assert line["forecast_coverage"] == 1.0 and line["runs"] == 2
