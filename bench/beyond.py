@@ -194,7 +194,8 @@ def forecast(args: argparse.Namespace) -> dict[str, Any]:
     """bench/forecast.py's figures, when that script exists (another part of issue 22)."""
     script = Path(__file__).with_name("forecast.py")
     if not script.exists() or args.skip_forecast:
-        print("beyond: bench/forecast.py not present: forecast keys are null")
+        why = "skipped (--skip-forecast)" if args.skip_forecast else "bench/forecast.py not present"
+        print(f"beyond: forecast {why}: forecast keys are null")
         return {"forecast_error_at_25pct": None, "forecast_coverage": None}
     out = subprocess.run(
         [sys.executable, str(script), *args.forecast_args.split()],
