@@ -68,11 +68,14 @@ def time_to(records: list[dict[str, Any]], target: float) -> float | None:
 
 
 def lag_counts(records: list[dict[str, Any]]) -> dict[str, int]:
-    """Trained tokens by lag (versions behind the trainer), summed over the run's steps."""
+    """Trained tokens by lag (versions behind the trainer), summed over the run's steps, from
+    each step's `staleness/lag_hist` (token counts for lag 0, 1, ...; its last bin holds every
+    lag at or above it: schedule.step_stats bins at the staleness bound + 1)."""
     out: dict[str, int] = {}
     for r in records:
-        for lag, n in (r.get("staleness/lag_counts") or {}).items():
-            out[str(lag)] = out.get(str(lag), 0) + int(n)
+        for lag, n in enumerate(r.get("staleness/lag_hist") or []):
+            if n:
+                out[str(lag)] = out.get(str(lag), 0) + int(n)
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 

@@ -61,7 +61,13 @@ def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: li
             f'run.dir="{run_dir}"',
         ],
     )
-    summary = train_async(cfg)
+    try:
+        summary = train_async(cfg)
+    except RuntimeError as err:  # a collapsed run stops ("N windows ... no informative group")
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return {"acc": None, "acc_start": None, "stopped": f"step {len(rows)}: {err}",
+                "time_to_target": None, "reached": False, "wall_s": None, "k_path": [],
+                "ess_mean": None, "rollbacks": 0, "alarms": []}  # fmt: skip
     curve = summary["heldout_curve"]
     hit = next((c["wall_s"] for c in curve if c["heldout_acc"] >= args.target), None)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -139,11 +145,14 @@ def part_watchdog(args: argparse.Namespace, extra: list[str], done: dict) -> dic
         key = f"wd/{name}"
         r = done.get(key) or run_one(f"wd_{i}", ov, args, extra)
         done[key] = res[name] = r
-        print(
-            f"beyond: watchdog {name}: acc {r['acc']:.3f} (start {r['acc_start']:.3f}), "
-            f"rollbacks {r['rollbacks']}, alarms {r['alarms'][:6]}",
-            flush=True,
-        )
+        if r["acc"] is None:
+            print(f"beyond: watchdog {name}: the run stopped at {r['stopped']}", flush=True)
+        else:
+            print(
+                f"beyond: watchdog {name}: acc {r['acc']:.3f} (start {r['acc_start']:.3f}), "
+                f"rollbacks {r['rollbacks']}, alarms {r['alarms'][:6]}",
+                flush=True,
+            )
         save(args, done)
     return res
 
@@ -185,7 +194,8 @@ def forecast(args: argparse.Namespace) -> dict[str, Any]:
     """bench/forecast.py's figures, when that script exists (another part of issue 22)."""
     script = Path(__file__).with_name("forecast.py")
     if not script.exists() or args.skip_forecast:
-        print("beyond: bench/forecast.py not present: forecast keys are null")
+        why = "skipped (--skip-forecast)" if args.skip_forecast else "bench/forecast.py not present"
+        print(f"beyond: forecast {why}: forecast keys are null")
         return {"forecast_error_at_25pct": None, "forecast_coverage": None}
     out = subprocess.run(
         [sys.executable, str(script), *args.forecast_args.split()],
@@ -236,13 +246,18 @@ def main(argv: list[str]) -> int:
         wd = part_watchdog(args, extra, done)
         print("| run | final acc | rollbacks |\n| --- | --- | --- |")
         for name, r in wd.items():
-            print(f"| {name} | {r['acc']:.3f} | {r['rollbacks']} |")
-        gap = 100 * (wd["undisturbed"]["acc"] - wd["spike, rollback"]["acc"])
+            acc = "stopped (collapse)" if r["acc"] is None else f"{r['acc']:.3f}"
+            print(f"| {name} | {acc} | {r['rollbacks']} |")
+
+        def gap_to(name: str) -> float | None:  # points below the undisturbed run
+            a, b = wd["undisturbed"]["acc"], wd[name]["acc"]
+            return None if a is None or b is None else 100 * (a - b)
+
+        gap = gap_to("spike, rollback")
         result["watchdog_acc_gap"] = gap
-        result["watchdog_no_rollback_gap"] = 100 * (
-            wd["undisturbed"]["acc"] - wd["spike, no watchdog"]["acc"]
-        )
-        result["watchdog_met"] = gap <= 3.0
+        result["watchdog_no_rollback_gap"] = gap_to("spike, no watchdog")
+        result["watchdog_no_rollback_stopped"] = wd["spike, no watchdog"].get("stopped")
+        result["watchdog_met"] = gap is not None and gap <= 3.0
     result.update(forecast(args))
     print(json.dumps(result))
     return 0

@@ -112,7 +112,7 @@ def test_episode_ledger_balances_under_sigkilled_environment_workers_and_sampler
     factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:fragile"
     cfg = tiny_cfg(
         tmp_path, "chaos", factory, "schedule.name=pipeline", "runtime.kind=local",
-        "runtime.num_samplers=2", "runtime.chaos_kills=2", "runtime.chaos_every_s=2.0",
+        "runtime.num_samplers=2", "runtime.chaos_kills=2", "runtime.chaos_every_s=0.5",
         "runtime.max_restarts=5", "env.workers=2", steps=6,
     )  # fmt: skip
     summary = train_async(cfg)

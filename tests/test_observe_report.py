@@ -187,3 +187,17 @@ def test_report_loads_in_headless_chromium_without_errors(report_dir: Path, tmp_
         check=True,
     )
     assert_png(shot)
+
+
+def test_lag_figure_counts_tokens_from_the_step_histograms(tmp_path):
+    """The lag figure sums each step record's `staleness/lag_hist` (the key the trainer
+    writes): token shares per lag, not the fallback of per-step maxima."""
+    from slipstream.observe.figures import _lag_distribution
+    from slipstream.observe.runs import RunData
+
+    rows = [{"step": 1, "staleness/lag_hist": [3, 1], "staleness/lag_max": 1},
+            {"step": 2, "staleness/lag_hist": [0, 2, 2], "staleness/lag_max": 2}]  # fmt: skip
+    dist = _lag_distribution(RunData(tmp_path, "r", rows))
+    assert dist is not None
+    share, what = dist
+    assert what == "tokens" and share.tolist() == [0.375, 0.375, 0.25]  # 3/8, 3/8, 2/8

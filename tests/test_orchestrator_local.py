@@ -178,6 +178,7 @@ def test_sync_on_the_local_runtime_follows_the_in_process_loop(assets, tmp_path,
         "runtime/",
         "queue/",
         "tokens/wasted",
+        "forecast/",  # the duration forecast is fitted to the wall-clock timings
     )
     a, b = _records(tmp_path / "inprocess"), _records(tmp_path / "local")
     assert len(a) == len(b) == steps

@@ -202,8 +202,11 @@ class WandbConfig(_Section):
 
 
 class WarmstartConfig(_Section):
-    target_acc: float = Field(0.1, gt=0.0, lt=1.0)
-    """Supervised warm start of the built-in model stops once held-out accuracy reaches this."""
+    target_acc: float | None = Field(None, gt=0.0, lt=1.0)
+    """Supervised warm start of the built-in model stops once held-out accuracy reaches this.
+    None: the task's own (`TARGET_ACC`): 0.1 on the built-in task, 0.25 on `builtin_tools`,
+    whose greedy episodes must copy the call and the tool's reply exactly: below about 0.2 most
+    groups of episodes all fail and RL has little signal (README, multi-turn section)."""
     max_steps: int = Field(3000, ge=1)
     lr: float = Field(3e-3, gt=0.0, lt=1.0)
     batch_size: int = Field(64, ge=1)
@@ -212,3 +215,14 @@ class WarmstartConfig(_Section):
     seed: int | None = Field(None, ge=0)
     """Seed of the warm start (its initial weights and batches); None: `run.seed`. Runs of
     several seeds that should start from one warm-started model set it."""
+
+    def for_task(self, kind: str) -> WarmstartConfig:
+        """This section with `target_acc` resolved for task `kind` (a set value is kept; the
+        built-in task's resolved section dumps as before, so its cache key is unchanged)."""
+        if self.target_acc is not None:
+            return self
+        return self.model_copy(update={"target_acc": TARGET_ACC.get(kind, TARGET_ACC["builtin"])})
+
+
+# The warm start's default target held-out accuracy per task kind (`warmstart.target_acc`).
+TARGET_ACC = {"builtin": 0.1, "builtin_tools": 0.25}

@@ -113,9 +113,9 @@ def heldout_figure(runs: list[RunData]) -> Figure:
 def _lag_distribution(run: RunData) -> tuple[np.ndarray, str] | None:
     """Share per lag 0, 1, ... and what it counts, from the best data the run has."""
     counts = [
-        r["staleness/lag_counts"]
+        r["staleness/lag_hist"]
         for r in run.metrics
-        if isinstance(r.get("staleness/lag_counts"), list)
+        if isinstance(r.get("staleness/lag_hist"), list)
     ]
     if counts:
         total = np.zeros(max(len(c) for c in counts))

@@ -90,7 +90,8 @@ def warm_start_tools(
     cfg: Config, task: Task, view: ProgressView
 ) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
     """The built-in model warm-started on scripted tool-using traces (envs.builtin), cached;
-    it stops at `warmstart.target_acc` held-out accuracy of greedy episodes (no latency)."""
+    it stops at `warmstart.target_acc` (default 0.25) held-out accuracy of greedy episodes (no
+    latency)."""
     sums = unguarded(task)
     assert isinstance(sums, RunningSums)
     heldout = sums.heldout_prompts()[: cfg.eval.num_prompts]
@@ -120,7 +121,7 @@ def warm_start_tools(
         "warm start of the built-in model on tool-using traces (cached after the first run)..."
     )
     model, tok, info = warm_start(
-        sums, cfg.warmstart, ws_seed(cfg), evaluate, report, init=init, make_sample=trace,
+        sums, cfg.warmstart.for_task("builtin_tools"), ws_seed(cfg), evaluate, report, init=init, make_sample=trace,
         tag=TOOLS_WARMSTART,
     )  # fmt: skip
     view.log(

@@ -459,7 +459,8 @@ def build_model(
             view.log(f"warm start: step {step} loss {loss:.3f} held-out acc {acc:.3f}")
 
     view.log("warm start of the built-in model (cached after the first run)...")
-    model, tok, info = warm_start(builtin, cfg.warmstart, ws_seed(cfg), evaluate, report)
+    ws = cfg.warmstart.for_task("builtin")
+    model, tok, info = warm_start(builtin, ws, ws_seed(cfg), evaluate, report)
     tok = tok.with_stop_strings(cfg.sampling.stop)
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"

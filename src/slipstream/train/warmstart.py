@@ -117,6 +117,9 @@ def warm_start(
 
     `init`, `make_sample` and `tag` make it another task's (the agentic task's: its alphabet,
     its scripted tool-using traces, its own cache entry)."""
+    cfg = cfg.for_task("builtin")  # (a target the caller left unset: the built-in task's)
+    target = cfg.target_acc
+    assert target is not None
     folder = (
         cache_root(cfg)
         / f"builtin-{tag + '-' if tag else ''}{cache_key(task, cfg, seed, init, tag)}"
@@ -140,7 +143,7 @@ def warm_start(
         report(step, loss, acc_now)
         if acc_now is not None:
             acc = acc_now
-            if acc >= cfg.target_acc:
+            if acc >= target:
                 break
     info = {"steps": step, "heldout_acc": acc, "seconds": time.perf_counter() - t0}
     folder.parent.mkdir(parents=True, exist_ok=True)
