@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from slipstream.algo import advantages, filters
-from slipstream.algo.correction import CorrectionSpec
-from slipstream.config import Config, ConfigError, dump_config
+from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams, capacity
 from slipstream.engine.stats import EngineStats
 from slipstream.envs.base import EnvFactory
@@ -36,12 +35,17 @@ from slipstream.schedule.agentic import (
     make_runner,
     warm_start_tools,
 )
+from slipstream.schedule.components import (
+    build_trainer,
+    engine_shape,
+    make_pass_rate_tracker,
+    resolve_placement,
+)
 from slipstream.schedule.episodes import run_episodes
 from slipstream.schedule.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker
-from slipstream.schedule.presets import preset
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
 from slipstream.sim.forecast import OnlineForecast
@@ -56,8 +60,7 @@ from slipstream.tasks.guard import (
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
 from slipstream.tasks.rewards import CombinedReward, RewardPart
 from slipstream.tasks.rows import read_prompts
-from slipstream.train.precision import parse_dtype
-from slipstream.train.trainer import Trainer, resolve_proximal
+from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start, ws_seed
 from slipstream.types import FinishReason, Group, Prompt
 
@@ -477,74 +480,6 @@ def make_engine(model: CausalLM, tok: Tokenizer, num_slots: int, max_len: int, *
 
 def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
     return max(len(tok.encode_prompt(p)) for p in prompts) + max_new
-
-
-def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
-    """The pass-rate tracker with the band settings of `cfg.filters`."""
-    f = cfg.filters
-    return PassRateTracker(
-        f.pass_rate_low,
-        f.pass_rate_high,
-        ema_decay=f.pass_rate_ema_decay,
-        min_attempts=f.pass_rate_min_attempts,
-        retry_after=f.pass_rate_retry_after,
-        skip_prob=f.pass_rate_skip_prob,
-        seed=cfg.run.seed,
-    )
-
-
-def resolve_placement(cfg: Config) -> placement.Placement:
-    """Devices of the trainer and the samplers; ConfigError (exit 2) if the machine lacks one."""
-    rc = cfg.runtime
-    n = rc.num_samplers if rc.kind != "inprocess" else 1
-    where = placement.resolve(
-        cfg.trainer.device, rc.sampler_devices, n, placement.cuda_device_count()
-    )
-    if rc.kind == "ray":  # Ray places sampler actors (`sampler_resources`) and sets their GPU
-        gpu = rc.sampler_resources.get("GPU", 0) > 0
-        where = placement.Placement(where.trainer, ("cuda:0" if gpu else "cpu",) * n)
-    return where
-
-
-def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -> tuple[int, int]:
-    """`(slots, max_len)` of an engine for `model` on its device: `max_len` from the prompt
-    lengths (`engine.max_len` caps it), slots at most `slots` within the KV budget
-    (engine.capacity). ConfigError when no prompt fits or the budget holds no sequence."""
-    e, new = cfg.engine, cfg.sampling.max_new_tokens
-    max_len = capacity.engine_max_len(max(lengths), new, model.config, e.max_len)
-    if not any(capacity.fits(n, new, max_len) for n in lengths):
-        raise ConfigError(
-            f"engine.max_len: {max_len} tokens hold no prompt with sampling.max_new_tokens = {new} "
-            f"(shortest prompt: {min(lengths)} tokens)"
-        )
-    p = model.lm_head.weight
-    dtype = parse_dtype(cfg.model.dtype)
-    free = capacity.free_device_bytes(p.device)
-    budget = capacity.cache_tokens(model.config, dtype, e.max_tokens, e.memory_fraction, free)
-    try:
-        return capacity.fit_slots(slots, max_len, budget), max_len
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
-    """The trainer, with the proximal policy `auto` resolved against the schedule's max lag and
-    whether the samplers compute the trainer's log-probs exactly: a bfloat16 sampler does not
-    (tests/test_engine_bf16.py), the in-process engine shares the float32 master weights."""
-    max_lag = preset(cfg.schedule.name, cfg.schedule.lag_bound).max_lag
-    exact = cfg.model.dtype == "float32" or cfg.runtime.kind == "inprocess"
-    c = cfg.correction
-    return Trainer(
-        model,
-        cfg.trainer,
-        cfg.sampling.temperature,
-        pad_id,
-        cfg.run.steps,
-        parse_dtype(cfg.model.dtype),
-        proximal=resolve_proximal(cfg.trainer.proximal, max_lag, exact, replay=cfg.replay.enabled),
-        correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
-        max_new_tokens=cfg.sampling.max_new_tokens,
-    )
 
 
 def setup(cfg: Config) -> Run:
