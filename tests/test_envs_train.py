@@ -66,16 +66,25 @@ def test_episode_ledger_balances_under_sigkilled_samplers(tmp_path) -> None:
 
 @pytest.mark.slow  # ~25 s of CPU: a token-level environment of three turns, three ways
 def test_token_level_factory_runs_three_turn_episodes(tmp_path) -> None:
+    # thread workers here and in the resume test: process workers (the default) are covered by
+    # the builtin_tools and the worker-chaos tests, and each pool costs seconds to start
     factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
+    thread = "env.isolation=thread"
     runs = {
-        "sync": lambda: train_sync(tiny_cfg(tmp_path, "sync", factory, steps=2)),
+        "sync": lambda: train_sync(tiny_cfg(tmp_path, "sync", factory, thread, steps=2)),
         # weights between batches: the sampler drains its episodes, continuations included
         "async": lambda: train_async(
-            tiny_cfg(tmp_path, "async", factory, "schedule.name=async", steps=2)
+            tiny_cfg(tmp_path, "async", factory, thread, "schedule.name=async", steps=2)
         ),
         "local": lambda: train_async(
             tiny_cfg(
-                tmp_path, "local", factory, "schedule.name=pipeline", "runtime.kind=local", steps=2
+                tmp_path,
+                "local",
+                factory,
+                thread,
+                "schedule.name=pipeline",
+                "runtime.kind=local",
+                steps=2,
             )
         ),
     }
@@ -90,7 +99,8 @@ def test_token_level_factory_runs_three_turn_episodes(tmp_path) -> None:
 @pytest.mark.slow  # ~20 s of CPU: a pipeline run, then its resumption from a checkpoint
 def test_resumed_run_restarts_the_episodes_in_flight_and_counts_them(tmp_path) -> None:
     factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
-    extra = (factory, "schedule.name=pipeline", "checkpoint.every=1", "checkpoint.keep=5")
+    extra = (factory, "env.isolation=thread", "schedule.name=pipeline", "checkpoint.every=1",
+             "checkpoint.keep=5")  # fmt: skip
     first = train_async(tiny_cfg(tmp_path, "r", *extra, steps=3))
     assert "episodes_restarted" not in first
     ckpts = tmp_path / "r" / "checkpoints"
