@@ -50,7 +50,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -207,7 +207,7 @@ class Engine:
         self.stats = EngineStats()
         self.park: KVPark | None = None  # parked KV of episodes waiting for their env
         self._trace = trace
-        self.on_step: Callable[[int, list[Any]], None] | None = None  # schedule.record.SamplerLog
+        self.on_step: Callable[[int, list[Hashable]], None] | None = None  # schedule.record
         self._num_active = 0
         self._lock = threading.Lock()
         self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None

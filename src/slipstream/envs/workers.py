@@ -32,7 +32,8 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Literal, Protocol
+from multiprocessing.process import BaseProcess
+from typing import Literal, Protocol
 
 from slipstream.envs.base import Env, EnvFactory, Observation, StepResult, resolve
 from slipstream.types import Prompt
@@ -74,13 +75,20 @@ class Workers(Protocol):
     def close(self) -> None: ...
 
 
-def _run_op(envs: dict[Hashable, Env], factory: EnvFactory, op: str, key: Hashable, arg: Any):
+OpArg = Prompt | list[int]  # "first": the dataset row; "step": the model's action tokens
+
+
+def _run_op(
+    envs: dict[Hashable, Env], factory: EnvFactory, op: str, key: Hashable, arg: OpArg
+) -> Observation | StepResult:
     """One operation on `envs`: the first observation (building the env) or a step."""
     if op == "first":
+        assert isinstance(arg, Prompt)
         env = factory(arg)
         obs = resolve(env.initial_observation())
         envs[key] = env
         return obs
+    assert isinstance(arg, list)
     return resolve(envs[key].step(arg))
 
 
@@ -95,7 +103,7 @@ class ThreadWorkers:
         self.t_start: dict[Hashable, float] = {}
         self.futures: dict[Hashable, cf.Future[Outcome]] = {}
 
-    def _submit(self, op: str, key: Hashable, arg: Any) -> cf.Future[Outcome]:
+    def _submit(self, op: str, key: Hashable, arg: OpArg) -> cf.Future[Outcome]:
         def job() -> Outcome:
             t0 = time.monotonic()
             self.t_start[key] = t0
@@ -151,7 +159,7 @@ def _worker_main(conn: Connection, factory: EnvFactory) -> None:
             return
         t0 = time.monotonic()
         try:
-            msg: tuple[str, Hashable, Any, float] = (
+            msg: tuple[str, Hashable, Observation | StepResult | str, float] = (
                 "ok", key, _run_op(envs, factory, op, key, arg), 0.0
             )  # fmt: skip
         except Exception as e:  # the environment raised: reported, the worker goes on
@@ -170,14 +178,14 @@ def _worker_main(conn: Connection, factory: EnvFactory) -> None:
 class _Op:
     op: str
     key: Hashable
-    arg: Any
+    arg: OpArg
     future: cf.Future[Outcome]
     t_start: float | None = None
 
 
 @dataclass
 class _Worker:
-    proc: Any  # multiprocessing Process
+    proc: BaseProcess
     conn: Connection
     queue: deque[_Op] = field(default_factory=deque)
     running: _Op | None = None

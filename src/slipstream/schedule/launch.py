@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -145,7 +146,7 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
 
 
-def _record(cfg: Config, run_dir: Any, orch: Orchestrator) -> Callable[[bool], None]:
+def _record(cfg: Config, run_dir: Path, orch: Orchestrator) -> Callable[[bool], None]:
     """run.record_schedule: record the run (schedule.record); the call closing the record."""
     if not cfg.run.record_schedule:
         return lambda complete: None

@@ -37,9 +37,9 @@ Files, in `RUN_DIR/schedule/` (format `slipstream-schedule`, version `FORMAT_VER
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage
 from slipstream.schedule.ledger import Ledger
@@ -63,14 +63,14 @@ class SamplerLog:
         # the engine's shape first: on a GPU its slots follow the free memory
         self.events: list[dict[str, Any]] = [{"c": 0, "engine": [slots, max_len]}]
 
-    def on_step(self, version: int, keys: list[Any]) -> None:
+    def on_step(self, version: int, keys: list[Hashable]) -> None:
         """The engine's hook: step `self.steps` ran with weights `version` (a new one was
         applied at its start: versions only grow) and admitted `keys`."""
         e: dict[str, Any] = {}
         if version != self.version:
             e["load"] = self.version = version
         if keys:
-            e["admit"] = [list(k) for k in keys]
+            e["admit"] = [list(cast(tuple[int, int], k)) for k in keys]  # (group id, member)
         if e:
             self.events.append({"c": self.steps, **e})
         self.steps += 1

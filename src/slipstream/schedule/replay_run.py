@@ -185,7 +185,7 @@ class TrainerReplay:
         self._step: tuple[list[Group], dict[str, Any], dict[str, Any], float] | None = None
         self._publish_s = 0.0
 
-    def _check(self, what: str, recorded: Any, got: Any) -> None:
+    def _check(self, what: str, recorded: object, got: object) -> None:
         if recorded != got and self.exact:
             raise Diverged(f"{what}: recorded {recorded!r}, replayed {got!r}")
 

@@ -25,6 +25,7 @@ weights it has.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,7 @@ class SamplerReplayer:
             out = [backlog.popleft() for _ in range(min(n, len(backlog)))]  # past the record
         return out
 
-    def _advance(self, done: Any) -> None:
+    def _advance(self, done: Callable[[], bool]) -> None:
         torch.set_num_threads(self.threads)
         while not done():
             if self.c > self.last and self.w.engine.num_active == 0 and not self.w.state.backlog:
