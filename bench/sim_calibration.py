@@ -35,6 +35,7 @@ import shutil
 from pathlib import Path
 
 from slipstream.sim.calibrate import fit_profile, predict
+from slipstream.sim.forecast import KEEP as FORECAST_KEYS
 from slipstream.sim.runs import read_run
 
 RUNS = {
@@ -45,22 +46,8 @@ RUNS = {
     "sync_b16_again": ("sync", 16),
 }
 SOURCE = "sync_b16"
-KEEP = (
-    "step",
-    "wall_s",
-    "step_time_s",
-    "time/generate_s",
-    "time/train_s",
-    "tokens/generated",
-    "tokens/trained",
-    "engine/decode_steps",
-    "engine/prefill_tokens",
-    "sampler_busy",
-    "runtime/sampler_busy",
-    "runtime/sampler_blocked",
-    "prompt_len_mean",
-    "completion_lens",
-)
+# what the forecast reads, and the sampler's busy and blocked shares (either name: sim.runs)
+KEEP = (*FORECAST_KEYS, "sampler_busy", "runtime/sampler_busy", "runtime/sampler_blocked")
 
 
 def record(out: Path, name: str, steps: int, seed: int) -> Path:

@@ -24,12 +24,11 @@ import torch
 import torch.multiprocessing as mp
 
 from slipstream.config import load_config
-from slipstream.model import load_pretrained, save_pretrained
-from slipstream.model.builtin import init_builtin
+from slipstream.model import load_pretrained
 from slipstream.schedule.launch import train_async
 from slipstream.schedule.presets import preset
 from slipstream.schedule.sync import train_sync
-from slipstream.tasks import RunningSums
+from tiny import write_assets
 
 pytestmark = pytest.mark.slow
 
@@ -56,20 +55,7 @@ def fails_in_samplers(prompt, completion):
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("assets")
-    model, tok = init_builtin(seed=3)
-    with torch.no_grad():  # wider than the init: varied completions, lengths, rewards
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.1)
-    save_pretrained(model, tmp / "model")
-    tok.save(tmp / "model")
-    rows = RunningSums(num_train=200, num_heldout=8).train_prompts()
-    (tmp / "rows.jsonl").write_text(
-        "".join(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n" for p in rows)
-    )
-    (tmp / "reward.py").write_text(REWARD)
-    return tmp
+    return write_assets(tmp_path_factory.mktemp("assets"), REWARD)
 
 
 def _cfg(assets: Path, run_dir: Path, *extra: str, reward: str = "odd"):

@@ -19,32 +19,17 @@ from safetensors.torch import load_file
 from slipstream.cli import main
 from slipstream.config import load_config
 from slipstream.config.load import dump_config
-from slipstream.model import save_pretrained
-from slipstream.model.builtin import init_builtin
 from slipstream.schedule.record import SamplerLog, rle
 from slipstream.schedule.replay_run import TIMINGS, replay
 from slipstream.schedule.replay_sampler import Diverged
-from slipstream.tasks import RunningSums
+from tiny import write_assets
 
 REWARD = "def odd(prompt, completion):\n    return float(len(completion) % 2)\n"
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("assets")
-    model, tok = init_builtin(seed=3)
-    with torch.no_grad():  # wider than the init: varied completions, lengths, rewards
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.1)
-    save_pretrained(model, tmp / "model")
-    tok.save(tmp / "model")
-    rows = RunningSums(num_train=200, num_heldout=8).train_prompts()
-    (tmp / "rows.jsonl").write_text(
-        "".join(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n" for p in rows)
-    )
-    (tmp / "reward.py").write_text(REWARD)
-    return tmp
+    return write_assets(tmp_path_factory.mktemp("assets"), REWARD)
 
 
 def _overrides(assets: Path, run_dir: Path) -> list[str]:

@@ -6,7 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from slipstream.config import Config, load_config
+from slipstream.model import save_pretrained
+from slipstream.model.builtin import init_builtin
+from slipstream.tasks import RunningSums
 
 TIMING = (
     "wall_s",
@@ -38,3 +43,22 @@ def steady(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def write_assets(folder: Path, reward_source: str) -> Path:
+    """The orchestrator tests' tiny run inputs in `folder`: the built-in model with wider
+    weights than its init (varied completions, lengths and rewards), its tokenizer, 200
+    running-sums rows as JSONL and `reward.py` holding `reward_source`."""
+    model, tok = init_builtin(seed=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.1)
+    save_pretrained(model, folder / "model")
+    tok.save(folder / "model")
+    rows = RunningSums(num_train=200, num_heldout=8).train_prompts()
+    (folder / "rows.jsonl").write_text(
+        "".join(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n" for p in rows)
+    )
+    (folder / "reward.py").write_text(reward_source)
+    return folder

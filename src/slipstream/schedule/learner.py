@@ -24,7 +24,7 @@ import torch
 from slipstream.runtime.channels import Channels
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.setup import COUNTERS, Run
-from slipstream.schedule.sync import checkpoint
+from slipstream.schedule.sync import checkpoint, checkpoint_due, observe_step
 from slipstream.schedule.watchdog import Watchdog
 from slipstream.types import Group, Prompt
 
@@ -107,17 +107,11 @@ class RunLearner:
             if acc is not None:
                 record["heldout_acc"] = acc
                 record.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
-        wd = self.watchdog
-        if wd is not None:
-            wd.observe(record, groups)  # may roll back: then the version moves on by one
-            run.info["watchdog"] = wd.summary()
-        if run.forecast is not None:
-            record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
+        observe_step(run, self.watchdog, record, groups)
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)
-        held = wd is not None and wd.hold_checkpoint() and step != cfg.run.steps
-        if (step % cfg.checkpoint.every == 0 or step == cfg.run.steps) and not held:
+        if checkpoint_due(run, self.watchdog, step):
             checkpoint(run, **self.extra_state())
 
     def evaluate_deferred(self) -> None:

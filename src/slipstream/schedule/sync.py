@@ -22,7 +22,7 @@ from slipstream.observe.rollouts import STEP_MARK
 from slipstream.schedule.agentic import episode_metrics
 from slipstream.schedule.setup import COUNTERS, Run, setup
 from slipstream.schedule.step_stats import goodput
-from slipstream.schedule.watchdog import inprocess_rollback, make_watchdog
+from slipstream.schedule.watchdog import Watchdog, inprocess_rollback, make_watchdog
 from slipstream.tasks.rewards import part_means
 from slipstream.train.checkpoint import (
     list_checkpoints,
@@ -88,17 +88,12 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
                 acc = metrics["heldout_acc"] = run.evaluate()
                 metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
-        if wd is not None:
-            wd.observe(record, groups)
-            run.info["watchdog"] = wd.summary()
-        if run.forecast is not None:
-            record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
+        observe_step(run, wd, record, groups)
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)
         mark, groups = marks(run), []
-        held = wd is not None and wd.hold_checkpoint() and step != cfg.run.steps
-        if (step % cfg.checkpoint.every == 0 or step == cfg.run.steps) and not held:
+        if checkpoint_due(run, wd, step):
             checkpoint(
                 run,
                 heldout_acc_start=acc_start,
@@ -147,6 +142,26 @@ def step_record(
         **run.ledger.flat(),
         **episode_metrics(groups),
     }
+
+
+def observe_step(
+    run: Run, wd: Watchdog | None, record: dict[str, Any], groups: list[Group]
+) -> None:
+    """A step's record before it is written: the watchdog sees it (and may roll back: the
+    version then moves on by one), the duration forecast adds `forecast/*` to it."""
+    if wd is not None:
+        wd.observe(record, groups)
+        run.info["watchdog"] = wd.summary()
+    if run.forecast is not None:
+        record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
+
+
+def checkpoint_due(run: Run, wd: Watchdog | None, step: int) -> bool:
+    """Every `checkpoint.every` steps and at the last, unless the watchdog holds checkpoints
+    back (an alarm may still roll back to one before it) before the last step."""
+    cfg = run.cfg
+    held = wd is not None and wd.hold_checkpoint() and step != cfg.run.steps
+    return (step % cfg.checkpoint.every == 0 or step == cfg.run.steps) and not held
 
 
 def checkpoint(run: Run, **extra: Any) -> None:

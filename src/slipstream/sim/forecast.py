@@ -41,7 +41,7 @@ import numpy as np
 
 from slipstream.sim.calibrate import fit_profile, sim_config
 from slipstream.sim.lengths import Empirical
-from slipstream.sim.runs import RunRecord
+from slipstream.sim.runs import REQUIRED_METRICS, RunRecord
 from slipstream.sim.simulator import SimConfig, simulate
 
 # One-sided 95 % quantiles of Student's t (a two-sided 90 % interval), by degrees of freedom.
@@ -179,17 +179,12 @@ def forecast(
 KEEP = (
     "step",
     "wall_s",
-    "step_time_s",
-    "time/generate_s",
-    "time/train_s",
-    "tokens/generated",
-    "tokens/trained",
-    "engine/decode_steps",
-    "engine/prefill_tokens",
+    *(m for m in REQUIRED_METRICS[1:] if m != "sampler_busy"),
     "prompt_len_mean",
     "completion_lens",
 )
-"""The keys of a step record the forecast reads."""
+"""The keys of a step record the forecast reads: the calibration's (`sim.runs`) but the
+sampler's busy share, which a forecast does not use, with the wall clock and the lengths."""
 
 
 class OnlineForecast:
