@@ -117,19 +117,19 @@ def test_resumed_run_restarts_the_episodes_in_flight_and_counts_them(tmp_path) -
 @pytest.mark.slow  # ~45 s here: samplers SIGKILLed, and environment workers that SIGKILL
 def test_episode_ledger_balances_under_sigkilled_environment_workers_and_samplers(tmp_path):
     """Every fourth environment a worker builds SIGKILLs its worker process mid-episode
-    (tests/scripted_env.py:fragile); two samplers are SIGKILLed too. Each episode of each group
+    (tests/scripted_env.py:fragile); a sampler is SIGKILLed too. Each episode of each group
     that came back ended once; the crashed ones as `crash`, scored 0; nothing trained twice."""
     factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:fragile"
     cfg = tiny_cfg(
         tmp_path, "chaos", factory, "schedule.name=pipeline", "runtime.kind=local",
-        "runtime.num_samplers=2", "runtime.chaos_kills=2", "runtime.chaos_every_s=2.0",
-        "runtime.max_restarts=5", "env.workers=2", steps=6,
+        "runtime.num_samplers=2", "runtime.chaos_kills=1", "runtime.chaos_every_s=1.0",
+        "runtime.max_restarts=5", "env.workers=2", steps=8,
     )  # fmt: skip
     summary = train_async(cfg)
     led = summary["ledger"]
-    assert summary["steps"] == 6 and led["balanced"], led
-    # the second kill may come after the 6 steps have ended (it depends on the machine's pace)
-    assert summary["chaos_kills"] >= 1 and summary["groups_trained_twice"] == 0
+    assert summary["steps"] == 8 and led["balanced"], led
+    # one kill, 1 s in: 8 steps take about 3 s here even on a quiet machine (6 took 2 s)
+    assert summary["chaos_kills"] == 1 and summary["groups_trained_twice"] == 0
     assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"] - led["lost"])
     assert led["episodes"].get("crash", 0) > 0 and led["episodes"].get("done", 0) > 0, led
     records = read_jsonl(tmp_path / "chaos" / "metrics.jsonl")
