@@ -24,26 +24,44 @@ def drive(auto: AutoLag, ess_of_k, windows: int, wait: float = 0.3, kl: float = 
 
 
 def test_climbs_to_the_largest_k_above_the_band_and_stays():
-    # ESS(K) = 1 - 0.04 K: 0.88 at K=3 (>= 0.83, raise), 0.84 at K=4 (>= 0.83, raise),
-    # 0.80 at K=5 (in the band [0.80, 0.83): hold). So K settles at 5, reached by +1 steps.
+    # ESS(K) = 1 - 0.04 K. The slow start doubles while the ESS is above the band
+    # (>= 0.83): 1 -> 2 (0.92) -> 4 (0.84) -> 8; 0.68 at K=8 is below the target, so K is
+    # halved to 4 and the ceiling becomes 7; then +1 steps: 4 -> 5, where 0.80 is inside the
+    # band [0.80, 0.83): hold. So K settles at 5, after 5 changes.
     auto = AutoLag(RULE, k=1)
     ks = drive(auto, lambda k: 1 - 0.04 * k, 300)
-    assert ks[-1] == 5
-    assert all(b - a in (0, 1) for a, b in itertools.pairwise(ks))  # only additive increases
+    assert ks[-1] == 5 and auto.ceiling == 7
+    assert [(k, why) for _, k, why in auto.changes] == [
+        (2, "trainer_waits"),
+        (4, "trainer_waits"),
+        (8, "trainer_waits"),
+        (4, "ess_low"),
+        (5, "trainer_waits"),
+    ]
     assert len(set(ks[20:])) == 1  # constant conditions: no change after it settled
-    assert [c[2] for c in auto.changes] == ["trainer_waits"] * 4
+
+
+def test_after_the_first_decrease_increases_are_additive():
+    rule = AutoLagRule(k_min=0, k_max=16, ess_target=0.8, margin=0.0, patience=1)
+    auto = AutoLag(rule, k=1)
+    ks = drive(auto, lambda k: 0.9 if k <= 9 else 0.7, 200)
+    down = ks.index(16) + 1  # doubled 1 -> 2 -> 4 -> 8 -> 16, which is below the target
+    assert ks[:down] == [2, 4, 8, 16] and ks[down] == 8
+    assert all(b - a in (0, 1) for a, b in itertools.pairwise(ks[down:]) if b > a)
+    assert ks[-1] == 9 and auto.ceiling == 9  # 10 was tried once (from 9 + 1), then left
 
 
 def test_a_k_below_target_is_left_once_and_never_reentered():
-    # ESS 0.9 up to K=5, 0.7 beyond: it climbs to K=6 (0.7 < 0.8), is halved to 3 and the
-    # ceiling becomes 5; then it climbs 3 -> 4 -> 5 and holds: K=6 is never tried again.
+    # ESS 0.9 up to K=5, 0.7 beyond: the slow start reaches K=8 (1 -> 2 -> 4 -> 8; 0.7 <
+    # 0.8), is halved to 4 (ceiling 7), climbs 4 -> 5 -> 6 (0.7), is halved to 3 (ceiling 5),
+    # climbs 3 -> 4 -> 5 and holds: K=6 and above are never tried again.
     rule = AutoLagRule(k_min=0, k_max=8, ess_target=0.8, margin=0.0, patience=2)
     auto = AutoLag(rule, k=1)
     ks = drive(auto, lambda k: 0.9 if k <= 5 else 0.7, 400)
-    assert ks.count(6) == 2  # patience windows under K=6, then down
+    assert ks.count(6) == 2 and ks.count(8) == 2  # patience windows under each, then down
     assert auto.ceiling == 5 and ks[-1] == 5
     assert len(set(ks[40:])) == 1
-    assert [c[2] for c in auto.changes].count("ess_low") == 1
+    assert [c[2] for c in auto.changes].count("ess_low") == 2
 
 
 def test_holds_while_the_trainer_does_not_wait():
@@ -83,7 +101,7 @@ def test_lag_control_logs_every_change_and_the_watchdog_tighten():
     assert ctl(dict(rec)) == 2
     r = dict(rec)
     ctl(r)
-    assert r["schedule/max_lag"] == 3 and r["schedule/max_lag_reason"] == "trainer_waits"
+    assert r["schedule/max_lag"] == 4 and r["schedule/max_lag_reason"] == "trainer_waits"  # 2K
     ctl.tighten(2)
     r = dict(rec)
     assert ctl(r) == 0 and r["schedule/max_lag_reason"] == "watchdog_tighten"

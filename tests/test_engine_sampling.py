@@ -74,3 +74,27 @@ def test_no_token_of_probability_zero_is_ever_drawn():
     assert set(got.tokens.tolist()) <= {3, CHUNK + 1, 3 * CHUNK + 6}
     kept = sample(x[None].expand(n, V), *_args(n, top_k=1))  # only the largest survives
     assert set(kept.tokens.tolist()) == {CHUNK + 1}
+
+
+def test_a_chunk_far_above_the_first_is_redone_against_its_own_maximum():
+    """The shift is the first chunk's largest logit: a later chunk 60 above it at T = 0.6
+    overflows float32 (2^(60 log2 e / 0.6) = 2^144 > 2^128) and must be redone (without it
+    the row's sum is infinite and its log-prob is not finite), and a row whose first
+    chunk has no finite logit shifts by its own largest; both rows keep exact log-probs and
+    the same tokens alone as beside ordinary rows."""
+    g = torch.Generator().manual_seed(2)
+    far = torch.randn(V, generator=g) - 30.0
+    far[2 * CHUNK + 5 : 2 * CHUNK + 9] = torch.tensor([30.0, 29.5, 29.0, 28.0])
+    empty = torch.randn(V, generator=g)
+    empty[:CHUNK] = float("-inf")
+    plain = torch.randn(V, generator=g) * 3
+    x = torch.stack([far, empty, plain])
+    temp, k, p, seeds, steps = _args(3, 0.6, step=2)
+    got = sample(x, temp, k, p, seeds, steps)
+    assert torch.isfinite(got.logp).all()
+    ref = (x.double() / 0.6).log_softmax(-1).gather(-1, got.tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(got.logp.double(), ref, atol=2e-6, rtol=0)
+    assert 2 * CHUNK + 5 <= int(got.tokens[0]) < 2 * CHUNK + 9 and int(got.tokens[1]) >= CHUNK
+    for i in range(3):
+        alone = sample(x[i : i + 1], temp[:1], k[:1], p[:1], seeds[i : i + 1], steps[:1])
+        assert (int(alone.tokens), float(alone.logp)) == (int(got.tokens[i]), float(got.logp[i]))

@@ -42,9 +42,9 @@ class ScheduleConfig(_Section):
     max_lag: int | Literal["auto"] | None = None
     """K, the largest lag the trainer accepts; None uses the preset's. `auto`: the
     orchestrator tunes K between `max_lag_min` and `max_lag_max` at window boundaries
-    (schedule.auto_lag; docs/algorithms.md, "Self-tuning staleness bound"): up by one while
-    the trainer waits for data and the token ESS stays above `ess_target` (+ a margin),
-    halved when the ESS falls below it or `mismatch/kl` exceeds `auto_kl_limit`."""
+    (schedule.auto_lag; docs/algorithms.md, "Self-tuning staleness bound"): up while the
+    trainer waits for data and the token ESS stays above `ess_target` (+ a margin), doubling
+    until the first decrease and by one after it, halved when the ESS falls below it or `mismatch/kl` exceeds `auto_kl_limit`."""
     ess_target: float = Field(0.8, gt=0.0, le=1.0)
     """`auto`: the token ESS (staleness/ess_token) the trained data must keep."""
     max_lag_min: int = Field(0, ge=0)

@@ -40,6 +40,7 @@ import torch
 _MASK32 = 0xFFFFFFFF
 LOG2E = 1.4426950408889634
 CHUNK = 4096  # vocabulary entries per chunk on a CPU (a [rows, CHUNK] scratch stays in cache)
+SUB = 128  # entries per block inside a chunk, for the draw's second level
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -98,96 +99,208 @@ def sample(
     not modified.
 
     Every row goes through the same arithmetic, filtered or not: `e = exp(x / t - m)` with
-    `m = max(x) / t` (the row's largest scaled logit: scaling by `1 / t > 0` keeps the order),
-    zeroed outside the kept set, so a row's token does not depend on whether a neighbour in
-    the batch filters. The recorded log-prob is `x_a / t - m - log sum(e)` over the whole row,
-    computed with a float64 sum of float32 chunk sums (closer to the exact value than a float32
-    `log_softmax`).
+    `m = r / t`, `r` a logit of the row near its top (`_chunk_sums`: no pass is spent on the
+    exact maximum), zeroed outside the kept set, so a row's token does not depend on whether a
+    neighbour in the batch filters or is greedy. The recorded log-prob is `x_a / t - m - log
+    sum(e)` over the whole row, computed with a float64 sum of float32 chunk sums (closer to
+    the exact value than a float32 `log_softmax`).
     """
     logits = logits.float()
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None].float()
     inv_t = 1.0 / t
-    top = logits.amax(dim=-1, keepdim=True)
-    neg_m = -(top * inv_t)  # [B, 1]
     # the exponentials in base 2: exp(y) = 2^(y log2 e), and exp2 runs about 25 % faster than
     # exp on a CPU; the exponent's extra rounding is a relative 1e-7 of it
     inv_t2 = inv_t * LOG2E
-    neg_m2 = -(top * inv_t2)
+    runs = temperature_runs(inv_t2)
     filtered = not (bool((top_k <= 0).all()) and bool((top_p >= 1.0).all()))
     keep = torch.isfinite(filter_logits(logits / t, top_k, top_p)) if filtered else None
     chunk = CHUNK if logits.device.type == "cpu" else logits.shape[-1]
-    full, kept = _chunk_sums(logits, inv_t2, neg_m2, keep, chunk)  # [B, C] each
-    log_full = full.sum(dim=-1).log()  # log sum_a exp(x_a / t - m), float64
+    any_greedy = bool(greedy.any())
+    sums = _block_sums(logits, inv_t2, runs, keep, chunk, with_tops=any_greedy)
+    ref = sums.ref  # a logit of the row, the sums' reference
+    log_full = sums.full.sum(dim=-1).log()  # log sum_a exp(x_a / t - m), float64
+    if any_greedy:
+        assert sums.tops is not None
+        best = _argmax(logits, sums.tops, chunk)
     if bool(greedy.all()):
-        tokens = logits.argmax(dim=-1)
+        tokens = best
     else:
-        tokens = _draw(logits, inv_t2, neg_m2, keep, kept, row_uniform(seeds, steps), chunk)
-        if bool(greedy.any()):
-            tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
-    s_a = torch.addcmul(neg_m, logits.gather(-1, tokens[:, None]), inv_t)  # x_a / t - m
-    logp = (s_a.squeeze(-1).double() - log_full).float()
-    logmass = (kept.sum(dim=-1).log() - log_full).float() if filtered else None
+        tokens = _draw(logits, runs, inv_t2, sums, keep, row_uniform(seeds, steps))
+        if any_greedy:
+            tokens = torch.where(greedy, best, tokens)
+    # x_a / t - m in float64: `r` need not be the row's maximum, so x_a - r can be large
+    s_a = (logits.gather(-1, tokens[:, None]).double() - ref.double()) * inv_t.double()
+    logp = (s_a.squeeze(-1) - log_full).float()
+    logmass = (sums.kept.sum(dim=-1).log() - log_full).float() if filtered else None
     return Sampled(tokens, logp, logmass)
 
 
+Runs = list[tuple[int, int, float]]  # rows [r0, r1) sharing one `log2 e / t`
+
+
+def temperature_runs(inv_t: torch.Tensor) -> Runs:
+    """The batch's rows as maximal runs of consecutive rows with one `log2 e / t` `[B, 1]`
+    (a batch at one temperature, the usual case, is one run)."""
+    vals = inv_t.squeeze(-1).tolist()
+    runs: Runs = []
+    r0 = 0
+    for r in range(1, len(vals) + 1):
+        if r == len(vals) or vals[r] != vals[r0]:
+            runs.append((r0, r, vals[r0]))
+            r0 = r
+    return runs
+
+
 def _exp_chunk(
-    x: torch.Tensor, inv_t: torch.Tensor, neg_m: torch.Tensor, out: torch.Tensor | None = None
+    x: torch.Tensor, runs: Runs, neg_m: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`exp(x / t - m)` of a `[B, n]` slice of logits, given `inv_t` and `neg_m` in base 2
-    (`log2 e / t` and `-m log2 e`): a product, the shift and `exp2` in place, into `out` when
-    given. (A product then an add runs twice as fast as `addcmul` with these broadcast `[B, 1]`
-    factors on a CPU, and the row's largest entry comes out exactly 0: `2^0 = 1`.)"""
-    return torch.mul(x, inv_t, out=out).add_(neg_m).exp2_()
+    """`exp(x / t - m)` of a `[B, n]` slice of logits, given `neg_m = -m log2 e / t` `[B, 1]`
+    and each run of rows' `log2 e / t`, into `out` when given: the scaling and the shift as
+    one `neg_m + (log2 e / t) x` per run (one pass over the slice, against two for a product
+    then an add with a `[B, 1]` factor, and four for `addcmul`), then `exp2` in place. Every
+    element goes through the same arithmetic whatever the runs, so a row's values do not
+    depend on its neighbours' temperatures; the largest entry of `m`'s own slice comes out
+    exactly 0 (`2^0 = 1`)."""
+    out = torch.empty_like(x) if out is None else out
+    for r0, r1, a in runs:
+        torch.add(neg_m[r0:r1], x[r0:r1], alpha=a, out=out[r0:r1])
+    return out.exp2_()
 
 
-def _chunk_sums(
+class BlockSums(NamedTuple):
+    shifts: torch.Tensor  # [B, n] float32: the logit each block was exponentiated against
+    ref: torch.Tensor  # [B, 1] float32: the largest shift, the sums' reference (m = ref / t)
+    full: torch.Tensor  # [B, n] float64: sum of exp(x / t - m) per block
+    kept: torch.Tensor  # [B, n] float64: the same over the kept set (`full` when unfiltered)
+    tops: torch.Tensor | None  # [B, C] float32: each chunk's largest logit, when asked for
+
+
+def _block_sums(
     logits: torch.Tensor,
     inv_t: torch.Tensor,
-    neg_m: torch.Tensor,
+    runs: Runs,
     keep: torch.Tensor | None,
     chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-chunk sums `[B, C]` (float64) of `exp(x / t - m)` over the whole row and over the
-    kept set (the same tensor when nothing is filtered)."""
+    with_tops: bool,
+) -> BlockSums:
+    """One pass over the logits, a chunk at a time, each exponentiated while it is in cache,
+    and summed in blocks of `SUB` entries (the draw's first level).
+
+    The shift is a reference `r`, a logit of the row: the first chunk's largest (the row's
+    largest if that chunk has no finite logit). So no separate pass reads the row for its
+    maximum: `r` is an entry of the row, hence the row's sum is at least `2^0 = 1` and never
+    underflows, and a chunk far below `r` adds what it would add to the exact sum, rounded
+    below float32's resolution. A chunk whose sum overflows against `r` (a logit far above
+    it) is redone against its own largest logit, for the rows it overflows in (rare: about
+    88 t nats above `r`). The block sums are then rescaled to the largest shift in float64.
+    Each row's shifts depend on its own logits alone, so a row's sums do not depend on its
+    neighbours. `with_tops` also keeps each chunk's largest logit (for greedy rows)."""
     B, V = logits.shape
-    n_chunks = -(-V // chunk)
-    full = torch.empty(B, n_chunks, dtype=torch.float64, device=logits.device)
+    n_chunks, n_blocks = -(-V // chunk), -(-V // SUB)
+    dev = logits.device
+    tops = torch.empty(B, n_chunks, dtype=torch.float32, device=dev) if with_tops else None
+    full = torch.empty(B, n_blocks, dtype=torch.float64, device=dev)
     kept = full if keep is None else torch.empty_like(full)
-    scratch = torch.empty(B, min(chunk, V), dtype=torch.float32, device=logits.device)
-    for c in range(n_chunks):
-        a, b = c * chunk, min((c + 1) * chunk, V)
-        e = _exp_chunk(logits[:, a:b], inv_t, neg_m, scratch[:, : b - a])
-        full[:, c] = e.sum(dim=-1)
+    scratch = torch.empty(B, min(chunk, V), dtype=torch.float32, device=dev)
+    ref = logits[:, :chunk].amax(dim=-1, keepdim=True)
+    if not bool(torch.isfinite(ref).all()):  # a first chunk without a finite logit
+        ref = torch.where(torch.isfinite(ref), ref, logits.amax(dim=-1, keepdim=True))
+    neg = -(ref * inv_t)
+    spans = [(c * chunk, min((c + 1) * chunk, V)) for c in range(n_chunks)]
+    for c, (a, b) in enumerate(spans):
+        x = logits[:, a:b]
+        if tops is not None:
+            torch.amax(x, dim=-1, keepdim=True, out=tops[:, c : c + 1])
+        e = _exp_chunk(x, runs, neg, scratch[:, : b - a])
+        _sum_blocks(e, full[:, a // SUB :])
         if keep is not None:
-            kept[:, c] = e.masked_fill_(~keep[:, a:b], 0.0).sum(dim=-1)
-    return full, kept
+            _sum_blocks(e.masked_fill_(~keep[:, a:b], 0.0), kept[:, a // SUB :])
+    shifts = ref.expand(B, n_blocks)  # a view: every block shifted by `r`
+    over = ~torch.isfinite(full)  # [B, n]: a block that overflowed against `r`
+    if not bool(over.any()):  # the usual case: nothing to redo or rescale
+        return BlockSums(shifts, ref, full, kept, tops)
+    shifts = shifts.clone()
+    for a, b in spans:
+        j = slice(a // SUB, -(-b // SUB))
+        rows = over[:, j].any(dim=-1, keepdim=True)
+        if not bool(rows.any()):
+            continue
+        x = logits[:, a:b]
+        shift = torch.where(rows, x.amax(dim=-1, keepdim=True), ref)
+        shifts[:, j] = shift
+        e = _exp_chunk(x, runs, -(shift * inv_t), scratch[:, : b - a])
+        _sum_blocks(e, full[:, j])
+        if keep is not None:
+            _sum_blocks(e.masked_fill_(~keep[:, a:b], 0.0), kept[:, j])
+    # block j's exponentials against the row's largest shift: times 2^((s_j - s) log2 e / t)
+    ref = shifts.amax(dim=-1, keepdim=True)
+    scale = ((shifts.double() - ref.double()) * inv_t.double()).exp2()
+    full.mul_(scale)
+    if keep is not None:
+        kept.mul_(scale)
+    return BlockSums(shifts, ref, full, kept, tops)
+
+
+def _sum_blocks(e: torch.Tensor, out: torch.Tensor) -> None:
+    """Sums (float32) of consecutive blocks of `SUB` entries of `e` `[B, n]` (the last block
+    may be short) into the first `ceil(n / SUB)` columns of `out`."""
+    n = e.shape[1]
+    whole = n // SUB
+    out[:, :whole] = e[:, : whole * SUB].unflatten(-1, (whole, SUB)).sum(dim=-1)
+    if n % SUB:
+        out[:, whole] = e[:, whole * SUB :].sum(dim=-1)
+
+
+def _argmax(logits: torch.Tensor, tops: torch.Tensor, chunk: int) -> torch.Tensor:
+    """The first index of each row's largest logit `[B]`, from the chunk maxima: the first
+    chunk holding it, then the first entry inside that chunk (as `argmax` over the row)."""
+    V = logits.shape[1]
+    cols = _block_cols(tops.argmax(dim=-1), min(chunk, V), V)
+    return cols.gather(-1, logits.gather(-1, cols).argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
+def _block_cols(j: torch.Tensor, width: int, V: int) -> torch.Tensor:
+    """The vocabulary indices `[B, width]` of block `j` `[B]` of `width` entries, clamped to
+    the vocabulary (an index past it repeats `V - 1`, which comes first in the block)."""
+    cols = j[:, None] * width + torch.arange(width, device=j.device)[None, :]
+    return cols.clamp_(max=V - 1)
 
 
 def _draw(
     logits: torch.Tensor,
+    runs: Runs,
     inv_t: torch.Tensor,
-    neg_m: torch.Tensor,
+    sums: BlockSums,
     keep: torch.Tensor | None,
-    sums: torch.Tensor,
     u: torch.Tensor,
-    chunk: int,
 ) -> torch.Tensor:
-    """Inverse-CDF draw `[B]`: the chunk where `u x total` falls, then the entry inside it
-    (the entry's exponentials recomputed, in float64 cumulative sums)."""
+    """Inverse-CDF draw `[B]`: the block of `SUB` entries where `u x total` falls, then the
+    entry inside it (the block's exponentials recomputed as they were summed, against its
+    shift; cumulative sums in float64)."""
     B, V = logits.shape
     rows = torch.arange(B, device=logits.device)
-    cum = sums.cumsum(dim=-1)  # [B, C]
-    target = u * cum[:, -1]
-    c = _first_above(cum, target)
-    before = torch.where(c > 0, cum[rows, (c - 1).clamp(min=0)], torch.zeros_like(target))
-    cols = c[:, None] * chunk + torch.arange(min(chunk, V), device=logits.device)[None, :]
-    inside = cols < V
-    cols = cols.clamp(max=V - 1)
-    e = _exp_chunk(logits.gather(-1, cols), inv_t, neg_m)
-    mass = inside if keep is None else inside & keep.gather(-1, cols)
-    e = e.masked_fill_(~mass, 0.0).double()
-    return cols[rows, _first_above(e.cumsum(dim=-1), target - before)]
+    j, rest = _locate(sums.kept, u * sums.kept.sum(dim=-1))
+    shift = sums.shifts[rows, j][:, None]
+    rest = rest * ((sums.ref - shift).double() * inv_t.double()).squeeze(-1).exp2()
+    cols = _block_cols(j, SUB, V)
+    neg = torch.where(torch.isfinite(shift), -(shift * inv_t), torch.zeros_like(shift))
+    e = _exp_chunk(logits.gather(-1, cols), runs, neg)
+    # an index past the vocabulary (the last block may be short) has no mass
+    mass = (j[:, None] * SUB + torch.arange(SUB, device=j.device)[None, :]) < V
+    if keep is not None:
+        mass &= keep.gather(-1, cols)
+    i, _ = _locate(e.masked_fill_(~mass, 0.0).double(), rest)
+    return cols[rows, i]
+
+
+def _locate(mass: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of non-negative `mass` `[B, n]`, the entry `i` `[B]` whose cumulative interval
+    holds `value` `[B]`, and what is left of `value` past the entries before it."""
+    cum = mass.cumsum(dim=-1)
+    i = _first_above(cum, value)
+    before = torch.where(i > 0, cum.gather(-1, (i - 1).clamp(min=0)[:, None]).squeeze(-1), 0.0)
+    return i, value - before
 
 
 def _first_above(cum: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

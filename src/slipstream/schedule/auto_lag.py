@@ -10,19 +10,22 @@ over windows of the trained tokens' ESS, `mismatch/kl` and the trainer's wait sh
 - **decrease** (multiplicative): ESS below `ess_target`, or `mismatch/kl` above `kl_limit`:
   `K <- max(k_min, K // 2)`, and the *ceiling* becomes `K - 1`: the K that was too stale is
   not tried again.
-- **increase** (additive): the trainer waited for data (wait share >= `wait_min`) and ESS is
-  at least `ess_target + margin` (and KL at most half its limit): `K <- K + 1`, up to the
-  ceiling (initially `k_max`).
+- **increase**: the trainer waited for data (wait share >= `wait_min`) and ESS is at least
+  `ess_target + margin` (and KL at most half its limit): up to the ceiling (initially
+  `k_max`), `K <- max(K + 1, 2K)` until the first decrease (a slow start, as in TCP: a
+  useful K in `log2 k_max` changes instead of `k_max`), `K <- K + 1` after it.
 - otherwise K holds. Every change needs `patience` windows measured under the current K, and
   resets the averages, so a decision rests only on data trained under the K it judges.
 
 Why it does not oscillate: the band `[target, target + margin)` between the two thresholds
 is hysteresis (an ESS inside it moves nothing), and the ceiling only ever goes down. With
 constant conditions (ESS a non-increasing function of K, as staler data is further from the
-policy), K climbs one step at a time to the largest K whose ESS is above the band, or to the
-ceiling, and stays; a K whose ESS is below the target is left once and never re-entered. So
-the number of changes is finite (at most `k_max - k_min` decreases, each followed by at most
-`k_max` increases), which rules out a limit cycle. tests/test_auto_lag.py drives it with a
+policy), the slow start doubles K at most `log2 k_max` times, until the ceiling or a first
+K whose ESS is below the target; from then on K climbs one step at a time to the largest K
+whose ESS is above the band, or to the ceiling, and stays; a K whose ESS is below the target
+is left once and never re-entered. So the number of changes is finite (at most
+`k_max - k_min` decreases, each followed by at most `k_max` increases), which rules out a
+limit cycle. tests/test_auto_lag.py drives it with a
 scripted ESS.
 """
 
@@ -80,6 +83,11 @@ class AutoLag:
             self.ceiling = self.rule.k_max
         self.k = min(max(self.k, self.rule.k_min), self.rule.k_max)
 
+    @property
+    def slow_start(self) -> bool:
+        """Doubling increases: no decrease yet."""
+        return all(reason == "trainer_waits" for _, _, reason in self.changes)
+
     def _avg(self, old: float | None, new: float) -> float:
         a = self.rule.smoothing
         return new if old is None else a * new + (1 - a) * old
@@ -106,7 +114,8 @@ class AutoLag:
             and self.ess >= r.ess_target + r.margin
             and (r.kl_limit <= 0 or self.kl <= r.kl_limit / 2)
         ):
-            decision = Decision(self.k + 1, "trainer_waits")
+            step = max(1, self.k) if self.slow_start else 1
+            decision = Decision(min(self.ceiling, self.k + step), "trainer_waits")
         if decision is not None:
             self.k = decision.k
             self.since_change, self.ess, self.kl, self.wait = 0, None, None, None
