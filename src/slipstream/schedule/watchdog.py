@@ -12,7 +12,8 @@ fired (config `watchdog.actions`, default `warn`):
   least `rollback_margin` steps older than the first alarm of the episode (alarms in steps
   less than `window` apart are one episode), the data produced by the undone policy
   versions is discarded (the orchestrator's queued groups, replayed samples), and the
-  learning rate is multiplied by `rollback_lr_scale` for the rest of the run. The version
+  learning rate is multiplied by `rollback_lr_scale`, then climbs back geometrically over
+  `rollback_lr_recover_steps` steps without an alarm (0: it stays lowered). The version
   counter goes on (samplers load only newer versions): on an orchestrated schedule the
   restored weights are published as a new version, the in-process loop keeps its count.
   At most `max_rollbacks`; without a checkpoint to go back to, or past the bound, a
@@ -148,6 +149,7 @@ class Watchdog:
         if not found:
             if step - self.last_alarm >= self.cfg.window:
                 self.first_alarm = None
+            self._recover()
             return ""
         if self.first_alarm is None:
             self.first_alarm = step
@@ -166,6 +168,14 @@ class Watchdog:
         record["watchdog/action"] = action
         record["watchdog/rollbacks"] = self.rollbacks
         return action
+
+    def _recover(self) -> None:
+        """A step without an alarm: the rollbacks' learning-rate cut shrinks by one step of
+        its geometric climb (each rollback's factor is undone in `rollback_lr_recover_steps`)."""
+        n = self.cfg.rollback_lr_recover_steps
+        if n and self.rollback_scale < 1.0:
+            up = (1.0 / self.cfg.rollback_lr_scale) ** (1.0 / n)
+            self.rollback_scale = min(1.0, self.rollback_scale * up)
 
     def _tighten(self) -> None:
         self.tighten_left = self.cfg.tighten_steps
