@@ -223,6 +223,33 @@ class Watchdog:
         )
         return can and self.first_alarm is not None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What the watchdog's future depends on, as JSON (for checkpoints): the rollbacks
+        and the learning-rate cut, the open episode, the tighten and spike counters, the
+        alarms' histories and the events so far."""
+        return {
+            "rollbacks": self.rollbacks,
+            "rollback_scale": self.rollback_scale,
+            "tighten_left": self.tighten_left,
+            "spike_left": self.spike_left,
+            "first_alarm": self.first_alarm,
+            "last_alarm": self.last_alarm,
+            "entropy": list(self.entropy),
+            "grad_norm": list(self.grad_norm),
+            "reward_std": list(self.reward_std),
+            "events": [asdict(e) for e in self.events],
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.rollbacks, self.rollback_scale = int(d["rollbacks"]), float(d["rollback_scale"])
+        self.tighten_left, self.spike_left = int(d["tighten_left"]), d["spike_left"]
+        self.first_alarm, self.last_alarm = d["first_alarm"], int(d["last_alarm"])
+        for name in ("entropy", "grad_norm", "reward_std"):
+            history: deque[float] = getattr(self, name)
+            history.clear()
+            history.extend(float(x) for x in d[name])
+        self.events = [Event(**e) for e in d["events"]]
+
     def summary(self) -> dict[str, Any]:
         return {
             "alarms": len(self.events),
