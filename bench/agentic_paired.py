@@ -1,10 +1,11 @@
 """Held-out accuracy of two models of the built-in agentic task, compared prompt by prompt.
 
-Both models run greedy episodes (no tool latency) on the same held-out prompts; the
+Both models run greedy episodes (no tool latency; or SAMPLES sampled episodes a prompt at
+TEMPERATURE, each prompt's reward their mean) on the same held-out prompts; the
 difference of their accuracies has a paired standard error (the prompts are shared, so most
 of the per-prompt noise cancels), which is what an RL-improved-it claim needs.
 
-Run: python bench/agentic_paired.py MODEL_A MODEL_B [HELDOUT]
+Run: python bench/agentic_paired.py MODEL_A MODEL_B [HELDOUT] [TEMPERATURE SAMPLES]
      (model folders: a warm start in ~/.cache/slipstream/builtin-tools2-..., or a run's
      RUN_DIR/checkpoints/step_N/model)
 
@@ -27,24 +28,28 @@ from slipstream.schedule.agentic import calculator_factory, env_max_len, make_ru
 from slipstream.schedule.episodes import run_episodes
 
 
-def per_prompt(folder: str, n: int) -> list[float]:
-    """The greedy episode reward of each of the first `n` held-out prompts, in order."""
+def per_prompt(folder: str, n: int, temperature: float = 0.0, samples: int = 1) -> list[float]:
+    """The episode reward of each of the first `n` held-out prompts, in order: greedy, or the
+    mean of `samples` episodes at `temperature` (seeds 0 .. samples - 1)."""
     cfg = load_config(None, ["task.kind=builtin_tools"])
     model, tok = load_pretrained(folder), load_tokenizer(folder)
     held = tool_sums_task().heldout_prompts()[:n]
     factory = calculator_factory(cfg, tok, Latency(0.0, 0.0))
     max_len = min(env_max_len(cfg, factory, held, tok), model.config.max_position_embeddings)
-    engine = Engine(model.eval(), tok.eos_id, num_slots=len(held), max_len=max_len)
+    engine = Engine(model.eval(), tok.eos_id, num_slots=len(held) * samples, max_len=max_len)
     workers = ThreadWorkers(factory, cfg.env.workers)
-    params = SamplingParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens)
+    params = SamplingParams(temperature=temperature, max_new_tokens=cfg.sampling.max_new_tokens)
+    items = [(p, (i, k), k) for i, p in enumerate(held) for k in range(samples)]
     runner = make_runner(cfg, factory, engine, params, workers)
     try:
-        eps = run_episodes(engine, runner, [(p, ("eval", i), 0) for i, p in enumerate(held)])
+        eps = run_episodes(engine, runner, items)
     finally:
         runner.close()
         workers.close()
-    by_index = {e.key[1]: e.reward for e in eps}
-    return [by_index[i] for i in range(len(held))]
+    total = [0.0] * len(held)
+    for e in eps:
+        total[e.key[0]] += e.reward
+    return [t / samples for t in total]
 
 
 def paired(a: list[float], b: list[float]) -> dict[str, float]:
@@ -72,7 +77,8 @@ def paired(a: list[float], b: list[float]) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     n = int(argv[2]) if len(argv) > 2 else 256
-    out = paired(per_prompt(argv[0], n), per_prompt(argv[1], n))
+    temp, samples = (float(argv[3]), int(argv[4])) if len(argv) > 4 else (0.0, 1)
+    out = paired(*(per_prompt(m, n, temp, samples) for m in argv[:2]))
     print("| model | held-out acc |\n| --- | ---: |")
     print(f"| a | {out['acc_a']:.3f} |\n| b | {out['acc_b']:.3f} |")
     print(json.dumps(out))
