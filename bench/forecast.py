@@ -10,7 +10,7 @@ forecast the run itself logged, and compares it with what was left: `wall_s` of 
 minus `wall_s` of step k. Beside it, the pace ETA the live view used before (mean time per
 step since the first step, times the steps left).
 
-    flock /work/wt/notes/bench.lock timeout 900 python bench/forecast.py --out bench_out/forecast
+    flock /work/wt/notes/bench.lock timeout 900 python bench/forecast.py --out bench_out/forecast [key=value ...]
 
 (5 runs of 50 steps at batch 32: ~5 minutes on this 2-core machine; `--from DIR` re-reads
 runs already in DIR). Prints a table and ends with one JSON line:
@@ -31,8 +31,11 @@ from typing import Any
 CHECKPOINTS = (0.10, 0.25, 0.50)
 
 
-def train_runs(out: Path, runs: int, steps: int, batch: int) -> list[Path]:
-    """Train `runs` runs (seeds 0..runs-1) into out/seed<i>; their folders."""
+def train_runs(
+    out: Path, runs: int, steps: int, batch: int, overrides: tuple[str, ...] = ()
+) -> list[Path]:
+    """Train `runs` runs (seeds 0..runs-1) into out/seed<i>, with `key=value` config
+    `overrides`; their folders."""
     import shutil
 
     from slipstream.config import load_config
@@ -50,6 +53,7 @@ def train_runs(out: Path, runs: int, steps: int, batch: int) -> list[Path]:
                 f"run.seed={seed}",
                 "run.quiet=true",
                 f"trainer.batch_prompts={batch}",
+                *overrides,
             ],
         )
         print(f"run seed {seed} ...", flush=True)
@@ -137,11 +141,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--from", dest="src", default=None, help="score the runs in this folder")
+    p.add_argument("overrides", nargs="*", help="key=value config settings for every run")
     args = p.parse_args()
     if args.src:
         dirs = sorted(d for d in Path(args.src).iterdir() if (d / "metrics.jsonl").is_file())
     else:
-        dirs = train_runs(Path(args.out), args.runs, args.steps, args.batch)
+        dirs = train_runs(Path(args.out), args.runs, args.steps, args.batch, tuple(args.overrides))
     result = measure(dirs)
     print(table(result["forecasts"]))
     line = {**result["line"], "steps": int(read_rows(dirs[0])[-1]["step"])}

@@ -76,3 +76,25 @@ def test_an_empty_value_is_an_error_not_the_default(capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert rc == 2
     _one_line(err, "'run.dir='", "empty value")
+
+
+@pytest.mark.slow
+def test_the_cli_makes_openmp_threads_sleep_unless_the_user_chose():
+    """`slipstream` sets OMP_WAIT_POLICY=PASSIVE before torch (and its OpenMP runtime) loads,
+    and keeps a value the user set: importing the package does not load torch, so the CLI
+    module's first lines run first."""
+    import os
+    import subprocess
+
+    code = (
+        "import os, sys; import slipstream; assert 'torch' not in sys.modules; "
+        "import slipstream.cli; print(os.environ['OMP_WAIT_POLICY'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    got = [
+        subprocess.run(
+            [sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for e in (env, {**env, "OMP_WAIT_POLICY": "ACTIVE"})
+    ]
+    assert got == ["PASSIVE", "ACTIVE"]

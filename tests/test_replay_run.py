@@ -197,3 +197,32 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, meta, args, says):
 def test_cli_error_for_a_folder_that_is_no_run(tmp_path, capsys):
     assert main(["replay", str(tmp_path)]) == 2
     assert "not a run folder (no config.toml)" in capsys.readouterr().err
+
+
+def test_the_recorder_forgets_the_groups_of_windows_that_kept_nothing(tmp_path):
+    """A window that keeps nothing never reaches `after_step`; its groups must not stay in
+    the recorder's map for the rest of the run (they are never named again): the next step
+    forgets them with its own."""
+    from slipstream.schedule.record import RecordingLearner, ScheduleRecorder
+    from slipstream.types import Group, Prompt
+
+    class Inner:
+        ledger = None
+
+        def settle(self, groups):
+            return [g for g in groups if g.prompt.id == "kept"]
+
+        def after_step(self, record, groups):
+            pass
+
+    rec = ScheduleRecorder(tmp_path, {})
+    empty = [Group(Prompt(id=f"p{i}", text="", answer=""), []) for i in range(3)]
+    step = [Group(Prompt(id="kept", text="", answer=""), [])]
+    for i, g in enumerate([*empty, *step]):
+        rec._groups[id(g)] = (i, g)  # as `message` registers an accepted group
+    learner = RecordingLearner(Inner(), rec)
+    assert learner.settle(empty) == []  # a window that keeps nothing: no step follows
+    assert learner.settle(step) == step
+    learner.after_step({"step": 1}, step)
+    assert rec._groups == {}
+    rec.close(True)

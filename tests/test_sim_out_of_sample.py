@@ -3,17 +3,19 @@ predict another schedule and another batch size, compare with what those runs me
 
 tests/data/simcal/ holds five real runs of the built-in task on the local runtime (30 steps,
 seed 0, group size 8; recorded with `python bench/sim_calibration.py --write-test-data` on
-this repository's shared 2-core CPU; metrics trimmed to the keys the calibration reads):
-sync at batch 16 (the calibration run), pipeline at 16, sync at 32, pipeline at 32, and the
-calibration run again a few minutes later. Only `sync_b16` is fitted.
+this repository's 2-core CPU, with one steady low-priority job on the other core; metrics
+trimmed to the keys the calibration reads): sync at batch 16 (the calibration run), pipeline
+at 16, sync at 32, pipeline at 32, and the calibration run again a few minutes later. Only
+`sync_b16` is fitted.
 
-Sampler busy is predicted within 10 % on every target. Step time is not: the errors are -66 %
-(pipeline b16), -43 % (sync b32) and -62 % (pipeline b32), and the calibration run's own rerun
-is off by +62 %: the same run's step time moved by 60 % with the machine's load (other jobs
-share its two cores), so step time on this machine cannot show a 10 % model error either way.
-The pipeline's miss is also structural (README, "Plan a cluster run"): its sampler and trainer
-processes run at once on two cores, and its full continuous batches are a regime the sync run
-(passes emptying as sequences finish) does not span.
+Sampler busy is predicted within 10 % on every target (-3.1 / +6.8 / -1.7 %), and the step
+time of sync at the other batch size too (-8.1 %). The pipeline's step time is not: -47 % at
+batch 16, -53 % at 32 (the calibration run's own rerun is off by -10.6 %: the machine's noise
+floor). The miss is structural (README, "Plan a cluster run"): the pipeline's sampler and
+trainer processes run at once on two cores, and the runs show what that costs, which a sync
+run cannot show: training ran at 930 tokens/s in the pipeline against 2,150-2,220 in sync,
+and generation at 3,020-3,070 tokens/s against 2,800-3,015, although the pipeline's batches
+are full (the simulator, fitted on sync's passes, expects them to be much faster).
 """
 
 from __future__ import annotations
@@ -43,9 +45,16 @@ def test_sampler_busy_of_another_schedule_and_batch_within_10_percent(
     assert abs(cmp["sampler_busy_err"]) < 0.10, cmp
 
 
-@pytest.mark.xfail(strict=True, reason="step time measured -66/-43/-62 % off (module doc)")
-@pytest.mark.parametrize("target", TARGETS)
-def test_step_time_of_another_schedule_and_batch_within_10_percent(
+def test_step_time_of_another_batch_size_within_10_percent(
+    predictions: dict[str, dict[str, float]],
+) -> None:
+    cmp = predictions["sync_b32"]
+    assert abs(cmp["step_time_err"]) < 0.10, cmp
+
+
+@pytest.mark.xfail(strict=True, reason="pipeline step time measured -47 / -53 % off (module doc)")
+@pytest.mark.parametrize("target", ("pipeline_b16", "pipeline_b32"))
+def test_step_time_of_another_schedule_within_10_percent(
     predictions: dict[str, dict[str, float]], target: str
 ) -> None:
     cmp = predictions[target]

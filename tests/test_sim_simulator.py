@@ -129,8 +129,10 @@ def test_speed_128_gpus_1000_steps_under_10_s() -> None:
     work = Workload(64, 8, Lognormal(median=1500, sigma=0.6, max_len=8192), prompt_len=512)
     cluster = Cluster(H100, model_shape("7b"), 128, 96)
     cfg = SimConfig(cluster, work, preset("pipeline", 4), steps=1000)
-    t0 = time.perf_counter()
+    # CPU seconds of this process (the simulator is single-threaded Python): a bound on its
+    # own cost that other jobs sharing the machine do not move, as they move wall time
+    t0 = time.process_time()
     res = simulate(cfg)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.process_time() - t0
     assert res.groups["trained"] == 64 * 1000
-    assert elapsed < 10, f"{elapsed:.1f} s"
+    assert elapsed < 10, f"{elapsed:.1f} CPU s"

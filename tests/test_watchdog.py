@@ -178,3 +178,37 @@ def test_spike_without_the_watchdog_is_injected_and_nothing_else(tmp_path):
     assert t.lr_scale == 5.0
     rec = record(1, **{"train/step_kl": 99.0})
     assert wd.observe(rec, []) == "" and "watchdog/alarms" not in rec
+
+
+def test_the_rollback_learning_rate_climbs_back_over_healthy_steps(tmp_path):
+    # one rollback halves the rate; 4 healthy steps bring it back: x 2^(1/4) a step, so
+    # 0.5 -> 0.595 -> 0.707 -> 0.841 -> 1.0, and it never goes above 1
+    wd, t, _ = watchdog(
+        tmp_path, actions={"step_kl": "rollback"}, rollback_lr_scale=0.5,
+        rollback_lr_recover_steps=4, reward_constant_steps=0,  # no groups here
+    )  # fmt: skip
+    wd.rollback = lambda path, last: None
+    ckpt(tmp_path, 2)
+    t.version = 5
+    assert wd.observe(record(5, **{"train/step_kl": 1.0}), []) == "rollback"
+    scales = []
+    for s in range(6, 12):
+        t.version = s
+        wd.observe(record(s, **{"train/step_kl": 0.01}), [])
+        wd.before_step()
+        scales.append(round(t.lr_scale, 3))
+    assert scales == [0.595, 0.707, 0.841, 1.0, 1.0, 1.0]
+
+
+def test_without_recovery_the_rollback_learning_rate_stays(tmp_path):
+    wd, t, _ = watchdog(
+        tmp_path, actions={"step_kl": "rollback"}, rollback_lr_recover_steps=0,
+        reward_constant_steps=0,
+    )  # fmt: skip
+    wd.rollback = lambda path, last: None
+    ckpt(tmp_path, 2)
+    t.version = 5
+    assert wd.observe(record(5, **{"train/step_kl": 1.0}), []) == "rollback"
+    for s in range(6, 30):
+        wd.observe(record(s, **{"train/step_kl": 0.01}), [])
+    assert wd.rollback_scale == 0.5

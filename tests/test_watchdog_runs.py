@@ -44,7 +44,9 @@ def test_sync_loop_rolls_back_an_lr_spike(tmp_path):
     recs = read_jsonl(tmp_path / "wd" / "metrics.jsonl")
     steps = [r["step"] for r in recs if "train/loss" in r]
     assert steps == sorted(steps) and steps[-1] == 6  # the version count goes on
-    assert recs[-1]["watchdog/lr_scale"] == pytest.approx(0.5)
+    # halved by the rollback at step 4, then one healthy step (5) of the default 10-step
+    # climb back (rollback_lr_recover_steps) before step 6
+    assert recs[-1]["watchdog/lr_scale"] == pytest.approx(0.5 * 2 ** (1 / 10))
     assert json.loads((tmp_path / "wd" / "summary.json").read_text())["watchdog"]["rollbacks"] >= 1
 
 
@@ -63,3 +65,22 @@ def test_pipeline_auto_lag_and_rollback(tmp_path):
     assert all(r["staleness/lag_max"] <= 3 for r in recs)
     assert summary["ledger"]["balanced"]
     assert summary["watchdog"]["rollbacks"] >= 1
+
+
+@pytest.mark.slow
+def test_a_run_resumed_after_a_rollback_goes_on_with_the_watchdogs_state(tmp_path):
+    """The rollback at step 4 halves the learning rate, which then climbs back; a run stopped
+    at step 5 and resumed for step 6 must train step 6 as the unbroken run does (same
+    multiplier, same rollback count, same loss), not with a fresh watchdog."""
+    whole = train_sync(small_cfg(tmp_path, "whole", *SPIKE, steps=6))
+    train_sync(small_cfg(tmp_path, "cut", *SPIKE, steps=5))
+    resumed = train_sync(small_cfg(tmp_path, "cut", *SPIKE, steps=6), resume=True)
+    assert whole["watchdog"]["rollbacks"] == resumed["watchdog"]["rollbacks"] == 1
+
+    def last(name: str) -> dict:
+        return [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "train/loss" in r][-1]
+
+    a, b = last("whole"), last("cut")
+    assert a["step"] == b["step"] == 6
+    assert b["watchdog/lr_scale"] == a["watchdog/lr_scale"] < 1.0
+    assert b["train/loss"] == a["train/loss"]

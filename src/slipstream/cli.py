@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
+
+# Before torch loads its OpenMP runtime (the imports below), which reads this once: waiting
+# threads sleep instead of spinning. With spinning threads, a run whose cores are shared with
+# any other busy process waits at every one of the thousands of small parallel regions of a
+# step for a descheduled thread: measured here, 2 threads beside other jobs took 32-41 s a
+# step of the built-in task, against 4.2 s sleeping and 5.0 s with one thread (README,
+# "Threads"). A value the user set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.tasks import TaskError

@@ -45,8 +45,11 @@ class WatchdogConfig(_Section):
     tighten_lr_scale: float = Field(0.5, gt=0.0, le=1.0)
     """`tighten`: learning-rate multiplier while tightened."""
     rollback_lr_scale: float = Field(0.5, gt=0.0, le=1.0)
-    """`rollback`: the learning rate is multiplied by this after each rollback, for the rest
-    of the run."""
+    """`rollback`: the learning rate is multiplied by this after each rollback."""
+    rollback_lr_recover_steps: int = Field(10, ge=0)
+    """`rollback`: the learning rate climbs back geometrically after a rollback, undoing one
+    rollback's `rollback_lr_scale` over this many steps without an alarm (an alarm pauses the
+    climb); 0: the lowered rate stays for the rest of the run."""
     max_rollbacks: int = Field(2, ge=0)
     """`rollback`: at most this many per run; later alarms only warn."""
     rollback_margin: int = Field(1, ge=0)

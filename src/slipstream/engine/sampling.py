@@ -4,7 +4,8 @@ Randomness. Each request carries a seed; its t-th token takes one uniform number
 of (seed, t), and is the inverse-CDF draw from the softmax of its row: the first token `a`
 whose cumulative probability exceeds `u` (this samples exactly from the softmax). The row's
 computation reads only that row, always in the same order (the vocabulary in fixed chunks of
-`CHUNK`: exponentials, chunk sums, then the cumulative sum inside the chunk `u` falls in), so a
+`CHUNK`, each exponentiated and summed in blocks of `SUB`; then the cumulative sum of the
+blocks, and the cumulative sum inside the block `u` falls in), so a
 request sampled inside a continuous batch gives the same tokens as sampled alone, and a run is
 reproducible from its seeds. One uniform per row instead of one Gumbel variate per vocabulary
 entry: at a 151,936-token vocabulary, hashing the whole `[rows, vocab]` table cost several
@@ -193,7 +194,7 @@ def _block_sums(
     underflows, and a chunk far below `r` adds what it would add to the exact sum, rounded
     below float32's resolution. A chunk whose sum overflows against `r` (a logit far above
     it) is redone against its own largest logit, for the rows it overflows in (rare: about
-    88 t nats above `r`). The block sums are then rescaled to the largest shift in float64.
+    88.7 t above `r`). The block sums are then rescaled to the largest shift in float64.
     Each row's shifts depend on its own logits alone, so a row's sums do not depend on its
     neighbours. `with_tops` also keeps each chunk's largest logit (for greedy rows)."""
     B, V = logits.shape

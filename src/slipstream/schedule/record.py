@@ -171,6 +171,7 @@ class RecordingLearner:
     def __init__(self, inner: Learner, recorder: ScheduleRecorder) -> None:
         self.inner, self.rec = inner, recorder
         self.ledger: Ledger = inner.ledger  # the same object: the orchestrator counts into it
+        self._settled: list[Group] = []  # since the last step: named again by its `after`
 
     @property
     def version(self) -> int:
@@ -193,6 +194,7 @@ class RecordingLearner:
 
     def settle(self, groups: list[Group]) -> list[Group]:
         self.rec.event("settle", g=[self.rec.gid(g) for g in groups])
+        self._settled += groups
         return self.inner.settle(groups)
 
     def train(self, groups: list[Group]) -> dict[str, Any]:
@@ -206,7 +208,10 @@ class RecordingLearner:
     def after_step(self, record: dict[str, Any], groups: list[Group]) -> None:
         obs = {k: record[k] for k in OBSERVED if k in record}
         self.rec.event("after", step=record["step"], g=[self.rec.gid(g) for g in groups], obs=obs)
-        self.rec.forget(groups)
+        # also the groups of windows that kept nothing since the last step (they reach no
+        # `after_step` and are never named again): else a long run's map only grows
+        self.rec.forget([*groups, *self._settled])
+        self._settled = []
         self.inner.after_step(record, groups)
 
     def __getattr__(self, name: str) -> Any:  # evaluate, curve, extra_state, ...

@@ -45,6 +45,8 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
     wd = make_watchdog(run)
     if wd is not None:
         wd.rollback = inprocess_rollback(run)
+        if "watchdog" in saved:
+            wd.load_state_dict(saved["watchdog"])
     t_start = time.perf_counter() - saved.get("wall_s", 0.0)
     run.timeline.origin = t_start  # timeline seconds match the metrics' wall_s
     acc_start = saved.get("heldout_acc_start")
@@ -99,6 +101,7 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
                 heldout_acc_start=acc_start,
                 heldout_acc=acc,
                 wall_s=time.perf_counter() - t_start,
+                **({"watchdog": wd.state_dict()} if wd is not None else {}),
             )
     return finish(run, acc_start, acc, time.perf_counter() - t_start)
 

@@ -12,7 +12,8 @@ fired (config `watchdog.actions`, default `warn`):
   least `rollback_margin` steps older than the first alarm of the episode (alarms in steps
   less than `window` apart are one episode), the data produced by the undone policy
   versions is discarded (the orchestrator's queued groups, replayed samples), and the
-  learning rate is multiplied by `rollback_lr_scale` for the rest of the run. The version
+  learning rate is multiplied by `rollback_lr_scale`, then climbs back geometrically over
+  `rollback_lr_recover_steps` steps without an alarm (0: it stays lowered). The version
   counter goes on (samplers load only newer versions): on an orchestrated schedule the
   restored weights are published as a new version, the in-process loop keeps its count.
   At most `max_rollbacks`; without a checkpoint to go back to, or past the bound, a
@@ -148,6 +149,7 @@ class Watchdog:
         if not found:
             if step - self.last_alarm >= self.cfg.window:
                 self.first_alarm = None
+            self._recover()
             return ""
         if self.first_alarm is None:
             self.first_alarm = step
@@ -166,6 +168,14 @@ class Watchdog:
         record["watchdog/action"] = action
         record["watchdog/rollbacks"] = self.rollbacks
         return action
+
+    def _recover(self) -> None:
+        """A step without an alarm: the rollbacks' learning-rate cut shrinks by one step of
+        its geometric climb (each rollback's factor is undone in `rollback_lr_recover_steps`)."""
+        n = self.cfg.rollback_lr_recover_steps
+        if n and self.rollback_scale < 1.0:
+            up = (1.0 / self.cfg.rollback_lr_scale) ** (1.0 / n)
+            self.rollback_scale = min(1.0, self.rollback_scale * up)
 
     def _tighten(self) -> None:
         self.tighten_left = self.cfg.tighten_steps
@@ -212,6 +222,33 @@ class Watchdog:
             and self.rollbacks < self.cfg.max_rollbacks
         )
         return can and self.first_alarm is not None
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the watchdog's future depends on, as JSON (for checkpoints): the rollbacks
+        and the learning-rate cut, the open episode, the tighten and spike counters, the
+        alarms' histories and the events so far."""
+        return {
+            "rollbacks": self.rollbacks,
+            "rollback_scale": self.rollback_scale,
+            "tighten_left": self.tighten_left,
+            "spike_left": self.spike_left,
+            "first_alarm": self.first_alarm,
+            "last_alarm": self.last_alarm,
+            "entropy": list(self.entropy),
+            "grad_norm": list(self.grad_norm),
+            "reward_std": list(self.reward_std),
+            "events": [asdict(e) for e in self.events],
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.rollbacks, self.rollback_scale = int(d["rollbacks"]), float(d["rollback_scale"])
+        self.tighten_left, self.spike_left = int(d["tighten_left"]), d["spike_left"]
+        self.first_alarm, self.last_alarm = d["first_alarm"], int(d["last_alarm"])
+        for name in ("entropy", "grad_norm", "reward_std"):
+            history: deque[float] = getattr(self, name)
+            history.clear()
+            history.extend(float(x) for x in d[name])
+        self.events = [Event(**e) for e in d["events"]]
 
     def summary(self) -> dict[str, Any]:
         return {
