@@ -98,3 +98,45 @@ def test_the_factories_pickle_for_the_environment_workers(tmp_path) -> None:
     env = again(Prompt("p", "1+2=", "3"))
     env.initial_observation()
     assert env.step(TOK.encode("3")).reward == 1.0
+
+
+def test_episode_accuracy_samples_n_episodes_a_prompt_with_fixed_seeds(monkeypatch):
+    """Held-out accuracy of an environment task honours `eval.temperature` and
+    `eval.samples_per_prompt`: n episodes of each prompt, seeds i n + j, mean reward."""
+    from types import SimpleNamespace
+
+    from slipstream.config import load_config
+    from slipstream.engine import SamplingParams
+    from slipstream.schedule import agentic
+
+    seen: dict = {}
+
+    class Runner:
+        def close(self) -> None:
+            seen["closed"] = True
+
+    def make_runner(cfg, factory, engine, params, workers):
+        seen["params"] = params
+        return Runner()
+
+    def run_episodes(engine, runner, items):
+        seen["items"] = items
+        return [SimpleNamespace(reward=float(seed % 2)) for _, _, seed in items]
+
+    monkeypatch.setattr(agentic, "make_runner", make_runner)
+    monkeypatch.setattr(agentic, "run_episodes", run_episodes)
+    cfg = load_config(None, [])
+    prompts = [Prompt(id=f"p{i}", text="", answer="") for i in range(2)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    acc = agentic.episode_accuracy(cfg, None, None, prompts, None, params, 3)  # type: ignore[arg-type]
+    assert [(p.id, seed) for p, _, seed in seen["items"]] == [
+        ("p0", 0),
+        ("p0", 1),
+        ("p0", 2),
+        ("p1", 3),
+        ("p1", 4),
+        ("p1", 5),
+    ]
+    assert acc == 0.5 and seen["params"] is params and seen["closed"]
+    agentic.episode_accuracy(cfg, None, None, prompts)  # type: ignore[arg-type]
+    assert seen["params"].temperature == 0.0 and len(seen["items"]) == 2  # greedy, one each

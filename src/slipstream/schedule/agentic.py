@@ -253,12 +253,18 @@ def episode_accuracy(
     engine: Engine,
     prompts: Sequence[Prompt],
     workers: Workers | None = None,
+    params: SamplingParams | None = None,
+    n: int = 1,
 ) -> float:
-    """Mean reward of greedy episodes of `prompts` (temperature 0), as held-out accuracy."""
-    params = SamplingParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens)
+    """Mean reward of `n` episodes of each of `prompts`, as held-out accuracy (mean@n):
+    sampled with `params` (None: greedy, temperature 0). Episode j of prompt i has seed
+    `i n + j`, so every evaluation samples with the same random numbers."""
+    if params is None:
+        params = SamplingParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens)
     runner = make_runner(cfg, factory, engine, params, workers)
+    items = [(p, ("eval", i, j), i * n + j) for i, p in enumerate(prompts) for j in range(n)]
     try:
-        eps = run_episodes(engine, runner, [(p, ("eval", n), 0) for n, p in enumerate(prompts)])
+        eps = run_episodes(engine, runner, items)
     finally:
         runner.close()
     return sum(e.reward for e in eps) / max(len(eps), 1)

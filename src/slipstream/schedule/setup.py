@@ -136,16 +136,18 @@ class Run:
             engine.stats = saved
 
     def _evaluate(self) -> float:
-        if self.env_factory is not None:
-            acc = episode_accuracy(
-                self.cfg, self.env_factory, self.eval_engine, self.heldout, self.workers()
-            )
-            self.eval_metrics = {"heldout/mean@1": acc}
-            return acc
         e, s = self.cfg.eval, self.cfg.sampling
         params = SamplingParams(
             e.temperature, s.top_p if e.temperature else 1.0, s.top_k, s.max_new_tokens
         )
+        if self.env_factory is not None:  # episodes: mean reward of n per prompt (mean@n)
+            n = e.samples_per_prompt
+            acc = episode_accuracy(
+                self.cfg, self.env_factory, self.eval_engine, self.heldout, self.workers(),
+                params, n,
+            )  # fmt: skip
+            self.eval_metrics = {f"heldout/mean@{n}": acc}
+            return acc
         out: dict[str, float] = {}
         acc = 0.0
         for name, prompts in {"": self.heldout, **self.eval_sets}.items():
