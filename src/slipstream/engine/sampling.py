@@ -100,10 +100,10 @@ def sample(
     not modified.
 
     Every row goes through the same arithmetic, filtered or not: `e = exp(x / t - m)` with
-    `m = r / t`, `r` a logit of the row near its top (`_chunk_sums`: no pass is spent on the
+    `m = r / t`, `r` a logit of the row near its top (`_block_sums`: no pass is spent on the
     exact maximum), zeroed outside the kept set, so a row's token does not depend on whether a
     neighbour in the batch filters or is greedy. The recorded log-prob is `x_a / t - m - log
-    sum(e)` over the whole row, computed with a float64 sum of float32 chunk sums (closer to
+    sum(e)` over the whole row, computed with a float64 sum of float32 block sums (closer to
     the exact value than a float32 `log_softmax`).
     """
     logits = logits.float()
