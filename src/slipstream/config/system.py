@@ -44,7 +44,8 @@ class ScheduleConfig(_Section):
     orchestrator tunes K between `max_lag_min` and `max_lag_max` at window boundaries
     (schedule.auto_lag; docs/algorithms.md, "Self-tuning staleness bound"): up while the
     trainer waits for data and the token ESS stays above `ess_target` (+ a margin), doubling
-    until the first decrease and by one after it, halved when the ESS falls below it or `mismatch/kl` exceeds `auto_kl_limit`."""
+    until the first decrease and by one after it; halved when the ESS falls below it or
+    `mismatch/kl` exceeds `auto_kl_limit`."""
     ess_target: float = Field(0.8, gt=0.0, le=1.0)
     """`auto`: the token ESS (staleness/ess_token) the trained data must keep."""
     max_lag_min: int = Field(0, ge=0)

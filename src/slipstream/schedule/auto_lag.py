@@ -25,8 +25,7 @@ K whose ESS is below the target; from then on K climbs one step at a time to the
 whose ESS is above the band, or to the ceiling, and stays; a K whose ESS is below the target
 is left once and never re-entered. So the number of changes is finite (at most
 `k_max - k_min` decreases, each followed by at most `k_max` increases), which rules out a
-limit cycle. tests/test_auto_lag.py drives it with a
-scripted ESS.
+limit cycle. tests/test_auto_lag.py drives it with a scripted ESS.
 """
 
 from __future__ import annotations
