@@ -67,29 +67,16 @@ REWARD = "def odd(prompt, completion):\n    return float(len(completion) % 2)\n"
 
 
 def assets(out: Path) -> Path:
-    import torch
-
-    from slipstream.model import save_pretrained
-    from slipstream.model.builtin import init_builtin
-    from slipstream.tasks import RunningSums
+    """The tiny run inputs of the replay tests (tests/tiny.write_assets), made once in
+    out/assets."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny import write_assets
 
     tmp = out / "assets"
     if (tmp / "rows.jsonl").exists():
         return tmp
     tmp.mkdir(parents=True, exist_ok=True)
-    model, tok = init_builtin(seed=3)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.1)
-    save_pretrained(model, tmp / "model")
-    tok.save(tmp / "model")
-    rows = RunningSums(num_train=200, num_heldout=8).train_prompts()
-    (tmp / "rows.jsonl").write_text(
-        "".join(json.dumps({"prompt": p.text, "answer": p.answer}) + "\n" for p in rows)
-    )
-    (tmp / "reward.py").write_text(REWARD)
-    return tmp
+    return write_assets(tmp, REWARD)
 
 
 def overrides(a: Path, run_dir: Path, steps: int) -> list[str]:

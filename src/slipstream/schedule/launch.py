@@ -91,15 +91,11 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     if ctl is not None and "lag_control" in saved:
         ctl.load_state_dict(saved["lag_control"])
         orch.spec = replace(orch.spec, max_lag=ctl.current)
-    wd = learner.watchdog
-    if wd is not None and "watchdog" in saved:
-        wd.load_state_dict(saved["watchdog"])
     learner.extra_state = lambda: {
         "orchestrator": orch.state_dict(),
         "heldout_acc_start": acc_start,
         "wall_s": time.perf_counter() - orch.stats.t_start,
         **({"lag_control": ctl.state_dict()} if ctl is not None else {}),
-        **({"watchdog": wd.state_dict()} if wd is not None else {}),
     }
     orch.health = signals.raise_if_requested
     try:

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -64,6 +64,9 @@ from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start, ws_seed
 from slipstream.types import FinishReason, Group, Prompt
 
+if TYPE_CHECKING:
+    from slipstream.schedule.watchdog import Watchdog
+
 # Counters of `Run.counters`, cumulative over the run (the sync loop reports per-step deltas).
 COUNTERS = (
     "tokens/wasted",  # generated tokens that never enter an optimizer step's loss mask
@@ -114,6 +117,7 @@ class Run:
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
     )
     keep_steps: Callable[[], set[int]] | None = None  # checkpoints `keep` spares (watchdog)
+    watchdog: Watchdog | None = None  # schedule.watchdog.make_watchdog; checkpointed with the run
     forecast: OnlineForecast | None = None  # time to the end, added to each step record
 
     @property

@@ -41,12 +41,10 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
     if ckpt is not None:
         rewind(ckpt)
     run = setup(cfg)
-    saved = restore(run, ckpt) if ckpt is not None else {}
-    wd = make_watchdog(run)
+    wd = make_watchdog(run)  # before `restore`, which puts its state back
     if wd is not None:
         wd.rollback = inprocess_rollback(run)
-        if "watchdog" in saved:
-            wd.load_state_dict(saved["watchdog"])
+    saved = restore(run, ckpt) if ckpt is not None else {}
     t_start = time.perf_counter() - saved.get("wall_s", 0.0)
     run.timeline.origin = t_start  # timeline seconds match the metrics' wall_s
     acc_start = saved.get("heldout_acc_start")
@@ -101,7 +99,6 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
                 heldout_acc_start=acc_start,
                 heldout_acc=acc,
                 wall_s=time.perf_counter() - t_start,
-                **({"watchdog": wd.state_dict()} if wd is not None else {}),
             )
     return finish(run, acc_start, acc, time.perf_counter() - t_start)
 
@@ -181,6 +178,7 @@ def checkpoint(run: Run, **extra: Any) -> None:
         "prompts_skipped": dict(run.prompts_skipped),
         "rng_python": random.getstate(),
         "rng_run": run.rng.getstate(),  # replay's choices
+        "watchdog": run.watchdog.state_dict() if run.watchdog is not None else None,
         **extra,
     }
     trainer_state = {**run.trainer.state_dict(), "rng_torch": torch.get_rng_state()}
@@ -263,6 +261,8 @@ def restore(run: Run, ckpt: Path) -> dict[str, Any]:
     if run.replay is not None and state.get("replay") is not None:
         run.replay.load_state_dict(state["replay"])
     run.counters.update(state.get("counters", {}))
+    if run.watchdog is not None and state.get("watchdog") is not None:
+        run.watchdog.load_state_dict(state["watchdog"])
     run.prompts_skipped.update(state.get("prompts_skipped", {}))
     if "rng_python" in state:
         version, internal, gauss = state["rng_python"]

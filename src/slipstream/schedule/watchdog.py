@@ -276,6 +276,7 @@ def make_watchdog(run: Run, tighten_lag: Callable[[int], None] | None = None) ->
         return None
     wd = Watchdog(run.cfg.watchdog, run.trainer, run.dir, run.view.log, tighten_lag)
     run.keep_steps = wd.protected
+    run.watchdog = wd  # its state goes into each checkpoint and back (schedule.sync)
     return wd
 
 
