@@ -15,7 +15,7 @@ from scripted_env import ByMode
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
-from slipstream.envs.workers import ProcessWorkers
+from slipstream.envs.workers import ProcessWorkers, WorkerDied
 from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.schedule.episodes import EpisodeRunner, run_episodes
 from slipstream.types import Prompt
@@ -105,3 +105,30 @@ def test_process_workers_step_concurrently() -> None:
     assert all(e.stats.end == "done" for e in eps)
     assert sum(e.stats.env_time_s for e in eps) >= 8 * 2 * 0.4  # two steps each, in workers
     assert wall < 8 * 2 * 0.4 / 2, wall  # serial would take 6.4 s
+
+
+def test_process_worker_killed_while_idle_fails_the_next_step_instead_of_hanging() -> None:
+    """A worker that dies between two steps (nothing running, so nobody is waiting on its
+    sentinel) is noticed when the next step is sent: that step fails with `WorkerDied` (before
+    the fix the send failed after the step had left the queue, and its future never resolved:
+    the hang seen in full suite runs)."""
+    workers = ProcessWorkers(ByMode, 1)
+    try:
+        ((row, key, _),) = _rows({"e": "ok"})
+        first = workers.first(key, row)
+        deadline = time.monotonic() + 30
+        while not first.done() and time.monotonic() < deadline:
+            workers.pump(0.1)
+        assert first.done() and first.exception() is None
+        proc = workers.workers[0].proc
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        step = workers.step(key, [5])
+        deadline = time.monotonic() + 10
+        while not step.done() and time.monotonic() < deadline:
+            workers.pump(0.1)
+        assert step.done(), "the step sent to a dead worker never resolved"
+        assert isinstance(step.exception(), WorkerDied)
+        assert workers.deaths == 1 and workers.workers[0].proc.is_alive()  # replaced
+    finally:
+        workers.close()

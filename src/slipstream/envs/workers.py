@@ -313,9 +313,9 @@ class ProcessWorkers:
             w.drops.clear()
             if w.queue:
                 op = w.queue.popleft()
-                w.conn.send((op.op, op.key, op.arg))
-                op.t_start, w.running = time.monotonic(), op
-        except (OSError, ValueError):  # its pipe is broken: it died
+                op.t_start, w.running = time.monotonic(), op  # before the send: if the send
+                w.conn.send((op.op, op.key, op.arg))  # fails, `_died` fails this op too
+        except (OSError, ValueError):  # its pipe is broken: it died (while idle, unnoticed)
             self._died(i, self._why(w))
 
     def _collect(self, i: int) -> None:
