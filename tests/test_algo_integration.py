@@ -23,6 +23,7 @@ from slipstream.schedule.setup import Run
 from slipstream.schedule.sync import train_sync
 from slipstream.tasks import RunningSums
 from slipstream.types import FinishReason, Group, Prompt
+from tiny import warm_cache
 
 STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
 
@@ -423,7 +424,7 @@ def _tiny_cfg(tmp_path, name, *extra):
             "eval.num_prompts=16",
             "warmstart.max_steps=30",
             "warmstart.target_acc=0.99",
-            f'warmstart.cache_dir="{tmp_path / "cache"}"',
+            f'warmstart.cache_dir="{warm_cache(tmp_path)}"',
             "checkpoint.every=3",
             *extra,
         ],

@@ -27,6 +27,7 @@ from slipstream.schedule.launch import train_async
 sys.path.insert(0, str(Path(__file__).parent))
 import test_orchestrator_local as local_tests
 from test_orchestrator_local import _cfg, _records
+from tiny import warm_cache
 
 pytestmark = pytest.mark.slow
 
@@ -234,7 +235,7 @@ def test_the_default_task_on_ray_matches_the_local_runtime(tmp_path):
             "eval.every=3", "eval.num_prompts=32", f'runtime.kind="{kind}"',
             "runtime.num_samplers=2", "runtime.trainer_threads=1", "runtime.threads_per_sampler=1",
             "warmstart.max_steps=8", "warmstart.target_acc=0.99",
-            f'warmstart.cache_dir="{tmp_path / "cache"}"',
+            f'warmstart.cache_dir="{warm_cache(tmp_path)}"',
         ])  # fmt: skip
 
     setup(cfg("local", "warm"))  # both runs start from the cached warm start

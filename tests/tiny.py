@@ -26,12 +26,21 @@ TIMING = (
 )
 
 
+def warm_cache(tmp_path: Path) -> Path:
+    """The warm-start cache the tests of one pytest session share: a folder of its base
+    temporary directory (the parent of every test's `tmp_path`). Entries are keyed by the
+    model, task, warm-start settings and seed (train.warmstart.cache_key), so sharing them
+    only skips retraining an identical warm start (~12 s each on this CPU)."""
+    return tmp_path.parent / "warmstart-cache"
+
+
 def tiny_cfg(tmp_path: Path, name: str, *extra: str, steps: int = 3) -> Config:
-    """The built-in task at 4 prompts x 4 samples, a 30-step warm start cached under tmp_path."""
+    """The built-in task at 4 prompts x 4 samples, a 30-step warm start (`warm_cache`)."""
+    cache = warm_cache(tmp_path)
     return load_config(None, [
         f'run.dir="{tmp_path / name}"', f"run.steps={steps}", "run.quiet=true", "run.threads=1",
         "trainer.batch_prompts=4", "sampling.group_size=4", "eval.every=2", "eval.num_prompts=16",
-        "warmstart.max_steps=30", "warmstart.target_acc=0.99", f'warmstart.cache_dir="{tmp_path / "cache"}"',
+        "warmstart.max_steps=30", "warmstart.target_acc=0.99", f'warmstart.cache_dir="{cache}"',
         "filters.zero_variance=false", "checkpoint.every=2", *extra,
     ])  # fmt: skip
 
