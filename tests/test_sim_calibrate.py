@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from slipstream.sim.calibrate import (
+    fit_passes,
     fit_profile,
     load_calibration,
     nonneg_lstsq,
@@ -187,3 +188,39 @@ def test_run_folder_errors_name_file_and_line(tmp_path: Path) -> None:
     (run / "config.toml").unlink()
     with pytest.raises(RunError, match=r"config.toml: missing"):
         read_run(run)
+
+
+def _pass_sums(lens: np.ndarray, rng: np.random.Generator) -> tuple[float, dict[str, float]]:
+    """One step's forwards as the engine sums them (engine.stats.PASS_SUMS): the prefill pass,
+    then one decode pass per position, each a + b rows + e context with 3 % noise of its own."""
+    a, b, e = TRUE["a"], TRUE["b"], TRUE["e"]
+    passes = [(len(lens) * PROMPT, len(lens) * PROMPT * (PROMPT + 1) / 2)]
+    for x in range(1, int(lens.max())):
+        n = int((lens > x).sum())
+        passes.append((n, n * (PROMPT + x)))
+    names = ("n", "rows", "ctx", "s", "rows2", "rows_ctx", "ctx2", "rows_s", "ctx_s")
+    sums = dict.fromkeys((f"engine/pass_{k}" for k in names), 0.0)
+    for r, c in passes:
+        t = (a + b * r + e * c) * (1 + 0.03 * rng.standard_normal())
+        for k, v in zip(names, (1, r, c, t, r * r, r * c, c * c, r * t, c * t)):
+            sums[f"engine/pass_{k}"] += v
+    return sums["engine/pass_s"], sums
+
+
+def test_the_decode_line_is_fitted_from_the_engines_forward_passes(tmp_path: Path) -> None:
+    """With the per-pass sums logged, the three costs come from the forwards themselves (rows
+    vary from the whole batch to one within a step), not from step totals, where passes and
+    rows move together; the step fit alone does not pin the per-row cost."""
+    run = fake_run(tmp_path / "a", batch_prompts=8, steps=20)
+    rng = np.random.default_rng(1)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        gen, sums = _pass_sums(np.array(r["completion_lens"]), rng)
+        r.update(sums, **{"time/generate_s": gen})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    coef = fit_passes(read_run(run).metrics)
+    assert coef is not None
+    assert coef == pytest.approx([TRUE["a"], TRUE["b"], TRUE["e"]], rel=0.05)
+    hw = fit_profile(read_run(run)).hardware  # generate time = the passes' time here
+    assert (hw.decode_overhead_s, hw.decode_seq_s, hw.decode_ctx_s) == pytest.approx(coef)
+    assert fit_passes([{k: v for k, v in r.items() if k != "engine/pass_n"} for r in rows]) is None

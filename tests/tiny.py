@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from slipstream.config import Config, load_config
+from slipstream.engine.stats import PASS_TIMINGS
 from slipstream.model import save_pretrained
 from slipstream.model.builtin import init_builtin
 from slipstream.tasks import RunningSums
@@ -23,6 +24,7 @@ TIMING = (
     "goodput",
     "weights/",
     "forecast/",
+    *(f"engine/{k}" for k in PASS_TIMINGS),
 )
 
 

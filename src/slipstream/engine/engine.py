@@ -10,15 +10,13 @@ Each call to `step()` does, in order:
    just admitted, then one sampling call for all of them.
 
 Prefill strategy: whole prompts, prefilled in the same forward as the decode step (a mixed step,
-as in vLLM v1 and SGLang), not chunked. Every projection and MLP runs once over the flat list of
-decode tokens and prompt tokens, with no padding; only attention is split in a decode part and a
-prefill part (engine.forward). A separate prefill forward between decode steps costs a whole
-extra pass of per-layer overhead each time a slot is refilled, which in RLVR is nearly every
-step (a slot frees every few steps), and pads the prompts to the longest. Chunking bounds the
-latency of a decode step behind a long prompt; RLVR prompts are short next to their completions,
-so it would buy nothing here (`forward.prefill_part` already takes a start position per row: a
-chunked scheduler would only split prompts across steps). `mixed_prefill=False` runs the two as
-separate forwards, for exact prefill/decode timings; the tokens are the same.
+as in vLLM v1 and SGLang), not chunked. Projections and MLPs run once over the flat list of
+decode and prompt tokens, unpadded; only attention is split in a decode and a prefill part
+(engine.forward). A separate prefill forward costs a whole extra pass of per-layer overhead at
+each refill, nearly every step in RLVR, and pads the prompts to the longest. Chunking bounds a
+decode step's latency behind a long prompt; RLVR prompts are short next to their completions,
+so it buys nothing here (`forward.prefill_part` already takes a start position per row).
+`mixed_prefill=False` runs the two as separate forwards, for exact timings; same tokens.
 
 On a GPU (`decode_graph`, on by default with CUDA) a small model's step is bound by launching
 kernels, not by running them, so a decode step is a fixed-shape forward over every slot,
@@ -29,8 +27,7 @@ capacity they leave idle pays for one prefill (engine.admission), so admissions 
 
 A slot freed in step n is refilled in step n+1 (with `defer_prefill`, once the rule says so),
 so the pool never waits for the slowest sequence. Every sampled token records its behaviour
-log-prob and the engine's `version` when it was sampled, so a sequence that spans a weight
-update carries both versions.
+log-prob and the engine's `version` then: a sequence that spans a weight update carries both.
 
 Driving it (the asynchronous sampler's loop)::
 
@@ -41,8 +38,8 @@ Driving it (the asynchronous sampler's loop)::
 
 `refill(n)` is asked for up to `n` requests whenever fewer than `n` are waiting for the `n`
 free slots; it may return fewer (none: nothing to do now), or more (they wait), and must not
-block: the live sequences wait for it. Callers that push use `engine.add` instead.
-A multi-turn episode's turn is a request with `park=True`: see engine.parking.
+block: the live sequences wait for it. Callers that push use `engine.add` instead. A
+multi-turn episode's turn is a request with `park=True`: see engine.parking.
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ from slipstream.engine.forward import (
 from slipstream.engine.packed import PackedWeights
 from slipstream.engine.parking import KVPark
 from slipstream.engine.sampling import Sampled, sample
-from slipstream.engine.stats import EngineStats
+from slipstream.engine.stats import EngineStats, pass_context
 from slipstream.model.llama import CausalLM
 from slipstream.types import FinishReason
 
@@ -132,16 +129,9 @@ class _Slot:
     kept_logmass: list[float] = field(default_factory=list)
 
     def completion(self, reason: FinishReason, now: float) -> Completion:
-        return Completion(
-            self.request,
-            self.tokens,
-            self.logp,
-            self.versions,
-            reason,
-            self.t_start,
-            now,
-            self.kept_logmass,
-        )
+        r = self.request
+        return Completion(r, self.tokens, self.logp, self.versions, reason, self.t_start, now,
+                          self.kept_logmass)  # fmt: skip
 
 
 @dataclass
@@ -432,7 +422,7 @@ class Engine:
         t0 = time.perf_counter()
         ids, parts, slot_ids, order = [], [], [], []
         n_dec = n_pre = 0
-        timed = True
+        timed, spans = True, list[tuple[int, int]]()  # (start, length) of each prompt part
         if dec is not None:
             if not self.decode_graph:
                 parts.append(decode_part(self.cache, dec.rows, self._pos[dec.rows], dec.live))
@@ -446,6 +436,7 @@ class Engine:
                 reqs = [self._slot(i).request for i in admitted]
                 starts = self.park.restore_all(self, admitted, reqs)
             prompts = [self._slot(i).request.prompt_tokens[n:] for i, n in zip(admitted, starts)]
+            spans = list(zip(starts, map(len, prompts)))
             pre_ids, pre = self._prefill_part(admitted, prompts, starts)
             parts.append(pre)
             ids.append(pre_ids)
@@ -488,9 +479,12 @@ class Engine:
             self._last[admitted] = got.tokens[n_dec:]
             self._pos[admitted] = lens + torch.tensor(starts, device=lens.device)
             self._ntok[admitted] = 1
+        seqs = (self._slot(i) for i in order[:n_dec] if i is not None)  # before their tokens
+        ctx = pass_context((len(s.request.prompt_tokens) + len(s.tokens) for s in seqs), spans)
         done = self._record(order, got)
         seconds = time.perf_counter() - t0
-        self.stats.account(seconds, dec.n_live if dec is not None else None, n_dec, n_pre)
+        n_live = dec.n_live if dec is not None else None
+        self.stats.account(seconds, n_live, n_dec, n_pre, ctx if timed else None)
         if self.admission is not None and timed and not (n_dec and n_pre):  # one kind of forward
             self.admission.observe(prefill=n_pre > 0, seconds=seconds)
         return done

@@ -8,6 +8,7 @@ the caller supplies the window's wall time.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 
@@ -35,13 +36,43 @@ class EngineStats:
     weight_updates: int = 0
     finished: int = 0  # completions that ended by EOS or max tokens
     aborted: int = 0
+    # sums over timed forwards for the line `seconds = a + b * rows + e * context` (PASS_SUMS),
+    # which sim.calibrate fits: rows = live decode rows + prompt tokens, context = keys read
+    pass_n: float = 0.0
+    pass_rows: float = 0.0
+    pass_ctx: float = 0.0
+    pass_s: float = 0.0
+    pass_rows2: float = 0.0
+    pass_rows_ctx: float = 0.0
+    pass_ctx2: float = 0.0
+    pass_rows_s: float = 0.0
+    pass_ctx_s: float = 0.0
     # (perf_counter time, live slots) after each step, when the engine traces; bounded so a
     # long run cannot grow it without limit (the mean is exact from the counters anyway)
     active_trace: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=100_000))
 
-    def account(self, seconds: float, n_live: int | None, n_dec: int, n_pre: int) -> None:
+    def account(
+        self,
+        seconds: float,
+        n_live: int | None,
+        n_dec: int,
+        n_pre: int,
+        context: int | None = None,
+    ) -> None:
         """Count one forward of `n_dec` decode rows (`n_live` of them live; None: no decode
-        part) and `n_pre` prefill tokens that took `seconds`."""
+        part) and `n_pre` prefill tokens that took `seconds`, reading `context` keys
+        (`pass_context`; None: not a timing to fit, e.g. it included a graph capture)."""
+        if context is not None:
+            rows, c = float((n_live or 0) + n_pre), float(context)
+            self.pass_n += 1
+            self.pass_rows += rows
+            self.pass_ctx += c
+            self.pass_s += seconds
+            self.pass_rows2 += rows * rows
+            self.pass_rows_ctx += rows * c
+            self.pass_ctx2 += c * c
+            self.pass_rows_s += rows * seconds
+            self.pass_ctx_s += c * seconds
         # a mixed step's time is split by token share: at these model sizes a prompt token
         # costs about what a decode token does (separate forwards measure it exactly)
         share = n_pre / (n_pre + n_dec)
@@ -58,6 +89,20 @@ class EngineStats:
     def snapshot(self) -> dict[str, float]:
         """The counters (not the trace), for diffing."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "active_trace"}
+
+
+PASS_SUMS = tuple(f.name for f in fields(EngineStats) if f.name.startswith("pass_"))
+"""The forward-pass sums, in the order of their fields: n, rows, context, seconds, rows^2,
+rows * context, context^2, rows * seconds, context * seconds."""
+PASS_TIMINGS = ("pass_s", "pass_rows_s", "pass_ctx_s")
+"""Those that hold seconds: wall-clock measurements, which two runs of one trajectory differ in."""
+
+
+def pass_context(decode_lens: Iterable[int], prefill: Iterable[tuple[int, int]]) -> int:
+    """Keys one forward attends to: a decode row reads its whole sequence so far (its length,
+    the token it feeds included); a prompt part of `n` tokens written from position `s` reads
+    s + 1, ..., s + n keys, one row after another."""
+    return sum(decode_lens) + sum(n * s + n * (n + 1) // 2 for s, n in prefill)
 
 
 def rates(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:

@@ -158,7 +158,7 @@ def resolve(record: Mapping[str, Any]) -> dict[str, Any]:
 # by name. Used by `lift` until the loop emits Metric values itself.
 _LAST = ("step", "version", "wall_s", "train/lr")
 _SUM = ("step_time_s", "engine/decode_steps", "engine/prefill_tokens")
-_SUM_PREFIXES = ("tokens/", "time/")
+_SUM_PREFIXES = ("tokens/", "time/", "engine/pass_")
 
 
 def default_reduction(name: str) -> str:

@@ -64,6 +64,16 @@ class SamplerReport:
     tokens_generated: int = 0
     decode_steps: int = 0
     prefill_tokens: int = 0
+    # the engine's forward-pass sums (engine.stats.PASS_SUMS), for sim.calibrate
+    pass_n: float = 0.0
+    pass_rows: float = 0.0
+    pass_ctx: float = 0.0
+    pass_s: float = 0.0
+    pass_rows2: float = 0.0
+    pass_rows_ctx: float = 0.0
+    pass_ctx2: float = 0.0
+    pass_rows_s: float = 0.0
+    pass_ctx_s: float = 0.0
     cancelled_tokens: int = 0  # tokens of redundant members cancelled once G had finished
     aborted_tokens: int = 0  # tokens of groups aborted for staleness
     started: int = 0  # prompt requests with a member in the engine, in inbox order

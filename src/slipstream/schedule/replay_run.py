@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from slipstream.config import Config, ConfigError, load_config
+from slipstream.engine.stats import PASS_TIMINGS
 from slipstream.schedule.record import FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
 from slipstream.schedule.replay_sampler import (
     Diverged,
@@ -59,6 +60,7 @@ TIMINGS = (
     "time/train_s",
     "engine/tokens_per_s",
     "train/tokens_per_s",
+    *(f"engine/{k}" for k in PASS_TIMINGS),
     # the run's forecast of its own duration (sim.forecast), fitted to the timings above
     "forecast/remaining_s",
     "forecast/remaining_lo_s",

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from slipstream.engine import Request
+from slipstream.engine.stats import PASS_SUMS
 from slipstream.runtime.channels import PromptRequest, SamplerMessage, SamplerReport
 from slipstream.schedule.sampler import SamplerWorker
 from slipstream.types import Prompt
@@ -219,5 +220,6 @@ class SamplerReplayer:
             tokens_generated=s.tokens_generated,
             decode_steps=s.decode_steps,
             prefill_tokens=s.prefill_tokens,
+            **{k: getattr(s, k) for k in PASS_SUMS},
             intervals=[],
         )

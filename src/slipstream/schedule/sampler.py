@@ -35,6 +35,7 @@ import torch
 
 from slipstream.config import Config
 from slipstream.engine import Completion, Engine, Request, SamplingParams, capacity
+from slipstream.engine.stats import PASS_SUMS
 from slipstream.model import ModelConfig, Tokenizer
 from slipstream.model.meta import empty_model
 from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
@@ -426,6 +427,8 @@ class SamplerWorker:
         s = self.engine.stats
         r.t, r.tokens_generated = time.perf_counter(), s.tokens_generated
         r.decode_steps, r.prefill_tokens = s.decode_steps, s.prefill_tokens
+        for k in PASS_SUMS:
+            setattr(r, k, getattr(s, k))
         msg.report = replace(r, intervals=list(r.intervals))  # the queue pickles it later
         if self.log is not None:
             msg.schedule = self.log.flush()

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from slipstream.algo.staleness import lag_stats
+from slipstream.engine.stats import PASS_SUMS
 from slipstream.runtime.channels import SamplerReport
 from slipstream.schedule.agentic import episode_metrics
 from slipstream.tasks.rewards import part_means
@@ -36,6 +37,7 @@ COUNTERS = (
     "tokens_generated",
     "decode_steps",
     "prefill_tokens",
+    *PASS_SUMS,
     "cancelled_tokens",
     "aborted_tokens",
 )
@@ -202,6 +204,7 @@ class StepStats:
             "train/tokens_per_s": trained / max(t_train, 1e-9),
             "engine/decode_steps": d["decode_steps"],
             "engine/prefill_tokens": d["prefill_tokens"],
+            **{f"engine/{k}": d[k] for k in PASS_SUMS},
             "completion_len_mean": sum(lens) / max(len(lens), 1),
             "completion_len_max": max(lens, default=0),
             "completion_lens": lens,

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from slipstream.config import Config, ConfigError
+from slipstream.engine.stats import PASS_SUMS
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.schedule.agentic import episode_metrics
 from slipstream.schedule.setup import COUNTERS, Run, setup
@@ -133,6 +134,7 @@ def step_record(
         "train/tokens_per_s": metrics["tokens/trained"] / max(t_train, 1e-9),
         "engine/decode_steps": d["decode_steps"],
         "engine/prefill_tokens": d["prefill_tokens"],
+        **{f"engine/{k}": d[k] for k in PASS_SUMS},
         "sampler_busy": t_gen / max(t_step, 1e-9),
         # the engine's forwards over the step: below sampler_busy when episodes wait for tools
         "engine/busy_frac": (d["prefill_s"] + d["decode_s"]) / max(t_step, 1e-9),

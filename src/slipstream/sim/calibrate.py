@@ -12,6 +12,17 @@ decode passes (`engine/decode_steps` counts passes with decode rows, not sequenc
       rows    = engine/prefill_tokens + tokens/generated - samples   (first tokens: no row)
       context = sum over samples of (prompt_len * (L-1) + L (L - 1) / 2) + samples * prompt_len^2 / 2
 
+That fit sees step totals only, and across the steps of one configuration passes and rows move
+together, so it cannot tell the per-pass cost `a` from the per-row cost `b` (refits of the same
+run on this machine put `b` anywhere from 4e-6 to 9e-5 s), and a schedule whose steps have
+fewer, fuller passes (continuous batching) is then predicted from the wrong split. So when the
+run logged the engine's forward-pass sums (`engine/pass_*`: count, rows, context, seconds and
+their products, engine.stats), `a`, `b`, `e` come instead from the forwards themselves:
+least squares over every timed forward of `seconds = a + b * rows + e * context`, whose rows
+range from the whole batch to one within each step. Generation time outside the forwards (the
+sampler's loop, scoring: about 5 % here) is spread over them in proportion (the three are
+scaled by `time/generate_s` over the forwards' seconds).
+
 Training is `time/train_s = c + d * tokens/trained`, where `tokens/trained` is the loss
 (completion) tokens of the groups the filters kept, so the profile also records the trained
 share of generated tokens (`trained_frac`), which the simulator applies to its completions.
@@ -33,6 +44,7 @@ import itertools
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +89,41 @@ def nonneg_lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+# engine.stats.PASS_SUMS as metric names (spelled out: importing the engine imports torch)
+PASS_KEYS = tuple(
+    f"engine/pass_{k}"
+    for k in ("n", "rows", "ctx", "s", "rows2", "rows_ctx", "ctx2", "rows_s", "ctx_s")
+)
+
+
+def fit_passes(metrics: list[dict[str, Any]]) -> np.ndarray | None:
+    """`(a, b, e)` of `seconds = a + b * rows + e * context` over every timed forward of the
+    run (least squares, coefficients >= 0), from the summed normal equations the engine logs
+    (`engine/pass_*`, engine.stats.PASS_SUMS); None when a step lacks them or there are too
+    few forwards."""
+    if not metrics or any(k not in m for m in metrics for k in PASS_KEYS):
+        return None
+    n, r, c, t, rr, rc, cc, rt, ct = (sum(float(m[k]) for m in metrics) for k in PASS_KEYS)
+    if n < 3:
+        return None
+    G = np.array([[n, r, c], [r, rr, rc], [c, rc, cc]])
+    g = np.array([t, rt, ct])
+    scale = np.sqrt(np.maximum(np.diag(G), 1e-30))  # columns of unit norm: rows and
+    Gs, gs = G / np.outer(scale, scale), g / scale  # contexts differ by orders of magnitude
+    best, best_obj = np.zeros(3), 0.0  # objective: SSE minus sum(t^2), 0 for coef = 0
+    for k in range(1, 4):
+        for cols in itertools.combinations(range(3), k):
+            ix = np.ix_(cols, cols)
+            coef, *_ = np.linalg.lstsq(Gs[ix], gs[list(cols)], rcond=None)
+            if (coef < 0).any():
+                continue
+            obj = float(coef @ Gs[ix] @ coef - 2 * coef @ gs[list(cols)])
+            if obj < best_obj - 1e-15:
+                best, best_obj = np.zeros(3), obj
+                best[list(cols)] = coef
+    return best / scale
+
+
 def _rel_rms(pred: np.ndarray, y: np.ndarray) -> float:
     return float(np.sqrt(np.mean((pred - y) ** 2)) / max(np.mean(y), 1e-12))
 
@@ -105,6 +152,10 @@ def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration
     X = _generate_columns(run, prompt)
     y_gen = np.array([float(m["time/generate_s"]) for m in run.metrics])
     a, b, e = nonneg_lstsq(X, y_gen)
+    passes = fit_passes(run.metrics)
+    if passes is not None:
+        pass_s = sum(float(m["engine/pass_s"]) for m in run.metrics)
+        a, b, e = passes * (float(y_gen.sum()) / pass_s)
     T = np.array([[1.0, float(m["tokens/trained"])] for m in run.metrics])
     y_train = np.array([float(m["time/train_s"]) for m in run.metrics])
     c, d = nonneg_lstsq(T, y_train)

@@ -48,10 +48,10 @@ from slipstream.sim.simulator import SimConfig, simulate
 T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833}
 T95 |= {10: 1.812, 12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697, 60: 1.671}
 Z95 = 1.645
-MODEL_ERROR = 0.53
+MODEL_ERROR = 0.12
 """The simulator's largest relative error on step time out of sample, as measured on this
-repository's 2-core CPU (bench/sim_calibration.py, README "Plan a cluster run": the pipeline
-at batch 32, from a sync run at 16):
+repository's 2-core CPU (bench/sim_calibration.py, README "Plan a cluster run": three
+recordings, the calibration run's own rerun included, which missed by 12 %):
 `slipstream plan` widens its interval by it. No cluster measurement exists yet."""
 
 
