@@ -34,7 +34,7 @@ import json
 import shutil
 from pathlib import Path
 
-from slipstream.sim.calibrate import PASS_KEYS, fit_profile, predict
+from slipstream.sim.calibrate import fit_profile, predict
 from slipstream.sim.forecast import KEEP as FORECAST_KEYS
 from slipstream.sim.runs import read_run
 
@@ -48,8 +48,7 @@ RUNS = {
 SOURCE = "sync_b16"
 # what the forecast reads, and the sampler's busy and blocked shares (either name: sim.runs)
 KEEP = (
-    *FORECAST_KEYS,
-    *PASS_KEYS,  # the engine's forward-pass sums, which the decode line is fitted from
+    *FORECAST_KEYS,  # the engine's forward-pass sums among them
     "sampler_busy",
     "runtime/sampler_busy",
     "runtime/sampler_blocked",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from slipstream.engine.stats import EngineStats
 from slipstream.observe.timeline import Interval, busy_fraction
 from slipstream.runtime.channels import ChannelEnd, SamplerMessage, SamplerReport
 from slipstream.schedule.sampler import SamplerState, SamplerWorker
@@ -35,7 +36,7 @@ def _worker() -> SamplerWorker:
     w = SamplerWorker.__new__(SamplerWorker)  # the reporting half only: no engine, no model
     w.id, w.poll_s, w.state = 0, 0.01, SamplerState()
     w.state.report = SamplerReport(0, 0.0, 0.0)
-    w.engine = SimpleNamespace(stats=SimpleNamespace(tokens_generated=0, decode_steps=0, prefill_tokens=0))  # type: ignore[assignment]  # fmt: skip
+    w.engine = SimpleNamespace(stats=EngineStats())  # type: ignore[assignment]
     return w
 
 

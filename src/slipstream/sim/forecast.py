@@ -3,7 +3,8 @@
 At step k of N, from the step records written so far (the rows of metrics.jsonl):
 
 1. calibrate: `calibrate.fit_profile` on the rows after the first (the warm-up step) gives the
-   CPU profile (generation a + b rows + e context per pass, training c + d trained tokens);
+   CPU profile (generation a + b rows + e context per pass, fitted on the engine's forwards
+   when the rows carry their sums; training c + d trained tokens);
 2. simulate the run's own config (schedule, batch, group size, samplers) with that profile,
    once with the completion lengths of every row (mu_obs) and once with those of the newest
    half (mu_new): lengths drift as the policy learns, and the simulator turns that drift into
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from slipstream.sim.calibrate import fit_profile, sim_config
+from slipstream.sim.calibrate import PASS_KEYS, fit_profile, sim_config
 from slipstream.sim.lengths import Empirical
 from slipstream.sim.runs import REQUIRED_METRICS, RunRecord
 from slipstream.sim.simulator import SimConfig, simulate
@@ -177,15 +178,12 @@ def forecast(
     )
 
 
-KEEP = (
-    "step",
-    "wall_s",
-    *(m for m in REQUIRED_METRICS[1:] if m != "sampler_busy"),
-    "prompt_len_mean",
-    "completion_lens",
-)
+NEEDED = ("step", "wall_s", *(m for m in REQUIRED_METRICS[1:] if m != "sampler_busy"))
+KEEP = (*NEEDED, "prompt_len_mean", "completion_lens", *PASS_KEYS)
 """The keys of a step record the forecast reads: the calibration's (`sim.runs`) but the
-sampler's busy share, which a forecast does not use, with the wall clock and the lengths."""
+sampler's busy share, which a forecast does not use, with the wall clock (NEEDED); and when
+present, the lengths and the engine's forward-pass sums (the decode line is fitted from them:
+sim.calibrate)."""
 
 
 class OnlineForecast:
@@ -211,7 +209,7 @@ class OnlineForecast:
         return RunRecord(self.run_dir, *self._head, self.rows)
 
     def observe(self, record: dict[str, Any]) -> dict[str, float]:
-        if any(k not in record for k in KEEP[:-2]):
+        if any(k not in record for k in NEEDED):
             return {}
         self.rows.append({k: record[k] for k in KEEP if k in record})
         if len(self.rows) < 4:
