@@ -12,9 +12,25 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
 
+@dataclass(kw_only=True)
+class PassSums:
+    """Sums over timed forwards for the line `seconds = a + b * rows + e * context` (PASS_SUMS),
+    which sim.calibrate fits: rows = live decode rows + prompt tokens, context = keys read."""
+
+    pass_n: float = 0.0
+    pass_rows: float = 0.0
+    pass_ctx: float = 0.0
+    pass_s: float = 0.0
+    pass_rows2: float = 0.0
+    pass_rows_ctx: float = 0.0
+    pass_ctx2: float = 0.0
+    pass_rows_s: float = 0.0
+    pass_ctx_s: float = 0.0
+
+
 @dataclass
-class EngineStats:
-    """Counters since the engine was created."""
+class EngineStats(PassSums):
+    """Counters since the engine was created (and the forward-pass sums, PassSums)."""
 
     tokens_generated: int = 0  # sampled tokens (each prefill samples one, each decode row one)
     prefill_tokens: int = 0  # prompt tokens written into the cache at admission
@@ -36,17 +52,6 @@ class EngineStats:
     weight_updates: int = 0
     finished: int = 0  # completions that ended by EOS or max tokens
     aborted: int = 0
-    # sums over timed forwards for the line `seconds = a + b * rows + e * context` (PASS_SUMS),
-    # which sim.calibrate fits: rows = live decode rows + prompt tokens, context = keys read
-    pass_n: float = 0.0
-    pass_rows: float = 0.0
-    pass_ctx: float = 0.0
-    pass_s: float = 0.0
-    pass_rows2: float = 0.0
-    pass_rows_ctx: float = 0.0
-    pass_ctx2: float = 0.0
-    pass_rows_s: float = 0.0
-    pass_ctx_s: float = 0.0
     # (perf_counter time, live slots) after each step, when the engine traces; bounded so a
     # long run cannot grow it without limit (the mean is exact from the counters anyway)
     active_trace: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=100_000))
@@ -91,7 +96,7 @@ class EngineStats:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "active_trace"}
 
 
-PASS_SUMS = tuple(f.name for f in fields(EngineStats) if f.name.startswith("pass_"))
+PASS_SUMS = tuple(f.name for f in fields(PassSums))
 """The forward-pass sums, in the order of their fields: n, rows, context, seconds, rows^2,
 rows * context, context^2, rows * seconds, context * seconds."""
 PASS_TIMINGS = ("pass_s", "pass_rows_s", "pass_ctx_s")

@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from slipstream.engine.stats import PassSums
 from slipstream.types import Group, Prompt
 
 
@@ -50,9 +51,10 @@ class PromptRequest:
 
 
 @dataclass
-class SamplerReport:
+class SamplerReport(PassSums):
     """A sampler's cumulative counters at time `t` (`time.perf_counter()`, which is the
-    system-wide monotonic clock on Linux, so the trainer can compare it with its own)."""
+    system-wide monotonic clock on Linux, so the trainer can compare it with its own), and its
+    engine's forward-pass sums (PassSums, for sim.calibrate)."""
 
     sampler_id: int
     t: float
@@ -64,16 +66,6 @@ class SamplerReport:
     tokens_generated: int = 0
     decode_steps: int = 0
     prefill_tokens: int = 0
-    # the engine's forward-pass sums (engine.stats.PASS_SUMS), for sim.calibrate
-    pass_n: float = 0.0
-    pass_rows: float = 0.0
-    pass_ctx: float = 0.0
-    pass_s: float = 0.0
-    pass_rows2: float = 0.0
-    pass_rows_ctx: float = 0.0
-    pass_ctx2: float = 0.0
-    pass_rows_s: float = 0.0
-    pass_ctx_s: float = 0.0
     cancelled_tokens: int = 0  # tokens of redundant members cancelled once G had finished
     aborted_tokens: int = 0  # tokens of groups aborted for staleness
     started: int = 0  # prompt requests with a member in the engine, in inbox order

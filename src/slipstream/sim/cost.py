@@ -156,6 +156,13 @@ class DecodeModel:
             return 0.0
         a1, b1 = self.flop_seq * n + self.flop_ctx * ctx, self.flop_ctx * n
         a2, b2 = self.weights + self.kv * ctx, self.kv * n
+        # two lines cross at most once: one above the other at both ends is above throughout
+        # (the common case, and the simulator's hottest call: no root to find)
+        last = k - 1
+        if a1 >= a2 and a1 + b1 * last >= a2 + b2 * last:
+            return k * self.overhead + k * a1 + b1 * (k * last / 2)
+        if a2 >= a1 and a2 + b2 * last >= a1 + b1 * last:
+            return k * self.overhead + k * a2 + b2 * (k * last / 2)
         return k * self.overhead + sum_max_linear(a1, b1, a2, b2, k)
 
     def steps_within(self, n: int, ctx: float, dt: float, kmax: int) -> int:
