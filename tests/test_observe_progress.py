@@ -102,8 +102,11 @@ def test_quiet_prints_one_line_per_evaluation_and_at_the_end(
     assert "ETA" in lines[1] and lines[2] == "done [1]"
 
 
-def test_live_view_runs_and_logs_without_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_a_terminal_the_view_prints_plain_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """stderr is captured here (not a terminal), as in a cluster job's log: plain lines, not
+    a live display's last frame."""
     view = ProgressView(total=2, title="train", quiet=False)
+    assert view.quiet
     view.log("run folder runs/x")
     view.update(1, ASYNC_RECORD)
     view.update(2, ASYNC_RECORD)
@@ -111,5 +114,19 @@ def test_live_view_runs_and_logs_without_a_terminal(capsys: pytest.CaptureFixtur
     view.close()  # idempotent: the loop may close twice on an error path
     view.log("done: 2 steps")
     err = capsys.readouterr().err
-    assert "run folder runs/x" in err and "2/2" in err and "trainer wait" in err
-    assert "\ndone: 2 steps" in err  # the last frame does not share its line with the log
+    assert "run folder runs/x" in err and "trainer wait" in err
+    assert "\nstep 2/2 · " in err and "━" not in err  # a plain line, no progress bar
+    assert "\ndone: 2 steps" in err
+
+
+def test_on_a_terminal_the_view_is_live(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich: treat stderr as a terminal
+    view = ProgressView(total=2, title="train", quiet=False)
+    assert not view.quiet
+    view.update(1, ASYNC_RECORD)
+    view.update(2, ASYNC_RECORD)
+    view.close()
+    err = capsys.readouterr().err
+    assert "2/2" in err and "trainer wait" in err and "step 2/2 · " not in err

@@ -113,11 +113,13 @@ class _Stats:
 
 class ProgressView:
     """Shows step, version, reward, held-out accuracy, throughput, staleness, utilisation,
-    queue, ledger and ETA as a run goes. `quiet`: one plain line per evaluation (logs, CI)."""
+    queue, ledger and ETA as a run goes. `quiet`, or no terminal to draw on (output to a file
+    or a pipe: a cluster job's log, CI): one plain line per evaluation and at the end, since a
+    live display writes only its last frame there."""
 
     def __init__(self, total: int, title: str, quiet: bool = False) -> None:
-        self.quiet = quiet
         self.console = Console(stderr=True)
+        self.quiet = quiet = quiet or not (self.console.is_terminal or self.console.is_jupyter)
         self.total = total
         self._acc: float | None = None
         self._t0 = time.perf_counter()
