@@ -123,8 +123,11 @@ def test_episode_ledger_balances_under_sigkilled_environment_workers_and_sampler
     cfg = tiny_cfg(
         tmp_path, "chaos", factory, "schedule.name=pipeline", "runtime.kind=local",
         "runtime.num_samplers=2", "runtime.chaos_kills=1", "runtime.chaos_every_s=1.0",
-        "runtime.max_restarts=5", "env.workers=2", steps=8,
+        "runtime.max_restarts=5", "env.workers=8", steps=8,
     )  # fmt: skip
+    # 8 workers, so a worker's death takes few episodes with it: with 2, each held ~8, one of
+    # them doomed, and only 4-6 of ~140 episodes ended `done` (none, once, in a full suite run);
+    # with 8, 51 and 77 of ~135 in two runs
     summary = train_async(cfg)
     led = summary["ledger"]
     assert summary["steps"] == 8 and led["balanced"], led
