@@ -110,18 +110,10 @@ def fit_passes(metrics: list[dict[str, Any]]) -> np.ndarray | None:
     g = np.array([t, rt, ct])
     scale = np.sqrt(np.maximum(np.diag(G), 1e-30))  # columns of unit norm: rows and
     Gs, gs = G / np.outer(scale, scale), g / scale  # contexts differ by orders of magnitude
-    best, best_obj = np.zeros(3), 0.0  # objective: SSE minus sum(t^2), 0 for coef = 0
-    for k in range(1, 4):
-        for cols in itertools.combinations(range(3), k):
-            ix = np.ix_(cols, cols)
-            coef, *_ = np.linalg.lstsq(Gs[ix], gs[list(cols)], rcond=None)
-            if (coef < 0).any():
-                continue
-            obj = float(coef @ Gs[ix] @ coef - 2 * coef @ gs[list(cols)])
-            if obj < best_obj - 1e-15:
-                best, best_obj = np.zeros(3), obj
-                best[list(cols)] = coef
-    return best / scale
+    # G = L L^T turns the normal equations back into a least-squares problem with the same
+    # minimiser, ||L^T x - L^-1 g||^2 (a jitter of 1e-12 keeps L defined if a column is 0)
+    L = np.linalg.cholesky(Gs + 1e-12 * np.eye(3))
+    return nonneg_lstsq(L.T, np.linalg.solve(L, gs)) / scale
 
 
 def _rel_rms(pred: np.ndarray, y: np.ndarray) -> float:
