@@ -11,6 +11,8 @@ reward and the length distribution stays heavy-tailed.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -32,12 +34,48 @@ def running_sums(terms: list[int]) -> str:
     return ",".join(out)
 
 
+@functools.cache
+def _length_cdf(k_min: int, k_max: int, alpha: float) -> tuple[list[int], list[float]]:
+    """The term counts and their cumulative weights `k^-alpha`: what `random.choices` builds
+    from `weights` on every call, built once (the same floats, so the same draws)."""
+    ks = list(range(k_min, k_max + 1))
+    return ks, list(itertools.accumulate(kk**-alpha for kk in ks))
+
+
 def draw_terms(
     rng: random.Random, k_min: int, k_max: int, alpha: float, term_max: int = 9
 ) -> list[int]:
-    ks = list(range(k_min, k_max + 1))
-    k = rng.choices(ks, weights=[kk**-alpha for kk in ks])[0]
+    ks, cum = _length_cdf(k_min, k_max, alpha)
+    k = rng.choices(ks, cum_weights=cum)[0]
     return [rng.randint(0, term_max) for _ in range(k)]
+
+
+def _make(
+    rng: random.Random, pid: str, k_range: tuple[int, int], alpha: float, term_max: int
+) -> Prompt:
+    terms = draw_terms(rng, *k_range, alpha, term_max)
+    return Prompt(
+        id=pid, text=format_terms(terms), answer=running_sums(terms), meta={"k": len(terms)}
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _draw_prompts(
+    num_train: int, num_heldout: int, k_min: int, k_max: int, alpha: float, term_max: int, seed: int
+) -> tuple[tuple[Prompt, ...], tuple[Prompt, ...]]:
+    """The held-out and train prompts of one task's settings, drawn once per process (a run's
+    setup, each sampler and each evaluation build the task; the draw is about 0.3 s)."""
+    rng = random.Random(seed)
+    held: dict[str, Prompt] = {}
+    while len(held) < num_heldout:
+        p = _make(rng, f"h{len(held)}", (k_min, k_max), alpha, term_max)
+        held.setdefault(p.text, p)
+    train: list[Prompt] = []
+    while len(train) < num_train:
+        p = _make(rng, f"t{len(train)}", (k_min, k_max), alpha, term_max)
+        if p.text not in held:
+            train.append(p)
+    return tuple(held.values()), tuple(train)
 
 
 @dataclass
@@ -58,24 +96,11 @@ class RunningSums:
     def __post_init__(self) -> None:
         if not 2 <= self.k_min <= self.k_max:
             raise ValueError(f"need 2 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
-        rng = random.Random(self.seed)
-        held: dict[str, Prompt] = {}
-        while len(held) < self.num_heldout:
-            p = self._make(rng, f"h{len(held)}")
-            held.setdefault(p.text, p)
-        self._heldout = list(held.values())
-        train: list[Prompt] = []
-        while len(train) < self.num_train:
-            p = self._make(rng, f"t{len(train)}")
-            if p.text not in held:
-                train.append(p)
-        self._train = train
-
-    def _make(self, rng: random.Random, pid: str) -> Prompt:
-        terms = draw_terms(rng, self.k_min, self.k_max, self.alpha, self.term_max)
-        return Prompt(
-            id=pid, text=format_terms(terms), answer=running_sums(terms), meta={"k": len(terms)}
-        )
+        held, train = _draw_prompts(
+            self.num_train, self.num_heldout, self.k_min, self.k_max, self.alpha,
+            self.term_max, self.seed,
+        )  # fmt: skip
+        self._heldout, self._train = list(held), list(train)
 
     def train_prompts(self) -> list[Prompt]:
         return self._train
