@@ -57,3 +57,24 @@ def test_fused_adamw_step_moves_the_version_counters_a_shared_engine_watches():
     before = [p._version for p in model.parameters()]
     trainer.step([_group(tok, [1.0, -1.0])])
     assert all(p._version > v for p, v in zip(model.parameters(), before))
+
+
+def test_a_batch_without_a_trainable_token_is_a_skipped_step():
+    """Episodes that crashed before their first observation have no tokens at all: a batch of
+    only those collates (it was an IndexError) and its step changes neither the weights nor
+    AdamW's moments (zero gradients would still move them), yet the version advances."""
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(model, TrainerConfig(), temperature=1.0, pad_id=tok.pad_id)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    crashed = Sample("p", [], [], [], [], FinishReason.ABORTED)
+    metrics = trainer.step(
+        [Group(Prompt("p", "1+2=", "3"), [crashed, crashed], advantages_G=[0.0, 0.0])]
+    )
+    assert metrics["train/skipped"] == 1.0 and metrics["tokens/trained"] == 0.0
+    assert trainer.version == 1 and not trainer.opt.state
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    # beside a real row, the empty one pads and trains nothing
+    metrics = trainer.step(
+        [_group(tok, [1.0, -1.0]), Group(Prompt("q", "1=", "1"), [crashed], advantages_G=[0.0])]
+    )
+    assert metrics["train/skipped"] == 0.0 and metrics["tokens/trained"] == 4.0

@@ -16,19 +16,24 @@ def collate(
     and of a multi-turn sample only its model tokens (`Sample.model_mask_T`)."""
     if not samples:
         raise ValueError("cannot collate an empty list of samples")
-    width = max(len(s.prompt_tokens) + len(s.completion_tokens) for s in samples)
+    # at least one target column: an episode that crashed before its first observation has
+    # no tokens at all, and a batch of only such rows still makes a (skipped) step
+    width = max(2, *(len(s.prompt_tokens) + len(s.completion_tokens) for s in samples))
     # rows as Python lists, then one tensor each: a tensor per row and field cost ~5 ms a step
     # of 64 rows, more than the rest of collation
     ids, mask, blogp, versions = [], [], [], []
     for s in samples:
         p, c = len(s.prompt_tokens), len(s.completion_tokens)
+        if p == 0 and c:
+            raise ValueError(f"sample of prompt {s.prompt_id!r} has a completion but no prompt")
         rest = width - p - c
         ids.append(s.prompt_tokens + s.completion_tokens + [pad_id] * rest)
         # target column t predicts token t+1: completion token j sits at column p - 1 + j
         keep = [True] * c if s.model_mask_T is None else [bool(m) for m in s.model_mask_T]
-        mask.append([False] * (p - 1) + keep + [False] * rest)
-        blogp.append([0.0] * (p - 1) + list(s.behavior_logp_T) + [0.0] * rest)
-        versions.append([-1] * (p - 1) + list(s.versions_T) + [-1] * rest)
+        lead, tail = max(p - 1, 0), width - 1 - max(p - 1, 0) - c
+        mask.append([False] * lead + keep + [False] * tail)
+        blogp.append([0.0] * lead + list(s.behavior_logp_T) + [0.0] * tail)
+        versions.append([-1] * lead + list(s.versions_T) + [-1] * tail)
     ids_t = torch.tensor(ids, dtype=torch.long)
     mask_t = torch.tensor(mask, dtype=torch.bool)
     versions_t = torch.tensor(versions, dtype=torch.long)

@@ -135,7 +135,9 @@ class Trainer:
         return correction.loglinear_proximal(batch.behavior_logp, logp, lag, batch.loss_mask)
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
-        """Train on `groups`; bump the version. Skips (and counts) a non-finite step."""
+        """Train on `groups`; bump the version. Skips (and counts) a non-finite step, and a
+        step without a trainable token (every episode crashed before the model spoke): AdamW
+        would move the weights on zero gradients through its moments and weight decay."""
         self.model.train()
         full = to_device(self.batch(groups), self.device)
         agg = self.cfg.agg or losses.METHODS[self.cfg.loss].agg
@@ -182,6 +184,7 @@ class Trainer:
         lr = self.lr_at(self.version)
         lr_scale = staleness.vcpo_lr_scale(torch.cat(seq_lr)) if self.cfg.vcpo else 1.0
         finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
+        finite &= bool(full.loss_mask.any())  # (named for the common case: see the docstring)
         if finite:
             for g in self.opt.param_groups:
                 g["lr"] = lr * lr_scale * self.lr_scale
