@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 
@@ -16,6 +17,24 @@ from slipstream.types import Prompt
 def test_running_sums_golden():
     assert running_sums([3, 5, 4]) == "8,12"
     assert running_sums([7, 9, 7, 2]) == "16,23,25"
+
+
+@pytest.mark.parametrize(
+    ("settings", "digest"),
+    [
+        ({}, "cbbec8337f2e710d"),
+        ({"k_min": 2, "k_max": 6, "term_max": 99, "seed": 0}, "a4538b5cfb934adb"),
+    ],
+)
+def test_builtin_prompts_are_the_recorded_draw_and_each_task_gets_its_own_lists(settings, digest):
+    """Golden digests of every prompt, recorded before the draw was cached per process (a
+    change to the draw would silently change every run's data), and the cache hands each
+    task fresh lists."""
+    a, b = RunningSums(**settings), RunningSums(**settings)
+    text = "\n".join(f"{p.id} {p.text} {p.answer}" for p in a.heldout_prompts() + a.train_prompts())
+    assert hashlib.sha256(text.encode()).hexdigest()[:16] == digest
+    a.train_prompts().clear()
+    assert len(b.train_prompts()) == 20000 and len(RunningSums(**settings).train_prompts()) == 20000
 
 
 def test_builtin_lengths_are_heavy_tailed_and_split_is_disjoint():
