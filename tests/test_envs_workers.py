@@ -15,7 +15,7 @@ from scripted_env import ByMode
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
-from slipstream.envs.workers import ProcessWorkers, WorkerDied
+from slipstream.envs.workers import START_FAILURES, ProcessWorkers, WorkerDied, WorkersCannotStart
 from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.schedule.episodes import EpisodeRunner, run_episodes
 from slipstream.types import Prompt
@@ -130,5 +130,32 @@ def test_process_worker_killed_while_idle_fails_the_next_step_instead_of_hanging
         assert step.done(), "the step sent to a dead worker never resolved"
         assert isinstance(step.exception(), WorkerDied)
         assert workers.deaths == 1 and workers.workers[0].proc.is_alive()  # replaced
+    finally:
+        workers.close()
+
+
+class _ExitsOnUnpickle:
+    """A factory a fresh worker cannot even receive: unpickling it exits the process (as a
+    worker does whose main module cannot be imported again, e.g. a script read from stdin)."""
+
+    def __reduce__(self):
+        return (os._exit, (1,))
+
+
+def test_workers_that_exit_at_start_stop_the_run_with_a_clear_error() -> None:
+    """Each fresh worker would die the same way: after START_FAILURES in a row the pool raises
+    `WorkersCannotStart` naming the fix, instead of failing every episode as `crash` and
+    forking replacements for ever. A worker killed by a signal is a crash, never counted."""
+    workers = ProcessWorkers(_ExitsOnUnpickle(), 1)  # type: ignore[arg-type]
+    try:
+        ((row, key, _),) = _rows({"e": "ok"})
+        workers.first(key, row)
+        deadline = time.monotonic() + 30
+        with pytest.raises(WorkersCannotStart, match=r'not from stdin.*env.isolation="thread"'):
+            while time.monotonic() < deadline:
+                workers.pump(0.1)
+                if workers.workers[0].running is None:
+                    workers.first((key, time.monotonic()), row)
+        assert workers.deaths == START_FAILURES
     finally:
         workers.close()

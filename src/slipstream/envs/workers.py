@@ -51,6 +51,14 @@ class WorkerDied(RuntimeError):
     """The worker process that held the episode's environment died."""
 
 
+class WorkersCannotStart(RuntimeError):
+    """Environment worker processes exit before their first reply, again and again (each
+    fresh one would die the same way: the run stops instead of churning)."""
+
+
+START_FAILURES = 3  # fresh workers in a row that exit (not killed) before their first reply
+
+
 class Workers(Protocol):
     def first(self, key: Hashable, row: Prompt) -> cf.Future[Outcome]: ...
 
@@ -191,6 +199,7 @@ class _Worker:
     running: _Op | None = None
     keys: set[Hashable] = field(default_factory=set)  # episodes whose environment lives here
     drops: list[Hashable] = field(default_factory=list)  # to send when it is idle
+    replied: bool = False  # answered at least one operation
 
 
 class ProcessWorkers:
@@ -205,6 +214,7 @@ class ProcessWorkers:
         self.home: dict[Hashable, int] = {}  # episode -> index of the worker holding its env
         self.lost: dict[Hashable, str] = {}  # episodes whose worker died: why
         self.deaths = 0  # workers that died (killed for a timeout or otherwise)
+        self.start_failures = 0  # fresh workers in a row that exited before their first reply
 
     def _spawn(self) -> _Worker:
         ours, theirs = self.ctx.Pipe(duplex=True)
@@ -326,7 +336,8 @@ class ProcessWorkers:
             w.proc.join(5.0)
             self._died(i, self._why(w))
             return
-        op, w.running = w.running, None
+        op, w.running, w.replied = w.running, None, True
+        self.start_failures = 0
         assert op is not None and op.key == key
         if status == "ok":
             op.future.set_result((payload, seconds))
@@ -341,9 +352,23 @@ class ProcessWorkers:
         return f"environment worker died (exit code {code})"
 
     def _died(self, i: int, why: str) -> None:
-        """Worker `i` is gone: fail what it held, put a fresh one in its place."""
+        """Worker `i` is gone: fail what it held, put a fresh one in its place. Raises
+        `WorkersCannotStart` when `START_FAILURES` fresh workers in a row exited by themselves
+        before their first reply (a worker killed by a signal never counts)."""
         w = self.workers[i]
         self.deaths += 1
+        code = w.proc.exitcode
+        if not w.replied and code is not None and code > 0:
+            self.start_failures += 1
+            if self.start_failures >= START_FAILURES:
+                raise WorkersCannotStart(
+                    f"environment workers exit before their first reply ({why}, "
+                    f"{self.start_failures} in a row). They are forked from a forkserver "
+                    "that imports the main module again: run the training from a file "
+                    '(`python train.py`, under `if __name__ == "__main__":`), not from stdin, '
+                    "and check that the env factory unpickles; or set "
+                    'env.isolation="thread"'
+                )
         ops = [*([w.running] if w.running else []), *w.queue]
         for op in ops:
             if not op.future.done():
