@@ -35,11 +35,11 @@ def running_sums(terms: list[int]) -> str:
 
 
 @functools.cache
-def _length_cdf(k_min: int, k_max: int, alpha: float) -> tuple[list[int], list[float]]:
+def _length_cdf(k_min: int, k_max: int, alpha: float) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The term counts and their cumulative weights `k^-alpha`: what `random.choices` builds
     from `weights` on every call, built once (the same floats, so the same draws)."""
-    ks = list(range(k_min, k_max + 1))
-    return ks, list(itertools.accumulate(kk**-alpha for kk in ks))
+    ks = tuple(range(k_min, k_max + 1))
+    return ks, tuple(itertools.accumulate(kk**-alpha for kk in ks))
 
 
 def draw_terms(
