@@ -137,3 +137,23 @@ def test_episode_ledger_balances_under_sigkilled_environment_workers_and_sampler
     assert led["episodes"].get("crash", 0) > 0 and led["episodes"].get("done", 0) > 0, led
     records = read_jsonl(tmp_path / "chaos" / "metrics.jsonl")
     assert sum(r["env/end_crash"] for r in records) > 0
+
+
+@pytest.mark.slow  # ~8 s of CPU: a pipeline run of three-turn episodes with redundant members
+def test_redundant_members_cancel_their_episodes_and_each_kept_one_ends_once(tmp_path) -> None:
+    """`schedule.redundant = 2`: each group starts 6 episodes and keeps the first 4 to end; the
+    other two are cancelled wherever they are (decoding, parked, or inside an environment
+    step), their tokens counted as cancelled. Only kept episodes reach the ledger, once each."""
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
+    cfg = tiny_cfg(
+        tmp_path, "red", factory, "env.isolation=thread", "schedule.name=pipeline",
+        "schedule.redundant=2", steps=2,
+    )  # fmt: skip
+    summary = train_async(cfg)
+    led = summary["ledger"]
+    assert summary["steps"] == 2 and led["balanced"], led
+    assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"] - led["lost"])
+    records = read_jsonl(tmp_path / "red" / "metrics.jsonl")
+    # 4 groups of G = 4 trained per step (tiny_cfg keeps zero-variance groups), never 6 a group
+    assert [r["env/episodes"] for r in records] == [16, 16]
+    assert sum(r["tokens/cancelled"] for r in records) > 0
