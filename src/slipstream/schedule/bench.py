@@ -133,6 +133,11 @@ def _range(xs: list[float]) -> list[float] | None:
     return [min(xs), max(xs)] if xs else None
 
 
+def _span(r: list[float] | None) -> str:
+    """A range as printed: `1.18-2.16`, or `none`."""
+    return "none" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
+
+
 def aggregate(per_seed: list[dict[str, Any]], targets: list[float]) -> dict[str, Any]:
     """Per configuration over seeds: medians (time to target over the seeds that reached it,
     with their range and count) of every column. `targets[i]`: seed i's target."""
@@ -301,8 +306,8 @@ def report(
     if best:
         text += (
             f"\n\npipeline vs {base} (the better sync): time to target x{_fmt(best['speedup'], '.2f')} "
-            f"(range {best['speedup_range']}, {best['speedup_seeds']} seeds reached), wall ratio "
-            f"{_fmt(best['wall_ratio'], '.2f')} (range {best['wall_ratio_range']})"
+            f"(range {_span(best['speedup_range'])}, {best['speedup_seeds']} seeds reached), "
+            f"wall ratio {_fmt(best['wall_ratio'], '.2f')} (range {_span(best['wall_ratio_range'])})"
         )
     print(text)
     (out / "bench_schedules.md").write_text(text + "\n")
