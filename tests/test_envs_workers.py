@@ -145,7 +145,7 @@ class _ExitsOnUnpickle:
 def test_workers_that_exit_at_start_stop_the_run_with_a_clear_error() -> None:
     """Each fresh worker would die the same way: after START_FAILURES in a row the pool raises
     `WorkersCannotStart` naming the fix, instead of failing every episode as `crash` and
-    forking replacements for ever. A worker killed by a signal is a crash, never counted."""
+    forking replacements for ever."""
     workers = ProcessWorkers(_ExitsOnUnpickle(), 1)  # type: ignore[arg-type]
     try:
         ((row, key, _),) = _rows({"e": "ok"})

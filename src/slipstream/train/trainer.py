@@ -184,8 +184,8 @@ class Trainer:
         lr = self.lr_at(self.version)
         lr_scale = staleness.vcpo_lr_scale(torch.cat(seq_lr)) if self.cfg.vcpo else 1.0
         finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
-        finite &= bool(full.loss_mask.any())  # (named for the common case: see the docstring)
-        if finite:
+        stepped = finite and bool(full.loss_mask.any())
+        if stepped:
             for g in self.opt.param_groups:
                 g["lr"] = lr * lr_scale * self.lr_scale
             precision.step_adamw(self.opt)
@@ -200,8 +200,8 @@ class Trainer:
                 "train/loss": float(total_loss),
                 "train/entropy": float(ent_sum / num_tokens.clamp(min=1)),
                 "train/grad_norm": float(grad_norm),
-                "train/lr": lr * lr_scale * (self.lr_scale if finite else 1.0),
-                "train/skipped": 0.0 if finite else 1.0,
+                "train/lr": lr * lr_scale * (self.lr_scale if stepped else 1.0),
+                "train/skipped": 0.0 if stepped else 1.0,
                 "tokens/trained": float(num_tokens),
                 # how far the data's policy is from this one: 1 on-policy (docs/algorithms.md)
                 "staleness/ess_token": staleness.ess(torch.cat(tok_lr)),
@@ -211,7 +211,7 @@ class Trainer:
         if math.isnan(metrics["train/grad_norm"]):
             metrics["train/grad_norm"] = float("inf")
         if self.measure_step_kl:
-            metrics["train/step_kl"] = self.step_kl(full, old_by_mb) if finite else 0.0
+            metrics["train/step_kl"] = self.step_kl(full, old_by_mb) if stepped else 0.0
         return metrics
 
     @torch.no_grad()
