@@ -30,7 +30,8 @@ def collate(
         ids.append(s.prompt_tokens + s.completion_tokens + [pad_id] * rest)
         # target column t predicts token t+1: completion token j sits at column p - 1 + j
         keep = [True] * c if s.model_mask_T is None else [bool(m) for m in s.model_mask_T]
-        lead, tail = max(p - 1, 0), width - 1 - max(p - 1, 0) - c
+        lead = max(p - 1, 0)  # 0 for a row without tokens
+        tail = width - 1 - lead - c
         mask.append([False] * lead + keep + [False] * tail)
         blogp.append([0.0] * lead + list(s.behavior_logp_T) + [0.0] * tail)
         versions.append([-1] * lead + list(s.versions_T) + [-1] * tail)
