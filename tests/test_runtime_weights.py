@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -16,10 +17,11 @@ def _params(v: float) -> dict[str, torch.Tensor]:
     return {"a": torch.full((N,), v), "b": torch.full((3, 5), v, dtype=torch.float64)}
 
 
-def _writer(weights: SharedWeights, seconds: float) -> None:
+def _writer(weights: SharedWeights, stop: Any, seconds: float) -> None:
+    """Publishes versions 1, 2, ... back to back until `stop` is set (or `seconds` pass)."""
     params = _params(0.0)
     v, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end:
+    while not stop.is_set() and time.monotonic() < end:
         v += 1
         for p in params.values():
             p.fill_(float(v))
@@ -43,19 +45,24 @@ def test_roundtrip_and_versions_in_process():
 
 def test_seqlock_never_yields_a_torn_read():
     """A writer process publishes version v as tensors filled with v, as fast as it can; every
-    read that succeeds must hold one version throughout, equal to the version it reports."""
+    read that succeeds must hold one version throughout, equal to the version it reports.
+
+    The writer goes on until the reader has seen 20 versions (or 30 s pass), not for a fixed
+    time: on a loaded machine a reader racing a back-to-back writer succeeds rarely, and a
+    fixed two-second window sometimes held fewer than 5 successful reads."""
     ctx = mp.get_context("spawn")
     w = SharedWeights(_params(0.0), ctx)
-    writer = ctx.Process(target=_writer, args=(w, 2.0), daemon=True)
+    stop = ctx.Event()
+    writer = ctx.Process(target=_writer, args=(w, stop, 60.0), daemon=True)
     writer.start()
     try:
         start = time.monotonic() + 120.0  # a spawned interpreter imports torch first
         while w.version() < 0 and writer.is_alive() and time.monotonic() < start:
             time.sleep(0.01)
         seen: set[int] = set()
-        end = time.monotonic() + 6.0
+        end = time.monotonic() + 30.0
         last = 0
-        while writer.is_alive() and time.monotonic() < end:
+        while len(seen) < 20 and writer.is_alive() and time.monotonic() < end:
             got = w.read(last, timeout=5.0)
             if got is None:
                 continue
@@ -66,6 +73,7 @@ def test_seqlock_never_yields_a_torn_read():
             seen.add(version)
             last = version
     finally:
+        stop.set()
         writer.join(timeout=10)
         if writer.is_alive():
             writer.kill()
