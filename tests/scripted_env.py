@@ -26,6 +26,29 @@ def three_turns(row: Prompt, tok: Tokenizer) -> ThreeTurns:
     return ThreeTurns(row, tok)
 
 
+class Straggler(ThreeTurns):
+    """Three turns; every twentieth environment built sleeps 0.7 s in each step: its group
+    outlives the windows the other groups fill (a straggler, stale under a small K)."""
+
+    built = 0
+
+    def __init__(self, row: Prompt, tok: Tokenizer) -> None:
+        super().__init__(row, tok)
+        Straggler.built += 1
+        self.slow = Straggler.built % 20 == 0
+
+    def step(self, action_tokens: list[int]) -> StepResult:
+        if self.slow:
+            import time
+
+            time.sleep(0.7)
+        return super().step(action_tokens)
+
+
+def straggler(row: Prompt, tok: Tokenizer) -> Straggler:
+    return Straggler(row, tok)
+
+
 class Fragile(ThreeTurns):
     """Three turns, but the environment's worker process SIGKILLs itself at the second step of
     every fourth episode it builds (a crash the episode runner must count, `crash`)."""

@@ -139,6 +139,30 @@ def test_episode_ledger_balances_under_sigkilled_environment_workers_and_sampler
     assert sum(r["env/end_crash"] for r in records) > 0
 
 
+@pytest.mark.slow  # ~8 s of CPU: a pipeline run of three-turn episodes, some slow, at K = 1
+def test_stale_groups_abort_their_episodes_under_the_abort_lag_policy(tmp_path) -> None:
+    """`schedule.lag_policy = "abort"` at K = 1: a group holding a straggler episode (0.5 s an
+    environment step) outlives two windows the other groups fill, so at the second publish the
+    sampler cuts it, its episodes wherever they are (decoding, parked, inside an environment
+    step). Each cut group is `aborted` once in the ledger, its tokens counted as aborted; the
+    trained groups hold no token beyond the bound."""
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:straggler"
+    cfg = tiny_cfg(
+        tmp_path, "abort", factory, "env.isolation=thread", "schedule.name=pipeline",
+        "schedule.max_lag=1", 'schedule.lag_policy="abort"', steps=3,
+    )  # fmt: skip
+    summary = train_async(cfg)
+    led = summary["ledger"]
+    assert summary["steps"] == 3 and led["balanced"], led
+    assert led["aborted"] > 0, led
+    # only the groups that came back reach the episode ledger, G = 4 episodes each
+    assert sum(led["episodes"].values()) == 4 * (led["generated"] - led["aborted"] - led["lost"])
+    records = read_jsonl(tmp_path / "abort" / "metrics.jsonl")
+    assert all(r["env/episodes"] == 16 for r in records)
+    assert all(r["staleness/lag_max"] <= 1 for r in records)
+    assert sum(r["tokens/aborted"] for r in records) > 0
+
+
 @pytest.mark.slow  # ~8 s of CPU: a pipeline run of three-turn episodes with redundant members
 def test_redundant_members_cancel_their_episodes_and_each_kept_one_ends_once(tmp_path) -> None:
     """`schedule.redundant = 2`: each group starts 6 episodes and keeps the first 4 to end; the

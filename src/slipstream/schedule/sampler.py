@@ -192,6 +192,7 @@ class SamplerWorker:
                 if self.runner is not None and self.runner.in_flight:
                     t0 = time.perf_counter()
                     self.runner.wait(self.poll_s)  # only environments have work: wait for one
+                    self._abort_stale(ch)  # (a group waiting on a slow environment ages too)
                     self._account("wait", t0)
                     continue
                 if st.draining:  # the last episodes just ended: load the weights first

@@ -200,6 +200,7 @@ class StepStats:
             # stale, cancelled and aborted here; the learner adds what settling counted
             "tokens/wasted": self.stale_tokens + d["cancelled_tokens"] + d["aborted_tokens"],
             "tokens/cancelled": d["cancelled_tokens"],
+            "tokens/aborted": d["aborted_tokens"],  # cut in a sampler by lag policy `abort`
             "engine/tokens_per_s": d["tokens_generated"] / max(step_s, 1e-9),
             "train/tokens_per_s": trained / max(t_train, 1e-9),
             "engine/decode_steps": d["decode_steps"],
