@@ -26,19 +26,27 @@ def three_turns(row: Prompt, tok: Tokenizer) -> ThreeTurns:
     return ThreeTurns(row, tok)
 
 
-class Straggler(ThreeTurns):
-    """Three turns; every twentieth environment built sleeps 0.7 s in each step: its group
-    outlives the windows the other groups fill (a straggler, stale under a small K)."""
+class EveryNth(ThreeTurns):
+    """Three turns; `marked` is set on every `nth` environment of its class this process
+    builds (each subclass counts its own)."""
 
-    built = 0
+    nth, built = 1, 0
 
     def __init__(self, row: Prompt, tok: Tokenizer) -> None:
         super().__init__(row, tok)
-        Straggler.built += 1
-        self.slow = Straggler.built % 20 == 0
+        cls = type(self)
+        cls.built += 1
+        self.marked = cls.built % cls.nth == 0
+
+
+class Straggler(EveryNth):
+    """Every twentieth environment built sleeps 0.7 s in each step: its group outlives the
+    windows the other groups fill (a straggler, stale under a small K)."""
+
+    nth = 20
 
     def step(self, action_tokens: list[int]) -> StepResult:
-        if self.slow:
+        if self.marked:
             import time
 
             time.sleep(0.7)
@@ -49,19 +57,14 @@ def straggler(row: Prompt, tok: Tokenizer) -> Straggler:
     return Straggler(row, tok)
 
 
-class Fragile(ThreeTurns):
-    """Three turns, but the environment's worker process SIGKILLs itself at the second step of
-    every fourth episode it builds (a crash the episode runner must count, `crash`)."""
+class Fragile(EveryNth):
+    """The environment's worker process SIGKILLs itself at the second step of every fourth
+    episode it builds (a crash the episode runner must count, `crash`)."""
 
-    built = 0
-
-    def __init__(self, row: Prompt, tok: Tokenizer) -> None:
-        super().__init__(row, tok)
-        Fragile.built += 1
-        self.doomed = Fragile.built % 4 == 0
+    nth = 4
 
     def step(self, action_tokens: list[int]) -> StepResult:
-        if self.doomed and self.turns == 1:
+        if self.marked and self.turns == 1:
             import os
             import signal
 

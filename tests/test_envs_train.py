@@ -141,7 +141,7 @@ def test_episode_ledger_balances_under_sigkilled_environment_workers_and_sampler
 
 @pytest.mark.slow  # ~8 s of CPU: a pipeline run of three-turn episodes, some slow, at K = 1
 def test_stale_groups_abort_their_episodes_under_the_abort_lag_policy(tmp_path) -> None:
-    """`schedule.lag_policy = "abort"` at K = 1: a group holding a straggler episode (0.5 s an
+    """`schedule.lag_policy = "abort"` at K = 1: a group holding a straggler episode (0.7 s an
     environment step) outlives two windows the other groups fill, so at the second publish the
     sampler cuts it, its episodes wherever they are (decoding, parked, inside an environment
     step). Each cut group is `aborted` once in the ledger, its tokens counted as aborted; the
