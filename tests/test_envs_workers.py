@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -107,6 +108,14 @@ def test_process_workers_step_concurrently() -> None:
     assert wall < 8 * 2 * 0.4 / 2, wall  # serial would take 6.4 s
 
 
+def _pump_until_done(workers: ProcessWorkers, future: Future, seconds: float) -> Future:
+    """Pump `workers` until `future` resolves or `seconds` pass; returns `future`."""
+    deadline = time.monotonic() + seconds
+    while not future.done() and time.monotonic() < deadline:
+        workers.pump(0.1)
+    return future
+
+
 def test_process_worker_killed_while_idle_fails_the_next_step_instead_of_hanging() -> None:
     """A worker that dies between two steps (nothing running, so nobody is waiting on its
     sentinel) is noticed when the next step is sent: that step fails with `WorkerDied` (before
@@ -115,18 +124,12 @@ def test_process_worker_killed_while_idle_fails_the_next_step_instead_of_hanging
     workers = ProcessWorkers(ByMode, 1)
     try:
         ((row, key, _),) = _rows({"e": "ok"})
-        first = workers.first(key, row)
-        deadline = time.monotonic() + 30
-        while not first.done() and time.monotonic() < deadline:
-            workers.pump(0.1)
+        first = _pump_until_done(workers, workers.first(key, row), 30)
         assert first.done() and first.exception() is None
         proc = workers.workers[0].proc
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(10)
-        step = workers.step(key, [5])
-        deadline = time.monotonic() + 10
-        while not step.done() and time.monotonic() < deadline:
-            workers.pump(0.1)
+        step = _pump_until_done(workers, workers.step(key, [5]), 10)
         assert step.done(), "the step sent to a dead worker never resolved"
         assert isinstance(step.exception(), WorkerDied)
         assert workers.deaths == 1 and workers.workers[0].proc.is_alive()  # replaced
