@@ -1,6 +1,6 @@
 """Exact replay of an asynchronous run (`run.record_schedule`, `slipstream replay`).
 
-A `pipeline` run with 2 sampler processes is recorded, then re-executed in this process from
+A `pipeline` run with 2 sampler processes and a self-tuned K is recorded, then re-executed in this process from
 its record: every step metric but the wall-clock timings, and the final weights, must come
 out identical. Then: a replay with a trainer setting changed runs the same schedule to other
 weights; a record whose weight load is moved no longer replays; and the CLI's one-line
@@ -54,7 +54,13 @@ def _overrides(assets: Path, run_dir: Path) -> list[str]:
         "runtime.trainer_threads=1",
         "runtime.threads_per_sampler=1",
         'schedule.name="pipeline"',
-        "schedule.max_lag=2",
+        # K tuned at window boundaries, from 1 to 2 at the second window (no wait needed, and
+        # the ESS of this run is far above 0.5): the K changes are in the record too
+        'schedule.max_lag="auto"',
+        "schedule.auto_start=1",
+        "schedule.max_lag_max=2",
+        "schedule.auto_wait_min=0",
+        "schedule.ess_target=0.5",
         'schedule.lag_policy="keep"',
     ]
 
@@ -79,8 +85,10 @@ def _final(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_pipeline_with_two_samplers_replays_bit_for_bit(recorded, tmp_path):
     a = _records(recorded)
-    # an asynchronous schedule for real: tokens trained at a lag, both samplers used
+    # an asynchronous schedule for real: tokens trained at a lag, both samplers used, K tuned
     assert max(r["staleness/lag_max"] for r in a) >= 1
+    assert [r["schedule/max_lag"] for r in a] == [1, 2, 2, 2]
+    assert a[1]["schedule/max_lag_reason"] == "trainer_waits"
     groups = [
         json.loads(x) for x in (recorded / "schedule" / "trainer.jsonl").read_text().splitlines()
     ]

@@ -82,11 +82,7 @@ class Config(_Section):
             raise ValueError(
                 "run.record_schedule: a run with runtime.chaos_kills cannot be replayed"
             )
-        # K changes and watchdog actions are decisions the record does not hold yet
-        if self.schedule.max_lag == "auto":
-            raise ValueError(
-                "run.record_schedule: schedule.max_lag = 'auto' cannot be replayed yet"
-            )
+        # watchdog actions are decisions the record does not hold yet (K under auto it does)
         wd = self.watchdog
         if wd.enabled and any(a != "warn" for a in wd.actions.values()):
             raise ValueError(

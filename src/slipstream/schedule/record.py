@@ -26,7 +26,9 @@ Files, in `RUN_DIR/schedule/` (format `slipstream-schedule`, version `FORMAT_VER
   `{"e": "draw", "n", "ids"}`, `{"e": "sizes", "ids", "out"}`, `{"e": "seeds", "id", "n",
   "out"}`, `{"e": "settle", "g": [...]}`, `{"e": "train", "n"}`, `{"e": "publish", "version"}`,
   `{"e": "after", "step", "g": [...], "obs": {...}}` (a step record; `obs` the values observed
-  on the live queues, not reproducible: `queue/depth`, `filters/extra_draws`).
+  on the live queues, not reproducible: `queue/depth`, `filters/extra_draws`; and under
+  `schedule.max_lag = "auto"` the K it set for the next window and why, `schedule/max_lag`,
+  `schedule/max_lag_reason`, since the controller reads the trainer's measured wait).
 - `sampler<i>.jsonl`: sampler i's engine events, each at `c`, its engine step count then:
   `{"c", "req": {g, p, seeds, G, iv, b, r}}` a prompt request taken into its backlog,
   `{"c", "load": v, "admit": [[g, member], ...]}` engine step `c` applied version `v` and/or
@@ -206,7 +208,7 @@ class RecordingLearner:
         return self.inner.publish(channels)
 
     def after_step(self, record: dict[str, Any], groups: list[Group]) -> None:
-        obs = {k: record[k] for k in OBSERVED if k in record}
+        obs = {k: record[k] for k in (*OBSERVED, *DECIDED) if k in record}
         self.rec.event("after", step=record["step"], g=[self.rec.gid(g) for g in groups], obs=obs)
         # also the groups of windows that kept nothing since the last step (they reach no
         # `after_step` and are never named again): else a long run's map only grows
@@ -221,6 +223,9 @@ class RecordingLearner:
 # Step-record values observed on the live queues: recorded, and carried into the replay's
 # records as they were (a replay has no queues to observe)
 OBSERVED = ("queue/depth", "filters/extra_draws")
+# Decisions the run's clocks took part in, carried into the replay as they were: K of the
+# next window under `schedule.max_lag = "auto"` (the controller reads the trainer's wait)
+DECIDED = ("schedule/max_lag", "schedule/max_lag_reason")
 
 
 def attach(orch: Orchestrator, run_dir: Path, meta: dict[str, Any]) -> Callable[[bool], None]:

@@ -12,7 +12,9 @@ as the orchestrator did them. With the recorded config the result is the run aga
 bit on the same kind of machine (float32 on a CPU, the same torch build and thread counts,
 which the record holds and the replay sets): every metric but wall-clock timings
 (`TIMINGS`) and the values observed on live queues (`schedule.record.OBSERVED`, carried
-over), and the final weights.
+over), and the final weights. Under `schedule.max_lag = "auto"` the K of each window is
+carried over from the record too (`schedule.record.DECIDED`): the controller's decisions read
+the trainer's measured wait, so they are part of the schedule, like the weight loads.
 
 A replay may change settings that act on the trainer only (`EDITABLE`): the samplers then
 generate with the new weights under the recorded schedule (each request admitted at its
@@ -35,7 +37,8 @@ import torch
 
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.engine.stats import PASS_TIMINGS
-from slipstream.schedule.record import FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
+from slipstream.schedule.auto_lag import lag_control
+from slipstream.schedule.record import DECIDED, FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
 from slipstream.schedule.replay_sampler import (
     Diverged,
     SamplerReplayer,
@@ -160,6 +163,8 @@ class TrainerReplay:
         self.threads = int(meta["trainer_threads"])
         torch.set_num_threads(self.threads)
         self.spec = preset(cfg.schedule.name, cfg.schedule.lag_bound)
+        control = lag_control(cfg, self.spec.max_lag)  # K of the first window (auto: its start)
+        self.k = control.current if control is not None else self.spec.max_lag
         self.learner = RunLearner(run, cfg.runtime.defer_eval, run.timeline)
         B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, cfg.schedule.redundant
         slots = cfg.runtime.sampler_slots or B * (G + r)
@@ -291,7 +296,7 @@ class TrainerReplay:
         if not kept:  # (a what-if replay: its filters dropped every group of the window)
             raise Diverged(f"step {step}: no group left to train on; the record has {e['n']}")
         self.stats.trained_keys(kept)
-        lag = group_lag(kept, self.learner.version, self.spec.max_lag)
+        lag = group_lag(kept, self.learner.version, self.k)
         t0 = time.perf_counter()
         metrics = self.learner.train(kept)
         self.learner.ledger.trained += len(kept)
@@ -315,7 +320,9 @@ class TrainerReplay:
             "queue/in_flight": self.issued - self.popped,
             "filters/extra_draws": e["obs"].get("filters/extra_draws", 0),
             **self.learner.ledger.flat(),
+            **{k: e["obs"][k] for k in DECIDED if k in e["obs"]},  # K as the run set it
         }
+        self.k = int(e["obs"].get("schedule/max_lag", self.k))
         self.learner.after_step(record, groups)
 
 
