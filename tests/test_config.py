@@ -137,16 +137,16 @@ def test_cli_names_what_is_wrong_with_a_command(tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra, key",
     [
-        (["watchdog.enabled=true", 'watchdog.actions={step_kl="rollback"}'], "watchdog actions"),
-        (["watchdog.inject_lr_spike_at=3"], "watchdog.inject_lr_spike_at"),
+        (["watchdog.enabled=true", 'watchdog.actions={step_kl="rollback"}'], "the watchdog's"),
     ],
 )
 def test_recording_refuses_decisions_the_record_does_not_hold(extra, key):
-    """Watchdog actions are not in the schedule record: recording them would give a record
-    that cannot replay, so the config refuses them with one line. (K changes under `auto`
-    are in it: tests/test_replay_run.py records and replays such a run.)"""
+    """A watchdog rollback is not in the schedule record: recording it would give a record
+    that cannot replay, so the config refuses it with one line. (K changes under `auto`, a
+    tighten and an injected spike are: tests/test_replay_run.py records and replays them.)"""
     base = ['schedule.name="pipeline"', 'runtime.kind="local"', "run.record_schedule=true"]
     load_config(None, base)  # recordable as it is
-    load_config(None, [*base, 'schedule.max_lag="auto"'])
+    tighten = ["watchdog.enabled=true", 'watchdog.actions={step_kl="tighten"}']
+    load_config(None, [*base, 'schedule.max_lag="auto"', *tighten, "watchdog.inject_lr_spike_at=3"])
     with pytest.raises(ConfigError, match=f"run.record_schedule: {key}"):
         load_config(None, [*base, *extra])

@@ -1,6 +1,7 @@
 """Exact replay of an asynchronous run (`run.record_schedule`, `slipstream replay`).
 
-A `pipeline` run with 2 sampler processes and a self-tuned K is recorded, then re-executed in this process from
+A `pipeline` run with 2 sampler processes, a self-tuned K and a watchdog that tightens after
+an injected learning-rate spike is recorded, then re-executed in this process from
 its record: every step metric but the wall-clock timings, and the final weights, must come
 out identical. Then: a replay with a trainer setting changed runs the same schedule to other
 weights; a record whose weight load is moved no longer replays; and the CLI's one-line
@@ -62,6 +63,14 @@ def _overrides(assets: Path, run_dir: Path) -> list[str]:
         "schedule.auto_wait_min=0",
         "schedule.ess_target=0.5",
         'schedule.lag_policy="keep"',
+        # and the watchdog: a 30x learning-rate spike at step 3 sets off `step_kl` (about 3,
+        # against 0.02-0.06 on the other steps; limit 0.5), whose tighten halves the learning
+        # rate of step 4 and sets K = 0 from the next window
+        "watchdog.enabled=true",
+        "watchdog.inject_lr_spike_at=3",
+        "watchdog.inject_lr_spike_steps=1",
+        'watchdog.actions={step_kl="tighten"}',
+        "watchdog.tighten_steps=1",
     ]
 
 
@@ -87,8 +96,11 @@ def test_pipeline_with_two_samplers_replays_bit_for_bit(recorded, tmp_path):
     a = _records(recorded)
     # an asynchronous schedule for real: tokens trained at a lag, both samplers used, K tuned
     assert max(r["staleness/lag_max"] for r in a) >= 1
-    assert [r["schedule/max_lag"] for r in a] == [1, 2, 2, 2]
+    assert [r["schedule/max_lag"] for r in a] == [1, 2, 2, 0]
     assert a[1]["schedule/max_lag_reason"] == "trainer_waits"
+    assert a[2]["watchdog/action"] == "tighten" and a[2]["watchdog/lr_scale"] == 30.0
+    assert a[3]["schedule/max_lag_reason"] == "watchdog_tighten"
+    assert a[3]["watchdog/lr_scale"] == 0.5
     groups = [
         json.loads(x) for x in (recorded / "schedule" / "trainer.jsonl").read_text().splitlines()
     ]

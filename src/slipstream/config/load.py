@@ -82,15 +82,12 @@ class Config(_Section):
             raise ValueError(
                 "run.record_schedule: a run with runtime.chaos_kills cannot be replayed"
             )
-        # watchdog actions are decisions the record does not hold yet (K under auto it does)
+        # a rollback's restore and discarded data are not in the record yet (K changes, from
+        # auto or a tighten, are; the learning-rate factors the replay's watchdog recomputes)
         wd = self.watchdog
-        if wd.enabled and any(a != "warn" for a in wd.actions.values()):
+        if wd.enabled and "rollback" in wd.actions.values():
             raise ValueError(
-                "run.record_schedule: watchdog actions other than 'warn' cannot be replayed yet"
-            )
-        if wd.inject_lr_spike_at:
-            raise ValueError(
-                "run.record_schedule: watchdog.inject_lr_spike_at cannot be replayed yet"
+                "run.record_schedule: the watchdog's action 'rollback' cannot be replayed yet"
             )
         return self
 

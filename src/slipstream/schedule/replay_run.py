@@ -156,6 +156,7 @@ class TrainerReplay:
         from slipstream.schedule.presets import preset
         from slipstream.schedule.sampler import SamplerSpec
         from slipstream.schedule.setup import setup
+        from slipstream.schedule.watchdog import make_watchdog
         from slipstream.train.precision import parse_dtype
 
         self.cfg, self.meta, self.exact = cfg, meta, exact
@@ -166,6 +167,9 @@ class TrainerReplay:
         control = lag_control(cfg, self.spec.max_lag)  # K of the first window (auto: its start)
         self.k = control.current if control is not None else self.spec.max_lag
         self.learner = RunLearner(run, cfg.runtime.defer_eval, run.timeline)
+        # the same alarms on the same metrics, and the learning-rate factors (spike, tighten)
+        # they set; a tighten's K = 0 comes from the record with the other K (DECIDED)
+        self.learner.watchdog = make_watchdog(run)
         B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, cfg.schedule.redundant
         slots = cfg.runtime.sampler_slots or B * (G + r)
         dtype = parse_dtype(cfg.model.dtype)
