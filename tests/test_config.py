@@ -137,16 +137,20 @@ def test_cli_names_what_is_wrong_with_a_command(tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra, key",
     [
-        (["watchdog.enabled=true", 'watchdog.actions={step_kl="rollback"}'], "the watchdog's"),
+        (['runtime.kind="inprocess"', 'schedule.name="sync"'], "the in-process sync loop"),
+        (['task.kind="builtin_tools"'], "multi-turn environments"),
+        (["runtime.chaos_kills=1"], "a run with runtime.chaos_kills"),
     ],
 )
-def test_recording_refuses_decisions_the_record_does_not_hold(extra, key):
-    """A watchdog rollback is not in the schedule record: recording it would give a record
-    that cannot replay, so the config refuses it with one line. (K changes under `auto`, a
-    tighten and an injected spike are: tests/test_replay_run.py records and replays them.)"""
+def test_recording_refuses_runs_a_replay_cannot_re_execute(extra, key):
+    """What the schedule record cannot describe is refused with one line when the run starts.
+    K changes under `auto` and the watchdog's actions are in the record: accepted (and
+    replayed by tests/test_replay_run.py)."""
     base = ['schedule.name="pipeline"', 'runtime.kind="local"', "run.record_schedule=true"]
     load_config(None, base)  # recordable as it is
-    tighten = ["watchdog.enabled=true", 'watchdog.actions={step_kl="tighten"}']
-    load_config(None, [*base, 'schedule.max_lag="auto"', *tighten, "watchdog.inject_lr_spike_at=3"])
+    watchdog = ["watchdog.enabled=true", 'watchdog.actions={step_kl="rollback"}']
+    load_config(
+        None, [*base, 'schedule.max_lag="auto"', *watchdog, "watchdog.inject_lr_spike_at=3"]
+    )
     with pytest.raises(ConfigError, match=f"run.record_schedule: {key}"):
         load_config(None, [*base, *extra])

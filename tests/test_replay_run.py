@@ -1,6 +1,6 @@
 """Exact replay of an asynchronous run (`run.record_schedule`, `slipstream replay`).
 
-A `pipeline` run with 2 sampler processes, a self-tuned K and a watchdog that tightens after
+A `pipeline` run with 2 sampler processes, a self-tuned K and a watchdog that rolls back after
 an injected learning-rate spike is recorded, then re-executed in this process from
 its record: every step metric but the wall-clock timings, and the final weights, must come
 out identical. Then: a replay with a trainer setting changed runs the same schedule to other
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from slipstream.cli import main
-from slipstream.config import load_config
+from slipstream.config import ConfigError, load_config
 from slipstream.config.load import dump_config
 from slipstream.schedule.record import SamplerLog, rle
 from slipstream.schedule.replay_run import TIMINGS, replay
@@ -36,7 +36,7 @@ def assets(tmp_path_factory) -> Path:
 def _overrides(assets: Path, run_dir: Path) -> list[str]:
     return [
         f'run.dir="{run_dir}"',
-        "run.steps=4",
+        "run.steps=5",
         "run.quiet=true",
         "run.threads=1",
         "run.record_schedule=true",
@@ -63,14 +63,13 @@ def _overrides(assets: Path, run_dir: Path) -> list[str]:
         "schedule.auto_wait_min=0",
         "schedule.ess_target=0.5",
         'schedule.lag_policy="keep"',
-        # and the watchdog: a 30x learning-rate spike at step 3 sets off `step_kl` (about 3,
-        # against 0.02-0.06 on the other steps; limit 0.5), whose tighten halves the learning
-        # rate of step 4 and sets K = 0 from the next window
+        # and the watchdog: a 30x learning-rate spike at step 3 sets off `step_kl` (2.7 to 4,
+        # against 0.02-0.06 on the other steps; limit 0.5), whose rollback restores step 2's
+        # checkpoint as version 4 (groups of version 3 are discarded) and halves the rate
         "watchdog.enabled=true",
         "watchdog.inject_lr_spike_at=3",
         "watchdog.inject_lr_spike_steps=1",
-        'watchdog.actions={step_kl="tighten"}',
-        "watchdog.tighten_steps=1",
+        'watchdog.actions={step_kl="rollback"}',
     ]
 
 
@@ -88,7 +87,8 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def _final(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(run_dir / "checkpoints" / "step_000004" / "model" / "model.safetensors")
+    """The last step's weights: step 5 (the rollback made version 4)."""
+    return load_file(run_dir / "checkpoints" / "step_000005" / "model" / "model.safetensors")
 
 
 @pytest.mark.slow
@@ -96,11 +96,12 @@ def test_pipeline_with_two_samplers_replays_bit_for_bit(recorded, tmp_path):
     a = _records(recorded)
     # an asynchronous schedule for real: tokens trained at a lag, both samplers used, K tuned
     assert max(r["staleness/lag_max"] for r in a) >= 1
-    assert [r["schedule/max_lag"] for r in a] == [1, 2, 2, 0]
+    assert [r["schedule/max_lag"] for r in a][:3] == [1, 2, 2]
     assert a[1]["schedule/max_lag_reason"] == "trainer_waits"
-    assert a[2]["watchdog/action"] == "tighten" and a[2]["watchdog/lr_scale"] == 30.0
-    assert a[3]["schedule/max_lag_reason"] == "watchdog_tighten"
-    assert a[3]["watchdog/lr_scale"] == 0.5
+    # the spike, the alarm, the rollback (version 4 is step 2's weights), the halved rate
+    assert [r["step"] for r in a] == [1, 2, 3, 5]
+    assert a[2]["watchdog/action"] == "rollback" and a[2]["watchdog/lr_scale"] == 30.0
+    assert a[3]["watchdog/rollbacks"] == 1 and a[3]["watchdog/lr_scale"] == 0.5
     groups = [
         json.loads(x) for x in (recorded / "schedule" / "trainer.jsonl").read_text().splitlines()
     ]
@@ -124,10 +125,14 @@ def test_pipeline_with_two_samplers_replays_bit_for_bit(recorded, tmp_path):
 
 @pytest.mark.slow
 def test_a_changed_trainer_setting_replays_the_schedule_to_other_weights(recorded, tmp_path):
-    result = replay(recorded, ["trainer.lr=3e-3"], str(tmp_path / "lr"))
-    assert result["changed"] == ["trainer.lr"]
-    assert result["steps_compared"] == 4 and result["weights_equal"] is False
+    """Up to the recorded rollback: a what-if replay could not follow it (its watchdog would
+    act on other metrics), so one that reaches it is refused with one line."""
+    result = replay(recorded, ["trainer.lr=3e-3", "run.steps=2"], str(tmp_path / "lr"))
+    assert result["changed"] == ["run.steps", "trainer.lr"]
+    assert result["steps_compared"] == 2 and result["weights_equal"] is False
     assert result["metric_differences"] > 0
+    with pytest.raises(ConfigError, match=r"watchdog rollback at step 3.*run\.steps=2"):
+        replay(recorded, ["trainer.lr=3e-3"], str(tmp_path / "lr-all"))
 
 
 @pytest.mark.slow
@@ -246,3 +251,52 @@ def test_the_recorder_forgets_the_groups_of_windows_that_kept_nothing(tmp_path):
     learner.after_step({"step": 1}, step)
     assert rec._groups == {}
     rec.close(True)
+
+
+def _group_of_versions(pid: str, versions: list[int]):
+    from slipstream.types import FinishReason, Group, Prompt, Sample
+
+    n = len(versions)
+    sample = Sample(pid, [1], [2] * n, [0.0] * n, versions, FinishReason.STOP, reward=1.0)
+    return Group(Prompt(id=pid, text="", answer=""), [sample])
+
+
+def test_the_record_and_the_replay_discard_the_same_groups_after_a_rollback(tmp_path):
+    """After a rollback undoing versions 3-4, a group holding a token of version 3 is
+    discarded on arrival, `discarded` in the record; the replay discards it too (ledger), and
+    an exact replay that would keep a group the record discarded (or the reverse) diverges.
+    The rollback event names the groups taken out of the windows."""
+    from slipstream.runtime.channels import PromptRequest, SamplerMessage
+    from slipstream.schedule.ledger import Ledger
+    from slipstream.schedule.record import ScheduleRecorder
+    from slipstream.schedule.replay_run import TrainerReplay
+    from slipstream.schedule.step_stats import StepStats
+    from slipstream.schedule.watchdog import Undone
+
+    undone = Undone()
+    undone.ranges.append((3, 4))
+    old, bad = _group_of_versions("a", [2, 2]), _group_of_versions("b", [2, 3])
+    assert not undone.rejects(old) and undone.rejects(bad)
+
+    rec = ScheduleRecorder(tmp_path, {})
+    waiting = _group_of_versions("c", [4])
+    rec._groups[id(waiting)] = (7, waiting)  # in a window when the rollback came
+    rec.rollback(2, 4, [waiting])
+    req = PromptRequest(8, bad.prompt, (1,), 1, issue_version=2)
+    rec.message(SamplerMessage("group", 0, request=req, group=bad), "discarded")
+    rec.close(True)
+    events = [
+        json.loads(x) for x in (tmp_path / "schedule" / "trainer.jsonl").read_text().splitlines()
+    ]
+    assert events[0] == {"e": "rollback", "ckpt": 2, "bad": 4, "g": [7]}
+    assert events[1]["v"] == "discarded" and events[1]["g"] == 8 and rec._groups == {}
+
+    r = TrainerReplay.__new__(TrainerReplay)  # the message half only: no run, no samplers
+    r.exact, r.undone, r.window, r.popped, r.stats = True, undone, {}, 0, StepStats()
+    r.learner = type("L", (), {"ledger": Ledger()})()  # type: ignore[assignment]
+    r._group(events[1], bad)
+    assert r.learner.ledger.discarded == 1 and r.learner.ledger.generated == 1 and not r.window
+    with pytest.raises(Diverged, match="group 9 discarded"):  # recorded as kept
+        r._group({**events[1], "g": 9, "v": "window"}, bad)
+    with pytest.raises(Diverged, match="group 10 discarded"):  # recorded as discarded
+        r._group({**events[1], "g": 10, "ver": [[[2, 2]]]}, old)

@@ -82,13 +82,6 @@ class Config(_Section):
             raise ValueError(
                 "run.record_schedule: a run with runtime.chaos_kills cannot be replayed"
             )
-        # a rollback's restore and discarded data are not in the record yet (K changes, from
-        # auto or a tighten, are; the learning-rate factors the replay's watchdog recomputes)
-        wd = self.watchdog
-        if wd.enabled and "rollback" in wd.actions.values():
-            raise ValueError(
-                "run.record_schedule: the watchdog's action 'rollback' cannot be replayed yet"
-            )
         return self
 
     @model_validator(mode="after")

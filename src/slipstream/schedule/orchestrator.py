@@ -319,6 +319,7 @@ class Orchestrator:
         if self.reject is not None and self.reject(group):
             self.learner.ledger.discarded += 1
             self._out_of_bound(req)
+            self._record(msg, "discarded")
             return
         lag = self.learner.version - group.oldest_version
         if lag > self.spec.max_lag and self.opts.lag_policy != "keep":
@@ -531,6 +532,7 @@ class Orchestrator:
         if self.lag_control is not None:  # K changes here, between windows, and only here
             self.spec = replace(self.spec, max_lag=self.lag_control(record))
             self.issue()
+            record["queue/in_flight"] = len(st.outstanding)  # with what the new K admitted
         self.learner.after_step(record, groups)
 
     # ---- checkpoint ---------------------------------------------------------------------------

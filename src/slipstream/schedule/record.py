@@ -20,9 +20,12 @@ Files, in `RUN_DIR/schedule/` (format `slipstream-schedule`, version `FORMAT_VER
   "g": group id, "v": verdict, "ver": versions}` for every message taken from a sampler (kind
   `ready`, `stats`, `group`, `aborted`; `n` the sender's engine step count when it sent it,
   `rep` its report's clock readings, `tok` its generated-token counter, a check; for groups,
-  `v` what the orchestrator did with it, `window`, `stale`, `aborted` or `late`, and `ver` each
+  `v` what the orchestrator did with it, `window`, `stale`, `aborted`, `discarded` or `late`, and `ver` each
   member's token versions, run-length encoded `[[version, count], ...]`); `{"e": "aged", "g"}`
-  a group dropped stale when a window took it; and every call into the trainer:
+  a group dropped stale when a window took it; `{"e": "rollback", "ckpt", "bad", "g"}` the
+  watchdog restored checkpoint `ckpt`, undoing versions up to `bad`, and discarded the groups
+  `g` waiting in windows (a group of an undone version that arrives later has the verdict
+  `discarded`); and every call into the trainer:
   `{"e": "draw", "n", "ids"}`, `{"e": "sizes", "ids", "out"}`, `{"e": "seeds", "id", "n",
   "out"}`, `{"e": "settle", "g": [...]}`, `{"e": "train", "n"}`, `{"e": "publish", "version"}`,
   `{"e": "after", "step", "g": [...], "obs": {...}}` (a step record; `obs` the values observed
@@ -155,6 +158,12 @@ class ScheduleRecorder:
     def aged(self, group: Group) -> None:
         gid, _ = self._groups.pop(id(group))
         self.event("aged", g=gid)
+
+    def rollback(self, ckpt_step: int, last_bad: int, discarded: list[Group]) -> None:
+        """The watchdog rolled back to `ckpt_step`, undoing versions up to `last_bad`, and
+        discarded these groups waiting in windows (a check for the replay, which redoes it)."""
+        gids = [self._groups.pop(id(g))[0] for g in discarded]
+        self.event("rollback", ckpt=ckpt_step, bad=last_bad, g=gids)
 
     def forget(self, groups: list[Group]) -> None:
         for g in groups:

@@ -156,7 +156,7 @@ class TrainerReplay:
         from slipstream.schedule.presets import preset
         from slipstream.schedule.sampler import SamplerSpec
         from slipstream.schedule.setup import setup
-        from slipstream.schedule.watchdog import make_watchdog
+        from slipstream.schedule.watchdog import Undone, make_watchdog
         from slipstream.train.precision import parse_dtype
 
         self.cfg, self.meta, self.exact = cfg, meta, exact
@@ -170,6 +170,10 @@ class TrainerReplay:
         # the same alarms on the same metrics, and the learning-rate factors (spike, tighten)
         # they set; a tighten's K = 0 comes from the record with the other K (DECIDED)
         self.learner.watchdog = make_watchdog(run)
+        self.undone = Undone()  # a rollback's undone versions, redone here (`_rollback`)
+        self.rolled_back: list[int] = []  # the groups the last one discarded from windows
+        if self.learner.watchdog is not None and exact:  # (a what-if replay's only warns)
+            self.learner.watchdog.rollback = self._rollback
         B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, cfg.schedule.redundant
         slots = cfg.runtime.sampler_slots or B * (G + r)
         dtype = parse_dtype(cfg.model.dtype)
@@ -210,7 +214,7 @@ class TrainerReplay:
         handlers = {
             "msg": self._msg, "draw": self._draw, "sizes": self._sizes, "seeds": self._seeds,
             "aged": self._aged, "settle": self._settle, "train": self._train,
-            "publish": self._publish, "after": self._after,
+            "publish": self._publish, "after": self._after, "rollback": self._rolled_back,
         }  # fmt: skip
         for e in self.events:
             handlers[e["e"]](e)
@@ -260,6 +264,11 @@ class TrainerReplay:
         self._check(
             f"group {e['g']} token versions", e["ver"], [rle(s.versions_T) for s in group.samples]
         )
+        rejected = self.undone.rejects(group)  # of a version a rollback undid
+        self._check(f"group {e['g']} discarded", verdict == "discarded", rejected)
+        if verdict == "discarded":
+            led.discarded += 1
+            return
         if verdict == "stale":
             led.stale += 1
             self.stats.stale_tokens += group.num_tokens
@@ -270,6 +279,19 @@ class TrainerReplay:
         group = self.window.pop(e["g"])
         self.learner.ledger.stale += 1
         self.stats.stale_tokens += group.num_tokens
+
+    def _rollback(self, ckpt: Path, last_bad: int) -> None:
+        """The replay's watchdog rolls back where the run's did (the same alarms on the same
+        metrics): as `watchdog.orchestrated_rollback`, into the replay's windows and store."""
+        self.undone.undo(self.run, ckpt, last_bad)
+        self.store.publish(self.learner.version, dict(self.run.model.named_parameters()))
+        self.rolled_back = [g for g, group in self.window.items() if self.undone.rejects(group)]
+        for g in self.rolled_back:
+            del self.window[g]
+        self.learner.ledger.discarded += len(self.rolled_back)
+
+    def _rolled_back(self, e: dict[str, Any]) -> None:
+        self._check("groups a rollback discarded", sorted(e["g"]), sorted(self.rolled_back))
 
     # ---- calls into the trainer -----------------------------------------------------------
     def _draw(self, e: dict[str, Any]) -> None:
@@ -395,6 +417,17 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
     meta = read_meta(run_dir)
     path = _out_dir(run_dir, out)
     cfg, changed = replay_config(run_dir, overrides, path)
+    rollbacks = [
+        e["bad"]
+        for e in read_jsonl(run_dir / "schedule" / "trainer.jsonl")
+        if e["e"] == "rollback" and e["bad"] <= cfg.run.steps
+    ]
+    if changed and rollbacks:
+        raise ConfigError(
+            f"replay: the record holds a watchdog rollback at step {rollbacks[0]}, which a replay "
+            f"with {', '.join(changed)} changed would not follow; stop before it "
+            f"(run.steps={rollbacks[0] - 1}) or replay exactly"
+        )
     meta["run_dir"] = str(run_dir)
     t0 = time.perf_counter()
     TrainerReplay(cfg, meta, run_dir / "schedule", exact=not changed).run_all()

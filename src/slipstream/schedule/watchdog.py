@@ -301,38 +301,55 @@ def inprocess_rollback(run: Run) -> Callable[[Path, int], None]:
     return go
 
 
+class Undone:
+    """The policy versions rollbacks undid, `[first, last]` ranges: `rejects(group)` says
+    whether a group holds a token of one (its data is discarded)."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+
+    def rejects(self, group: Group) -> bool:
+        return any(undone(group, lo, hi) for lo, hi in self.ranges)
+
+    def undo(self, run: Run, ckpt: Path, last_bad: int) -> None:
+        """The trainer's side of an orchestrated rollback (live or replayed): restore `ckpt`,
+        undo the versions after it up to `last_bad`, forget their replayed samples, and count
+        the restored weights as a new version (samplers load only newer ones)."""
+        restore_training(run, ckpt)
+        self.ranges.append((checkpoint_step(ckpt) + 1, last_bad))
+        if run.replay is not None:
+            ranges = self.ranges
+            run.replay.discard(
+                lambda s: any(lo <= v <= hi for lo, hi in ranges for v in s.versions_T)
+            )
+        run.trainer.version += 1
+        run.engine.version = run.eval_engine.version = run.trainer.version
+
+
 def orchestrated_rollback(
     run: Run, learner: RunLearner, orch: Orchestrator
 ) -> Callable[[Path, int], None]:
     """Rollback for an orchestrated schedule: restore, publish the restored weights as a new
-    version (samplers load only newer ones), and discard every group with a token of the
-    undone versions: those already received now, those still in flight when they arrive
-    (ledger: `discarded`)."""
-    undone_ranges: list[tuple[int, int]] = []
-
-    def reject(group: Group) -> bool:
-        return any(undone(group, lo, hi) for lo, hi in undone_ranges)
+    version, and discard every group with a token of the undone versions: those already
+    received now, those still in flight when they arrive (ledger: `discarded`)."""
+    done = Undone()
 
     def go(ckpt: Path, last_bad: int) -> None:
-        restore_training(run, ckpt)
-        undone_ranges.append((checkpoint_step(ckpt) + 1, last_bad))
-        if run.replay is not None:
-            run.replay.discard(
-                lambda s: any(lo <= v <= hi for lo, hi in undone_ranges for v in s.versions_T)
-            )
-        run.trainer.version += 1  # the restored weights are a new version
-        run.engine.version = run.eval_engine.version = run.trainer.version
+        done.undo(run, ckpt, last_bad)
         learner.publish(orch.ch)
-        orch.reject = reject
+        orch.reject = done.rejects
         st = orch.state
-        before = len(st.window) + sum(len(v) for v in st.batches.values())
-        st.window = [p for p in st.window if not reject(p[1])]
+        kept = [p for p in st.window if not done.rejects(p[1])]
+        gone = [p[1] for p in st.window if done.rejects(p[1])]
+        st.window = kept
         for b in st.batches:
-            st.batches[b] = [p for p in st.batches[b] if not reject(p[1])]
-        gone = before - len(st.window) - sum(len(v) for v in st.batches.values())
-        run.ledger.discarded += gone
+            gone += [p[1] for p in st.batches[b] if done.rejects(p[1])]
+            st.batches[b] = [p for p in st.batches[b] if not done.rejects(p[1])]
+        run.ledger.discarded += len(gone)
+        if orch.recorder is not None:
+            orch.recorder.rollback(checkpoint_step(ckpt), last_bad, gone)
         if not orch.fixed:
-            st.out_of_bound += gone  # their places in the admission bound are free again
+            st.out_of_bound += len(gone)  # their places in the admission bound are free again
         orch.issue()
 
     return go
