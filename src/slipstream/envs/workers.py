@@ -36,11 +36,11 @@ from multiprocessing.process import BaseProcess
 from typing import Literal, Protocol
 
 from slipstream.envs.base import Env, EnvFactory, Observation, StepResult, resolve
+from slipstream.runtime import processes
 from slipstream.types import Prompt
 
 Isolation = Literal["process", "thread"]
 Outcome = tuple[Observation | StepResult, float]  # what a step gave, seconds in the worker
-_PRELOAD = ["slipstream.envs", "slipstream.schedule.agentic"]
 
 
 class EnvError(RuntimeError):
@@ -207,9 +207,7 @@ class ProcessWorkers:
 
     def __init__(self, factory: EnvFactory, n: int) -> None:
         self.factory = factory
-        self.ctx = mp.get_context("forkserver")
-        with contextlib.suppress(ValueError, RuntimeError):
-            self.ctx.set_forkserver_preload(_PRELOAD)
+        self.ctx = processes.context()
         self.workers = [self._spawn() for _ in range(n)]
         self.home: dict[Hashable, int] = {}  # episode -> index of the worker holding its env
         self.lost: dict[Hashable, str] = {}  # episodes whose worker died: why

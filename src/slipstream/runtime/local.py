@@ -1,7 +1,8 @@
 """The local runtime: the trainer in this process, N sampler processes beside it.
 
-Processes are started with `spawn` (a clean interpreter: no forked torch thread pools or
-locks), each with its own torch thread count. Prompt requests and finished groups travel
+Processes are forked from a fork server that imported torch once (`runtime.processes`: as
+isolated as `spawn`, no forked torch thread pools or locks, and started in milliseconds
+instead of seconds), each with its own torch thread count. Prompt requests and finished groups travel
 through bounded multiprocessing queues, one pair per sampler (`channels` says why), weights
 through `SharedWeights`. A sampler that dies is replaced by `check()` (fresh queues, latest
 weights); the orchestrator issues its requests again.
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 import torch
 import torch.multiprocessing as mp
 
+from slipstream.runtime import processes
 from slipstream.runtime.channels import (
     ChannelEnd,
     Channels,
@@ -250,7 +252,7 @@ class LocalRuntime:
         sampler_env: list[dict[str, str]] | None = None,
         weight_devices: list[str] | None = None,
     ) -> None:
-        self.ctx = mp.get_context("spawn")
+        self.ctx = processes.context()  # forked from a server that imported torch once
         self.sampler_env = sampler_env  # per sampler, set in its process (runtime.placement)
         self.num_samplers = num_samplers
         self.threads = threads_per_sampler

@@ -1,0 +1,32 @@
+"""How the library starts its worker processes (samplers, environment workers): from a fork
+server that imported torch and the workers' modules once.
+
+`spawn` starts a clean interpreter per process, which then imports torch and the library
+again: 2.5 to 4 s of CPU on this repository's 2-core machine, paid at every start and at every
+restart of a crashed sampler. A fork server (`multiprocessing`'s `forkserver`) is such a clean
+interpreter started once per parent process; it imports `PRELOAD` and does nothing else (no
+torch op runs in it, so no thread pool or lock exists to be forked), and each new process is a
+fork of it: started in milliseconds, with the same isolation from the parent as `spawn` (no
+memory of the parent's, nothing of its CUDA state). A worker sets its own environment
+(`CUDA_VISIBLE_DEVICES`, thread counts) in its entry function, before anything touches CUDA:
+the fork server's environment is the parent's when it started, not at each start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+from multiprocessing.context import ForkServerContext
+
+PRELOAD = ["torch", "slipstream.schedule.sampler", "slipstream.envs", "slipstream.schedule.agentic"]
+"""Imported once by the fork server: what a sampler and an environment worker import."""
+
+
+def context() -> ForkServerContext:
+    """The `forkserver` context, with `PRELOAD` (which takes effect when the server starts:
+    the first process a parent starts through it)."""
+    ctx = mp.get_context("forkserver")
+    assert isinstance(ctx, ForkServerContext)
+    with contextlib.suppress(ValueError, RuntimeError):
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
