@@ -62,6 +62,21 @@ CASES = {
         'schedule.lag_policy="keep"',
         "runtime.num_samplers=2",
     ],
+    "pipeline-auto-2samplers": [  # K tuned at window boundaries (it reads the trainer's wait)
+        'schedule.name="pipeline"',
+        'schedule.max_lag="auto"',
+        "schedule.auto_wait_min=0",
+        "runtime.num_samplers=2",
+    ],
+    "pipeline-auto-rollback": [  # a 30x lr spike at step 3; step_kl's rollback to step 2
+        'schedule.name="pipeline"',
+        'schedule.max_lag="auto"',
+        "schedule.auto_wait_min=0",
+        "watchdog.enabled=true",
+        "watchdog.inject_lr_spike_at=3",
+        "watchdog.inject_lr_spike_steps=1",
+        'watchdog.actions={step_kl="rollback"}',
+    ],
 }
 REWARD = "def odd(prompt, completion):\n    return float(len(completion) % 2)\n"
 
