@@ -84,3 +84,21 @@ def test_a_run_resumed_after_a_rollback_goes_on_with_the_watchdogs_state(tmp_pat
     assert a["step"] == b["step"] == 6
     assert b["watchdog/lr_scale"] == a["watchdog/lr_scale"] < 1.0
     assert b["train/loss"] == a["train/loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["inprocess", "pipeline"])
+def test_a_run_that_rolls_back_at_its_last_step_reports_the_restored_weights(tmp_path, loop):
+    """The spike at step 4 of 4 is rolled back to step 3's checkpoint and the run ends there
+    (the version count reached `run.steps`): its final held-out accuracy is measured on those
+    restored weights, so it equals step 3's evaluation, not the collapsed step 4's (which was
+    evaluated before the rollback)."""
+    from slipstream.schedule.launch import train_async
+
+    extra = ['schedule.name="pipeline"', 'runtime.kind="local"'] if loop == "pipeline" else []
+    cfg = small_cfg(tmp_path, loop, *extra, *SPIKE, steps=4)
+    summary = (train_async if extra else train_sync)(cfg)
+    assert summary["watchdog"]["rollbacks"] == 1
+    recs = {r["step"]: r for r in read_jsonl(tmp_path / loop / "metrics.jsonl")}
+    assert recs[4]["watchdog/action"] == "rollback"
+    assert summary["heldout_acc_end"] == recs[3]["heldout_acc"] != recs[4]["heldout_acc"]

@@ -24,7 +24,12 @@ import torch
 from slipstream.runtime.channels import Channels
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.setup import COUNTERS, Run
-from slipstream.schedule.sync import checkpoint, checkpoint_due, observe_step
+from slipstream.schedule.sync import (
+    checkpoint,
+    checkpoint_due,
+    ends_on_restored_weights,
+    observe_step,
+)
 from slipstream.schedule.watchdog import Watchdog
 from slipstream.types import Group, Prompt
 
@@ -108,6 +113,8 @@ class RunLearner:
                 record["heldout_acc"] = acc
                 record.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         observe_step(run, self.watchdog, record, groups)
+        if ends_on_restored_weights(run, record):
+            self.evaluate(self.version)  # the final accuracy is the final weights'
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)

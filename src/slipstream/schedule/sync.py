@@ -90,6 +90,8 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
                 metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
         observe_step(run, wd, record, groups)
+        if ends_on_restored_weights(run, record):
+            acc = run.evaluate()
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)
@@ -156,6 +158,16 @@ def observe_step(
         run.info["watchdog"] = wd.summary()
     if run.forecast is not None:
         record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
+
+
+def ends_on_restored_weights(run: Run, record: dict[str, Any]) -> bool:
+    """The watchdog rolled back at this step and the run has no step left (an orchestrated
+    rollback moves the version on by one): the run ends on the restored weights, which the
+    step's evaluation, made before the rollback, did not measure. Logs it."""
+    if record.get("watchdog/action") != "rollback" or run.trainer.version < run.cfg.run.steps:
+        return False
+    run.view.log("watchdog: the run ends on the restored weights; evaluating them")
+    return True
 
 
 def checkpoint_due(run: Run, wd: Watchdog | None, step: int) -> bool:
