@@ -139,7 +139,7 @@ def test_process_worker_killed_while_idle_fails_the_next_step_instead_of_hanging
 
 class _ExitsOnUnpickle:
     """A factory a fresh worker cannot even receive: unpickling it exits the process (as a
-    worker does whose main module cannot be imported again, e.g. a script read from stdin)."""
+    worker does whose main module cannot be imported again)."""
 
     def __reduce__(self):
         return (os._exit, (1,))
@@ -154,7 +154,9 @@ def test_workers_that_exit_at_start_stop_the_run_with_a_clear_error() -> None:
         ((row, key, _),) = _rows({"e": "ok"})
         workers.first(key, row)
         deadline = time.monotonic() + 30
-        with pytest.raises(WorkersCannotStart, match=r'not from stdin.*env.isolation="thread"'):
+        with pytest.raises(
+            WorkersCannotStart, match=r'if __name__ == "__main__".*env.isolation="thread"'
+        ):
             while time.monotonic() < deadline:
                 workers.pump(0.1)
                 if workers.workers[0].running is None:

@@ -225,7 +225,7 @@ class ProcessWorkers:
         daemon = config.get("daemon")
         config["daemon"] = False
         try:
-            proc.start()
+            processes.start(proc)
         finally:
             config["daemon"] = daemon
         theirs.close()
@@ -361,10 +361,10 @@ class ProcessWorkers:
             if self.start_failures >= START_FAILURES:
                 raise WorkersCannotStart(
                     f"environment workers exit before their first reply ({why}, "
-                    f"{self.start_failures} in a row). They are forked from a forkserver "
-                    "that imports the main module again: run the training from a file "
-                    '(`python train.py`, under `if __name__ == "__main__":`), not from stdin, '
-                    "and check that the env factory unpickles; or set "
+                    f"{self.start_failures} in a row). They are forked from a fork server "
+                    "that imports the main module again: check that the training script runs "
+                    'its work under `if __name__ == "__main__":` and that the env factory '
+                    "unpickles (importable, not defined in the main script); or set "
                     'env.isolation="thread"'
                 )
         ops = [*([w.running] if w.running else []), *w.queue]

@@ -289,7 +289,7 @@ class LocalRuntime:
             name=f"slipstream-sampler{i}",
             daemon=True,
         )
-        p.start()
+        processes.start(p)
         return p
 
     def start(self, factory: WorkerFactory) -> None:
