@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from tests.tiny import read_jsonl
+from tests.tiny import read_jsonl, write_assets
 
 from slipstream.config import Config, load_config
 from slipstream.schedule.sync import train_sync
 
+REWARD = "def odd(prompt, completion):\n    return float(len(completion) % 2)\n"
 
-def small_cfg(tmp_path, name: str, *extra: str, steps: int) -> Config:
-    """The default (cached) warm start, whose 10 % accuracy gives the rewards a variance (the
-    tests' 30-step warm start scores 0: no gradient, and a spike would move nothing)."""
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> Path:
+    return write_assets(tmp_path_factory.mktemp("assets"), REWARD)
+
+
+def small_cfg(tmp_path: Path, assets: Path, name: str, *extra: str, steps: int) -> Config:
+    """A random model of the built-in shape with wide weights and a reward it earns about half
+    the time (odd-length completions): rewards vary from the first step, with no warm start,
+    so nothing depends on what the warm-start cache holds (an empty one on a fresh machine)."""
     return load_config(None, [
         f'run.dir="{tmp_path / name}"', f"run.steps={steps}", "run.quiet=true", "run.threads=1",
-        "trainer.batch_prompts=8", "sampling.group_size=4", "eval.every=3", "eval.num_prompts=16",
-        "filters.zero_variance=false", *extra,
+        f'model.path="{assets / "model"}"', 'task.kind="jsonl"',
+        f'task.path="{assets / "rows.jsonl"}"', f'task.reward="{assets / "reward.py"}:odd"',
+        "sampling.max_new_tokens=16", "trainer.batch_prompts=8", "sampling.group_size=4",
+        "eval.every=3", "eval.num_prompts=16", "filters.zero_variance=false", *extra,
     ])  # fmt: skip
 
 
@@ -34,8 +45,8 @@ SPIKE = [
 
 
 @pytest.mark.slow
-def test_sync_loop_rolls_back_an_lr_spike(tmp_path):
-    cfg = small_cfg(tmp_path, "wd", *SPIKE, steps=6)
+def test_sync_loop_rolls_back_an_lr_spike(tmp_path, assets):
+    cfg = small_cfg(tmp_path, assets, "wd", *SPIKE, steps=6)
     summary = train_sync(cfg)
     wd = summary["watchdog"]
     assert wd["rollbacks"] >= 1, wd
@@ -51,11 +62,11 @@ def test_sync_loop_rolls_back_an_lr_spike(tmp_path):
 
 
 @pytest.mark.slow
-def test_pipeline_auto_lag_and_rollback(tmp_path):
+def test_pipeline_auto_lag_and_rollback(tmp_path, assets):
     from slipstream.schedule.launch import train_async
 
     cfg = small_cfg(
-        tmp_path, "auto", 'schedule.name="pipeline"', 'schedule.max_lag="auto"',
+        tmp_path, assets, "auto", 'schedule.name="pipeline"', 'schedule.max_lag="auto"',
         'runtime.kind="local"', "schedule.max_lag_max=3", "schedule.auto_patience=1", *SPIKE,
         steps=8,
     )  # fmt: skip
@@ -68,13 +79,13 @@ def test_pipeline_auto_lag_and_rollback(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_resumed_after_a_rollback_goes_on_with_the_watchdogs_state(tmp_path):
+def test_a_run_resumed_after_a_rollback_goes_on_with_the_watchdogs_state(tmp_path, assets):
     """The rollback at step 4 halves the learning rate, which then climbs back; a run stopped
     at step 5 and resumed for step 6 must train step 6 as the unbroken run does (same
     multiplier, same rollback count, same loss), not with a fresh watchdog."""
-    whole = train_sync(small_cfg(tmp_path, "whole", *SPIKE, steps=6))
-    train_sync(small_cfg(tmp_path, "cut", *SPIKE, steps=5))
-    resumed = train_sync(small_cfg(tmp_path, "cut", *SPIKE, steps=6), resume=True)
+    whole = train_sync(small_cfg(tmp_path, assets, "whole", *SPIKE, steps=6))
+    train_sync(small_cfg(tmp_path, assets, "cut", *SPIKE, steps=5))
+    resumed = train_sync(small_cfg(tmp_path, assets, "cut", *SPIKE, steps=6), resume=True)
     assert whole["watchdog"]["rollbacks"] == resumed["watchdog"]["rollbacks"] == 1
 
     def last(name: str) -> dict:
@@ -88,7 +99,9 @@ def test_a_run_resumed_after_a_rollback_goes_on_with_the_watchdogs_state(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["inprocess", "pipeline"])
-def test_a_run_that_rolls_back_at_its_last_step_reports_the_restored_weights(tmp_path, loop):
+def test_a_run_that_rolls_back_at_its_last_step_reports_the_restored_weights(
+    tmp_path, assets, loop
+):
     """The spike at step 4 of 4 is rolled back to step 3's checkpoint and the run ends there
     (the version count reached `run.steps`): its final held-out accuracy is measured on those
     restored weights, so it equals step 3's evaluation, not the collapsed step 4's (which was
@@ -96,7 +109,7 @@ def test_a_run_that_rolls_back_at_its_last_step_reports_the_restored_weights(tmp
     from slipstream.schedule.launch import train_async
 
     extra = ['schedule.name="pipeline"', 'runtime.kind="local"'] if loop == "pipeline" else []
-    cfg = small_cfg(tmp_path, loop, *extra, *SPIKE, steps=4)
+    cfg = small_cfg(tmp_path, assets, loop, *extra, *SPIKE, steps=4)
     summary = (train_async if extra else train_sync)(cfg)
     assert summary["watchdog"]["rollbacks"] == 1
     recs = {r["step"]: r for r in read_jsonl(tmp_path / loop / "metrics.jsonl")}

@@ -42,7 +42,7 @@ from slipstream.schedule.episodes import Episode, EpisodeRunner, run_episodes
 from slipstream.tasks.arithmetic import RunningSums
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import unguarded
-from slipstream.train.warmstart import warm_start, ws_seed
+from slipstream.train.warmstart import warm_start, warmstart_evaluation, ws_seed
 from slipstream.types import Group, Prompt, Sample
 
 TOOLS_WARMSTART = "tools2"  # the agentic task's warm-start cache entry (bump on changes)
@@ -122,7 +122,7 @@ def warm_start_tools(
     )
     model, tok, info = warm_start(
         sums, cfg.warmstart.for_task("builtin_tools"), ws_seed(cfg), evaluate, report, init=init, make_sample=trace,
-        tag=TOOLS_WARMSTART,
+        tag=TOOLS_WARMSTART, evaluation=warmstart_evaluation(cfg),
     )  # fmt: skip
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"

@@ -61,7 +61,7 @@ from slipstream.tasks.jsonl import BUILTIN_REWARDS
 from slipstream.tasks.rewards import CombinedReward, RewardPart
 from slipstream.tasks.rows import read_prompts
 from slipstream.train.trainer import Trainer
-from slipstream.train.warmstart import warm_start, ws_seed
+from slipstream.train.warmstart import warm_start, warmstart_evaluation, ws_seed
 from slipstream.types import FinishReason, Group, Prompt
 
 if TYPE_CHECKING:
@@ -469,7 +469,9 @@ def build_model(
 
     view.log("warm start of the built-in model (cached after the first run)...")
     ws = cfg.warmstart.for_task("builtin")
-    model, tok, info = warm_start(builtin, ws, ws_seed(cfg), evaluate, report)
+    model, tok, info = warm_start(
+        builtin, ws, ws_seed(cfg), evaluate, report, evaluation=warmstart_evaluation(cfg)
+    )
     tok = tok.with_stop_strings(cfg.sampling.stop)
     view.log(
         f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"

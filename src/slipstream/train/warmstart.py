@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from slipstream.config import Config, WarmstartConfig
+from slipstream.config.data import EvalConfig, SamplingConfig
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer, save_pretrained
 from slipstream.model.builtin import init_builtin
 from slipstream.tasks.arithmetic import RunningSums
@@ -52,7 +53,11 @@ def cache_key(
     seed: int,
     init: Callable[[int], tuple[CausalLM, Tokenizer]] = init_builtin,
     tag: str = "",
+    evaluation: dict[str, int] | None = None,
 ) -> str:
+    """The cache entry of a warm start: everything its weights depend on. `evaluation`: the
+    held-out evaluation its stopping rule reads (prompts, new tokens), when it is not the
+    default one (the default's entries keep the keys they had)."""
     model, _tok = init(seed)
     spec: dict[str, Any] = {
         "v": CACHE_VERSION,
@@ -66,6 +71,8 @@ def cache_key(
     }
     if tag:  # another task's warm start (the built-in task's keys stay as they were)
         spec["tag"] = tag
+    if evaluation:  # a smaller evaluation stops earlier, at a weaker model: its own entry
+        spec["eval"] = evaluation
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -112,17 +119,19 @@ def warm_start(
     init: Callable[[int], tuple[CausalLM, Tokenizer]] = init_builtin,
     make_sample: Callable[[Prompt, Tokenizer], Sample] = supervised_sample,
     tag: str = "",
+    evaluation: dict[str, int] | None = None,
 ) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
     """The warm-started built-in model: from the cache, or trained now and cached atomically.
 
     `init`, `make_sample` and `tag` make it another task's (the agentic task's: its alphabet,
-    its scripted tool-using traces, its own cache entry)."""
+    its scripted tool-using traces, its own cache entry); `evaluation` describes what
+    `evaluate` reads when it is not the default (`cache_key`)."""
     cfg = cfg.for_task("builtin")  # (a target the caller left unset: the built-in task's)
     target = cfg.target_acc
     assert target is not None
     folder = (
         cache_root(cfg)
-        / f"builtin-{tag + '-' if tag else ''}{cache_key(task, cfg, seed, init, tag)}"
+        / f"builtin-{tag + '-' if tag else ''}{cache_key(task, cfg, seed, init, tag, evaluation)}"
     )
     if (folder / "warmstart.json").exists():
         info = json.loads((folder / "warmstart.json").read_text())
@@ -156,3 +165,16 @@ def warm_start(
     except OSError:  # another process cached it first
         shutil.rmtree(tmp, ignore_errors=True)
     return model.eval(), tok, {**info, "cached": False}
+
+
+def warmstart_evaluation(cfg: Config) -> dict[str, int] | None:
+    """What the warm start's stopping rule reads, for its cache key: the held-out prompts and
+    new tokens of each evaluation, when either is not the default (None then: the default
+    entries keep their keys). A 16-prompt evaluation stops at a weaker model, which must not
+    be cached as the default's."""
+    got = {"prompts": cfg.eval.num_prompts, "max_new_tokens": cfg.sampling.max_new_tokens}
+    default = {
+        "prompts": EvalConfig().num_prompts,
+        "max_new_tokens": SamplingConfig().max_new_tokens,
+    }
+    return None if got == default else got
