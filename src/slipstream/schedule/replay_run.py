@@ -151,7 +151,15 @@ def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Confi
 class TrainerReplay:
     """The trainer process of a recorded run, re-executed with its samplers (see module)."""
 
-    def __init__(self, cfg: Config, meta: dict[str, Any], record: Path, exact: bool) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        meta: dict[str, Any],
+        record: Path,
+        events: list[dict[str, Any]],
+        exact: bool,
+    ) -> None:
+        """`events`: the record's trainer.jsonl, read by the caller (`replay` checks it)."""
         from slipstream.schedule.learner import RunLearner
         from slipstream.schedule.presets import preset
         from slipstream.schedule.sampler import SamplerSpec
@@ -191,7 +199,7 @@ class TrainerReplay:
             for i in range(n)
         ]
         torch.set_num_threads(self.threads)
-        self.events = read_jsonl(record / "trainer.jsonl")
+        self.events = events
         self.stats = StepStats()
         self.window: dict[int, Group] = {}
         self.kept: list[Group] = []
@@ -417,11 +425,8 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
     meta = read_meta(run_dir)
     path = _out_dir(run_dir, out)
     cfg, changed = replay_config(run_dir, overrides, path)
-    rollbacks = [
-        e["bad"]
-        for e in read_jsonl(run_dir / "schedule" / "trainer.jsonl")
-        if e["e"] == "rollback" and e["bad"] <= cfg.run.steps
-    ]
+    events = read_jsonl(run_dir / "schedule" / "trainer.jsonl")
+    rollbacks = [e["bad"] for e in events if e["e"] == "rollback" and e["bad"] <= cfg.run.steps]
     if changed and rollbacks:
         raise ConfigError(
             f"replay: the record holds a watchdog rollback at step {rollbacks[0]}, which a replay "
@@ -430,7 +435,7 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
         )
     meta["run_dir"] = str(run_dir)
     t0 = time.perf_counter()
-    TrainerReplay(cfg, meta, run_dir / "schedule", exact=not changed).run_all()
+    TrainerReplay(cfg, meta, run_dir / "schedule", events, exact=not changed).run_all()
     wall = time.perf_counter() - t0
     result = {"out": str(path), "changed": changed, "replay_wall_s": wall, **compare(run_dir, path)}
     summary = run_dir / "summary.json"

@@ -339,12 +339,21 @@ def orchestrated_rollback(
         learner.publish(orch.ch)
         orch.reject = done.rejects
         st = orch.state
-        kept = [p for p in st.window if not done.rejects(p[1])]
-        gone = [p[1] for p in st.window if done.rejects(p[1])]
-        st.window = kept
+        gone: list[Group] = []
+
+        def keep(pairs: list[tuple[int, Group]]) -> list[tuple[int, Group]]:
+            """The pairs whose group survives; the others' groups go to `gone`."""
+            kept = []
+            for p in pairs:
+                if done.rejects(p[1]):
+                    gone.append(p[1])
+                else:
+                    kept.append(p)
+            return kept
+
+        st.window = keep(st.window)
         for b in st.batches:
-            gone += [p[1] for p in st.batches[b] if done.rejects(p[1])]
-            st.batches[b] = [p for p in st.batches[b] if not done.rejects(p[1])]
+            st.batches[b] = keep(st.batches[b])
         run.ledger.discarded += len(gone)
         if orch.recorder is not None:
             orch.recorder.rollback(checkpoint_step(ckpt), last_bad, gone)
