@@ -300,3 +300,32 @@ def test_the_record_and_the_replay_discard_the_same_groups_after_a_rollback(tmp_
         r._group({**events[1], "g": 9, "v": "window"}, bad)
     with pytest.raises(Diverged, match="group 10 discarded"):  # recorded as discarded
         r._group({**events[1], "g": 10, "ver": [[[2, 2]]]}, old)
+
+
+def test_a_rollback_in_the_replay_does_not_discard_the_groups_of_a_window_that_kept_nothing():
+    """A window whose groups the filters all dropped closes without a step: the orchestrator
+    forgets its groups, so a later rollback cannot discard them. The replay did keep them in
+    its windows: a rollback then counted them `discarded` as well (ledger off by their
+    number) and an exact replay raised Diverged on the rollback event."""
+    from types import SimpleNamespace
+
+    from slipstream.schedule.ledger import Ledger
+    from slipstream.schedule.replay_run import TrainerReplay
+    from slipstream.schedule.watchdog import Undone
+
+    class Rollback(Undone):
+        def undo(self, run, ckpt, last_bad):  # the trainer's side is not under test here
+            self.ranges.append((3, last_bad))
+
+    r = TrainerReplay.__new__(TrainerReplay)
+    filtered = {5: _group_of_versions("a", [3]), 6: _group_of_versions("b", [3])}
+    waiting = _group_of_versions("c", [4])
+    r.window, r.settled, r.kept, r.undone = dict(filtered), {}, [], Rollback()
+    r.learner = SimpleNamespace(ledger=Ledger(), version=4, settle=lambda groups: [])
+    r.run = SimpleNamespace(model=torch.nn.Linear(1, 1))
+    r.store = SimpleNamespace(publish=lambda version, params: None)
+    r._settle({"e": "settle", "g": [5, 6]})  # kept nothing: no train, no after
+    r.window[7] = waiting
+    r._rollback(Path("step_000002"), 4)
+    assert r.rolled_back == [7] and r.learner.ledger.discarded == 1
+    r._rolled_back({"e": "rollback", "ckpt": 2, "bad": 4, "g": [7]})  # as recorded: no raise

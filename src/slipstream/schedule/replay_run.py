@@ -202,6 +202,10 @@ class TrainerReplay:
         self.events = events
         self.stats = StepStats()
         self.window: dict[int, Group] = {}
+        # taken out of the windows by settling, until their step's `after` names them; a
+        # window that kept nothing reaches no `after`: the next one forgets its groups, as
+        # the orchestrator does (they never again sit in a window a rollback searches)
+        self.settled: dict[int, Group] = {}
         self.kept: list[Group] = []
         self.started = False
         self.issued = self.popped = 0
@@ -320,7 +324,9 @@ class TrainerReplay:
         self.issued += 1
 
     def _settle(self, e: dict[str, Any]) -> None:
-        self.kept += self.learner.settle([self.window[g] for g in e["g"]])
+        groups = [self.window.pop(g) for g in e["g"]]
+        self.settled.update(zip(e["g"], groups))
+        self.kept += self.learner.settle(groups)
 
     def _train(self, e: dict[str, Any]) -> None:
         kept, self.kept = self.kept, []
@@ -344,7 +350,8 @@ class TrainerReplay:
     def _after(self, e: dict[str, Any]) -> None:
         assert self._step is not None
         _, metrics, lag, t_train = self._step
-        groups = [self.window.pop(g) for g in e["g"]]
+        groups = [self.settled.pop(g) for g in e["g"]]
+        self.settled.clear()  # those of windows that kept nothing since the last step
         v = self.learner.version
         record = {
             "step": v,
