@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -131,3 +132,18 @@ def test_lag_control_state_round_trip():
     other = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
     other.load_state_dict(ctl.state_dict())
     assert other.state_dict() == ctl.state_dict() and other.auto.k == 4
+
+
+def test_a_restored_controller_decides_as_the_unbroken_one():
+    """The checkpoint holds the windows measured under the current K and their averages:
+    restored after one window of a patience of 2, the controller changes K at the next
+    window, as the unbroken one does (it waited `patience` windows more, on averages
+    restarted from nothing, and numbered its windows from 0 again)."""
+    rule = AutoLagRule(k_max=8, patience=2)
+    ctl = LagControl(AutoLag(rule, k=1), fixed_k=0)
+    rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
+    ctl({**rec, "staleness/ess_token": 0.95})
+    other = LagControl(AutoLag(rule, k=1), fixed_k=0)
+    other.load_state_dict(json.loads(json.dumps(ctl.state_dict())))  # as a checkpoint holds it
+    assert [ctl(dict(rec)) for _ in range(3)] == [other(dict(rec)) for _ in range(3)]
+    assert ctl.auto.ess == other.auto.ess and ctl.auto.changes == other.auto.changes

@@ -122,11 +122,23 @@ class AutoLag:
         return decision
 
     def state_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "ceiling": self.ceiling, "changes": [list(c) for c in self.changes]}
+        """All the controller's future depends on: K, the ceiling, the changes, and the
+        windows under the current K with their running averages (patience and the next
+        decision read them)."""
+        return {
+            "k": self.k,
+            "ceiling": self.ceiling,
+            "changes": [list(c) for c in self.changes],
+            "since_change": self.since_change,
+            "windows": self.windows,
+            "averages": [self.ess, self.kl, self.wait],
+        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.k, self.ceiling = int(d["k"]), int(d["ceiling"])
         self.changes = [(int(w), int(k), str(r)) for w, k, r in d.get("changes", [])]
+        self.since_change, self.windows = int(d.get("since_change", 0)), int(d.get("windows", 0))
+        self.ess, self.kl, self.wait = d.get("averages", [None, None, None])
 
 
 class LagControl:
