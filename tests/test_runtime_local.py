@@ -63,6 +63,37 @@ def _assert_gone(rt: LocalRuntime) -> None:
     assert not [p for p in mp.active_children() if p.name.startswith("slipstream-sampler")]
 
 
+class _Proc:
+    """A sampler process as `check` and `shutdown` see it, without a process."""
+
+    pid = 0
+
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_a_restart_closes_the_dead_sampler_s_inbox():
+    """The dead sampler's inbox holds the requests it never read. Left open, its feeder
+    thread blocks once they fill the pipe (64 KiB), and Python's exit joins that thread: the
+    trainer process hung at exit after the run (a queue holding 200 KB nobody reads, dropped
+    unclosed, keeps `python` from exiting). `check` closes it without waiting on the feeder."""
+    rt = _runtime(1)
+    rt.procs = [_Proc(exitcode=-9)]  # killed
+    rt.merged.attach(0, rt.outboxes[0])
+    rt._spawn = lambda i: _Proc(exitcode=None)  # type: ignore[method-assign]
+    old = rt.inboxes[0]
+    assert old.put(["a request"], timeout=1.0)  # its feeder thread runs
+    assert rt.check() == [0] and rt.inboxes[0] is not old
+    assert old._q._closed and old._q._joincancelled  # multiprocessing.Queue: exit won't join
+    rt.shutdown()
+
+
 def test_default_threads_split_the_cores():
     assert default_threads(1, cores=2) == 1
     assert default_threads(1, cores=8) == 4

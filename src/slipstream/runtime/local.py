@@ -324,7 +324,10 @@ class LocalRuntime:
                     f"restarted {self.restarts[i]} times (runtime.max_restarts)"
                 )
             self.restarts[i] += 1
-            # fresh queues: the old ones may hold a torn message or a lock the dead one held
+            # fresh queues: the old ones may hold a torn message or a lock the dead one held.
+            # The old inbox is closed: its feeder thread may be blocked on a pipe full of
+            # requests nobody reads, and Python's exit would join it (the run never exits)
+            self.inboxes[i].close()
             self.inboxes[i] = QueueChannel(self.ctx.Queue(self.prompt_queue))
             self.outboxes[i] = QueueChannel(self.ctx.Queue(self.group_queue))
             router = self.channels.prompts
