@@ -103,12 +103,13 @@ def test_lag_control_logs_every_change_and_the_watchdog_tighten():
     r = dict(rec)
     ctl(r)
     assert r["schedule/max_lag"] == 4 and r["schedule/max_lag_reason"] == "trainer_waits"  # 2K
-    ctl.tighten(2)
+    ctl.tighten(2, r)  # the watchdog, on the step record still open: the next window K = 0
+    assert r["schedule/max_lag"] == 0 and r["schedule/max_lag_reason"] == "watchdog_tighten"
+    assert ctl.current == 0
     r = dict(rec)
-    assert ctl(r) == 0 and r["schedule/max_lag_reason"] == "watchdog_tighten"
-    assert ctl(dict(rec)) == 0
+    assert ctl(r) == 0 and "schedule/max_lag_reason" not in r  # 2 windows under K = 0
     r = dict(rec)
-    assert ctl(r) > 0 and "schedule/max_lag_reason" in r
+    assert ctl(r) > 0 and r["schedule/max_lag_reason"] == "tighten_over"
 
 
 def test_config():
@@ -128,7 +129,7 @@ def test_lag_control_state_round_trip():
     ctl = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
     for _ in range(3):
         ctl({"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5})
-    ctl.tighten(2)
+    ctl.tighten(2, {})
     other = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
     other.load_state_dict(ctl.state_dict())
     assert other.state_dict() == ctl.state_dict() and other.auto.k == 4

@@ -441,3 +441,27 @@ def test_min_lag_goes_on_through_windows_that_train_nothing():
     # by versions would wait forever; by windows the run trains its 8 steps
     lags, learner = _min_lag_run(in_flight=False, filtered=frozenset(range(4, 12)))
     assert len(lags) == 8 and learner.ledger.filtered["fake"] == 8
+
+
+def test_a_watchdog_tighten_puts_the_next_window_under_k0():
+    """`tighten` at step 1 (the learning rate is lowered from step 2): window 2 is under
+    K = 0 too. Its version-0 groups, lag 1 at version 1, are stale under `drop`; K stayed 2
+    for one window more (trained at lag 1), and K = 0 began a window late."""
+    from slipstream.schedule.auto_lag import LagControl, tighten_hook
+
+    events, orch, learner = _bare("async", max_lag=2)
+    orch.lag_control = ctl = LagControl(None, fixed_k=2)
+    hook, records = tighten_hook(ctl, orch), []
+
+    def after_step(record: dict, groups: list[Group]) -> None:
+        if record["step"] == 1:
+            hook(3, record)  # as the watchdog calls it, before the record is written
+        records.append(record)
+
+    learner.after_step = after_step  # type: ignore[method-assign]
+    _arrive(orch, 2 * B, version=0)
+    orch._close_ready_windows()
+    assert [e[3] for e in events if e[0] == "train"] == [0]
+    assert learner.ledger.stale == B and orch.spec.max_lag == 0
+    assert records[0]["schedule/max_lag"] == 0
+    assert records[0]["schedule/max_lag_reason"] == "watchdog_tighten"

@@ -329,3 +329,21 @@ def test_a_rollback_in_the_replay_does_not_discard_the_groups_of_a_window_that_k
     r._rollback(Path("step_000002"), 4)
     assert r.rolled_back == [7] and r.learner.ledger.discarded == 1
     r._rolled_back({"e": "rollback", "ckpt": 2, "bad": 4, "g": [7]})  # as recorded: no raise
+
+
+def test_the_replay_redoes_a_tighten_as_the_run_did():
+    """The record's K for the next window is taken before the watchdog sees the step; a
+    tighten then sets it to 0 in the run (`LagControl.tighten`), and the replay's watchdog
+    must do the same to the same record (else its lag histograms of that window differ)."""
+    from slipstream.schedule.auto_lag import LagControl
+    from slipstream.schedule.replay_run import TrainerReplay
+
+    ctl = LagControl(None, fixed_k=2)
+    live = {"step": 4}
+    ctl(live)
+    replayed = {"step": 4, "schedule/max_lag": live["schedule/max_lag"]}  # as `after` carries it
+    r = TrainerReplay.__new__(TrainerReplay)
+    r.k = replayed["schedule/max_lag"]
+    ctl.tighten(3, live)
+    r._tighten(3, replayed)
+    assert live == replayed and r.k == ctl.current == 0

@@ -30,11 +30,13 @@ limit cycle. tests/test_auto_lag.py drives it with a scripted ESS.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slipstream.config import Config
+    from slipstream.schedule.orchestrator import Orchestrator
 
 
 @dataclass(frozen=True)
@@ -169,9 +171,14 @@ class LagControl:
         if self.auto is not None and d.get("auto") is not None:
             self.auto.load_state_dict(d["auto"])
 
-    def tighten(self, windows: int) -> None:
-        """The watchdog's `tighten`: K = 0 from the next window, for `windows` windows."""
+    def tighten(self, windows: int, record: dict[str, Any]) -> None:
+        """The watchdog's `tighten`, from the step `record` still open (this call already
+        set its K for the next window): K = 0 from that next window on, for `windows`
+        windows, as the learning rate is lowered from the next step (`tighten_hook` hands
+        the new K to the orchestrator)."""
         self.zero_for = max(self.zero_for, windows)
+        tightened(record, self.current)
+        self.current = 0
 
     def __call__(self, record: dict[str, Any]) -> int:
         if self.auto is not None:
@@ -183,16 +190,32 @@ class LagControl:
             if d is not None:
                 self.base_k = d.k
                 record["schedule/max_lag_reason"] = d.reason
-        k = 0 if self.zero_for > 0 else self.base_k
-        if self.zero_for > 0:
+        if self.zero_for > 0:  # the window that closed ran under the watchdog's K = 0
             self.zero_for -= 1
-            if k != self.current:
-                record["schedule/max_lag_reason"] = "watchdog_tighten"
-        elif k != self.current and "schedule/max_lag_reason" not in record:
+        k = 0 if self.zero_for > 0 else self.base_k
+        if k != self.current and "schedule/max_lag_reason" not in record:
             record["schedule/max_lag_reason"] = "tighten_over"
         self.current = k
         record["schedule/max_lag"] = k
         return k
+
+
+def tightened(record: dict[str, Any], k: int) -> None:
+    """A tighten while the step `record` is open: the next window's K is 0, not `k`."""
+    if k != 0:
+        record["schedule/max_lag"] = 0
+        record["schedule/max_lag_reason"] = "watchdog_tighten"
+
+
+def tighten_hook(control: LagControl, orch: Orchestrator) -> Callable[[int, dict[str, Any]], None]:
+    """The watchdog's `tighten` on an orchestrated run: `control.tighten`, and the
+    orchestrator's K follows at once (the window after the alarm's step is under K = 0)."""
+
+    def go(windows: int, record: dict[str, Any]) -> None:
+        control.tighten(windows, record)
+        orch.spec = replace(orch.spec, max_lag=control.current)
+
+    return go
 
 
 def lag_control(cfg: Config, fixed_k: int) -> LagControl | None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slipstream.config import Config
-from slipstream.schedule.auto_lag import LagControl, lag_control
+from slipstream.schedule.auto_lag import LagControl, lag_control, tighten_hook
 from slipstream.schedule.orchestrator import Options, Orchestrator
 
 if TYPE_CHECKING:  # imported where they are used: building them starts torch work
@@ -214,7 +214,8 @@ def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, Sampler
     if control is not None:  # K of the first window; K_max sized the queues and samplers
         orch.lag_control = control
         orch.spec = replace(spec, max_lag=control.current)
-    learner.watchdog = make_watchdog(run, control.tighten if control is not None else None)
+    tighten = tighten_hook(control, orch) if control is not None else None
+    learner.watchdog = make_watchdog(run, tighten)
     if learner.watchdog is not None:
         learner.watchdog.rollback = orchestrated_rollback(run, learner, orch)
     dtype = parse_dtype(cfg.model.dtype)  # samplers hold the compute dtype, not the fp32 master

@@ -37,7 +37,7 @@ import torch
 
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.engine.stats import PASS_TIMINGS
-from slipstream.schedule.auto_lag import lag_control
+from slipstream.schedule.auto_lag import lag_control, tightened
 from slipstream.schedule.record import DECIDED, FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
 from slipstream.schedule.replay_sampler import (
     Diverged,
@@ -176,8 +176,9 @@ class TrainerReplay:
         self.k = control.current if control is not None else self.spec.max_lag
         self.learner = RunLearner(run, cfg.runtime.defer_eval, run.timeline)
         # the same alarms on the same metrics, and the learning-rate factors (spike, tighten)
-        # they set; a tighten's K = 0 comes from the record with the other K (DECIDED)
-        self.learner.watchdog = make_watchdog(run)
+        # they set; a tighten's K = 0 of the next window is redone here (the record's K of
+        # that window was taken before the watchdog saw the step), the later ones are DECIDED
+        self.learner.watchdog = make_watchdog(run, self._tighten)
         self.undone = Undone()  # a rollback's undone versions, redone here (`_rollback`)
         self.rolled_back: list[int] = []  # the groups the last one discarded from windows
         if self.learner.watchdog is not None and exact:  # (a what-if replay's only warns)
@@ -301,6 +302,12 @@ class TrainerReplay:
         for g in self.rolled_back:
             del self.window[g]
         self.learner.ledger.discarded += len(self.rolled_back)
+
+    def _tighten(self, windows: int, record: dict[str, Any]) -> None:
+        """The watchdog's `tighten` in the step `record` still open, as `LagControl.tighten`:
+        the next window's K is 0."""
+        tightened(record, self.k)
+        self.k = 0
 
     def _rolled_back(self, e: dict[str, Any]) -> None:
         self._check("groups a rollback discarded", sorted(e["g"]), sorted(self.rolled_back))

@@ -73,7 +73,7 @@ class Watchdog:
         trainer: Trainer,
         run_dir: Path,
         log: Callable[[str], None] = print,
-        tighten_lag: Callable[[int], None] | None = None,
+        tighten_lag: Callable[[int, dict[str, Any]], None] | None = None,
     ) -> None:
         self.cfg, self.trainer, self.run_dir, self.log = cfg, trainer, run_dir, log
         self.tighten_lag = tighten_lag
@@ -160,7 +160,7 @@ class Watchdog:
         if action == "rollback":
             action = self._rollback(step)
         elif action == "tighten":
-            self._tighten()
+            self._tighten(record)
         for alarm, message in found:
             self.events.append(Event(step, alarm, message, action))
             self.log(f"watchdog: step {step}: {alarm}: {message} -> {action}")
@@ -177,10 +177,12 @@ class Watchdog:
             up = (1.0 / self.cfg.rollback_lr_scale) ** (1.0 / n)
             self.rollback_scale = min(1.0, self.rollback_scale * up)
 
-    def _tighten(self) -> None:
+    def _tighten(self, record: dict[str, Any]) -> None:
+        """The next `tighten_steps` steps: the learning rate scaled, and K = 0 (the step
+        `record`, still open, says so)."""
         self.tighten_left = self.cfg.tighten_steps
         if self.tighten_lag is not None:
-            self.tighten_lag(self.cfg.tighten_steps)
+            self.tighten_lag(self.cfg.tighten_steps, record)
 
     def _rollback(self, step: int) -> str:
         target = self.target()
@@ -267,7 +269,9 @@ def undone(group: Group, first_bad: int, last_bad: int) -> bool:
 # ---- the loops' side -------------------------------------------------------------------------
 
 
-def make_watchdog(run: Run, tighten_lag: Callable[[int], None] | None = None) -> Watchdog | None:
+def make_watchdog(
+    run: Run, tighten_lag: Callable[[int, dict[str, Any]], None] | None = None
+) -> Watchdog | None:
     """The run's watchdog (None with `watchdog.enabled = false` and no injected spike; with
     the spike alone, one that only injects it); its rollback target is protected from
     `checkpoint.keep` (`Run.keep_steps`)."""
