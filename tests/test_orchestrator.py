@@ -465,3 +465,21 @@ def test_a_watchdog_tighten_puts_the_next_window_under_k0():
     assert learner.ledger.stale == B and orch.spec.max_lag == 0
     assert records[0]["schedule/max_lag"] == 0
     assert records[0]["schedule/max_lag_reason"] == "watchdog_tighten"
+
+
+def test_a_resumed_tail_batching_run_sorts_its_next_pool_as_the_unbroken_one():
+    """The checkpoint holds what tail batching learned of completion lengths: restored, the
+    next pool is ordered as the unbroken run orders it (it held none: the restored run's
+    model knew no prompt, so its first pools kept their drawn order)."""
+    import json
+
+    _, orch, _ = _orchestrate("tail_batching", steps=3)  # learned lengths 1..5 per prompt
+    again = Orchestrator(
+        preset("tail_batching", None), Options(B, G, 5, poll_s=0.001), FakeLearner([]), orch.ch
+    )
+    again.load_state_dict(json.loads(json.dumps(orch.state_dict())))
+    pool = [Prompt(f"p{i}", "x" * (1 + i % 5), None) for i in range(8)]
+    expected = [orch.lengths.expected(p) for p in pool]
+    assert len(set(expected)) > 1  # the order is the model's, not the draw's
+    assert [again.lengths.expected(p) for p in pool] == expected
+    assert again.lengths.order(pool) == orch.lengths.order(pool)

@@ -538,11 +538,11 @@ class Orchestrator:
     # ---- checkpoint ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The work in the pipeline, as JSON (`pipeline_state.to_json`); between steps only."""
-        return pipeline_state.to_json(self.state)
+        return pipeline_state.to_json(self.state, self.lengths)
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore `state_dict()` before `start`: the requests go out again first."""
-        pipeline_state.load_json(self.state, d, self.fixed)
+        pipeline_state.load_json(self.state, d, self.fixed, self.lengths)
 
     def summary(self) -> dict[str, Any]:
         """Run-level staleness and utilisation (over the whole loop)."""

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from slipstream.runtime.channels import PromptRequest
+from slipstream.schedule.tail import LengthModel
 from slipstream.types import FinishReason, Group, Prompt, Sample
 
 
@@ -45,14 +46,17 @@ class OrchestratorState:
     t_last_msg: float = 0.0
 
 
-def to_json(st: OrchestratorState) -> dict[str, Any]:
+def to_json(st: OrchestratorState, lengths: LengthModel) -> dict[str, Any]:
     """The work in the pipeline, as JSON: requests issued and not back (in flight, queued
     at a sampler, or waiting to be sent), prompts drawn and not issued, groups back and not
-    yet trained, and the counters of windows and admission. Taken between two steps (the
-    open window holds nothing then). With the run's own checkpoint, a resumed run issues
-    the same requests again and trains the same groups: nothing skipped, nothing twice."""
+    yet trained, and the counters of windows and admission; and what tail batching learned
+    of completion lengths (`lengths`: it orders the prompts drawn next). Taken between two
+    steps (the open window holds nothing then). With the run's own checkpoint, a resumed run
+    issues the same requests again and trains the same groups: nothing skipped, nothing
+    twice."""
     assert not st.step_groups and not st.kept, "checkpoint between steps only"
     return {
+        "lengths": lengths.state_dict(),
         "issued": st.issued,
         "batches_issued": st.batches_issued,
         "windows": st.windows,
@@ -67,8 +71,10 @@ def to_json(st: OrchestratorState) -> dict[str, Any]:
     }
 
 
-def load_json(st: OrchestratorState, d: dict[str, Any], fixed: bool) -> None:
-    """Restore `state_dict()` before `start`: the requests go out again first."""
+def load_json(st: OrchestratorState, d: dict[str, Any], fixed: bool, lengths: LengthModel) -> None:
+    """Restore `to_json` before `start`: the requests go out again first."""
+    if "lengths" in d:
+        lengths.load_state_dict(d["lengths"])
     st.issued, st.batches_issued, st.windows = d["issued"], d["batches_issued"], d["windows"]
     st.out_of_bound, st.consumed = d["out_of_bound"], d["consumed"]
     reqs = [_request_from_json(r) for r in d["requests"]]

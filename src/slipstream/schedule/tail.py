@@ -20,6 +20,7 @@ different slices of the task (a short batch, then a long one) instead of a rando
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from slipstream.types import Prompt
 
@@ -56,6 +57,20 @@ class LengthModel:
         if n:
             return s / n
         return self._sum / self._count if self._count else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """What it learned, as JSON (for checkpoints: a resumed run sorts as before)."""
+        return {
+            "by_prompt": dict(self._by_prompt),
+            "by_size": [[n, s, c] for n, (s, c) in self._by_size.items()],
+            "sum": self._sum,
+            "count": self._count,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self._by_prompt = {k: float(v) for k, v in d["by_prompt"].items()}
+        self._by_size = {int(n): (float(s), int(c)) for n, s, c in d["by_size"]}
+        self._sum, self._count = float(d["sum"]), int(d["count"])
 
     def order(self, prompts: Sequence[Prompt]) -> list[Prompt]:
         """`prompts` sorted by expected length, shortest first; ties keep their order."""
