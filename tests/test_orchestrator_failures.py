@@ -133,3 +133,27 @@ def test_requests_outstanding_at_the_end_are_counted_unfinished_with_their_token
     assert led.generated == led.trained + led.unfinished + led.in_flight
     # every token generated was trained or is counted unfinished (keep: nothing stale)
     assert sampler.tokens == sum(trained) + unfinished_tokens and unfinished_tokens >= 7
+
+
+def test_a_sampler_that_dies_again_before_reporting_had_started_nothing():
+    """Sampler 0 dies having started 3 of its requests: 3 lost, the rest sent again as they
+    were. Its replacement dies before its first report: it started none of them (the last
+    report was its predecessor's: its `started` of 3 counted 3 requests the replacement never
+    began as lost, issued them again with a retry used up, and at the end of a run counted
+    them unfinished)."""
+    events: list[tuple] = []
+    learner, weights = FakeLearner(events), FakeWeights(events)
+    prompts = FakePrompts(events, weights)
+    ch = Channels(prompts, prompts, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
+    orch = Orchestrator(preset("async", 1), Options(B, G, 10, poll_s=0.001), learner, ch)
+    orch.start()  # (K + 1) x B requests to sampler 0
+    t = time.perf_counter()
+    orch.receive(SamplerMessage("stats", 0, report=SamplerReport(0, t, t, started=3)))
+    orch.sampler_lost(0)
+    assert learner.ledger.lost == 3 and orch.stats.requeued == 2 * B - 3
+    orch.issue()  # all of them again, to the replacement's inbox
+    orch.sampler_lost(0)  # it died before it reported anything
+    assert learner.ledger.lost == 3 and orch.stats.requeued == (2 * B - 3) + 2 * B
+    assert all(r.retries <= 1 for r in orch.state.outstanding.values())
+    orch.issue()
+    assert orch.settle_unfinished() == 0 and learner.ledger.unfinished == 0

@@ -137,6 +137,9 @@ class StepStats:
         self.offset[i] = {k: float(getattr(r, k)) for k in COUNTERS}
         lost = self.undelivered_tokens(i)
         self.lost_by[i] = self.lost_by.get(i, 0) + lost
+        # its replacement has started none of the requests sent to it until it reports
+        # (`started` counts per incarnation, against the router's fresh list of them)
+        self.reports[i] = replace(r, started=0)
         return lost
 
     def undelivered_tokens(self, i: int) -> int:
