@@ -94,6 +94,42 @@ def test_a_restart_closes_the_dead_sampler_s_inbox():
     rt.shutdown()
 
 
+def test_a_failing_sampler_waits_for_room_in_its_queue_to_report_the_error():
+    """A sampler whose worker raises sends the traceback, then exits with ERROR_EXIT (which
+    the runtime does not restart: the message stops the run). Its queue is full while the
+    trainer is busy; after one 5 s try the message was dropped, and the run lost its
+    sampler without a word (with one sampler: a stall timeout much later)."""
+    import threading
+
+    from slipstream.runtime.local import LocalStop, _child_main
+
+    class Full:  # room after 8 tries (the trainer is back to reading)
+        def __init__(self) -> None:
+            self.tries, self.got = 0, None
+
+        def put(self, msg, timeout):
+            self.tries += 1
+            if self.tries <= 8:
+                return False
+            self.got = msg
+            return True
+
+    def factory(i):
+        raise ValueError("injected failure")
+
+    groups = Full()
+    stop = LocalStop(threading.Event())
+    ch = Channels(None, groups, None, stop, 1)  # type: ignore[arg-type]
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as e:
+            _child_main(factory, 0, ch, torch.get_num_threads())
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert e.value.code == ERROR_EXIT and groups.tries == 9
+    assert groups.got is not None and "injected failure" in groups.got.error
+
+
 def test_default_threads_split_the_cores():
     assert default_threads(1, cores=2) == 1
     assert default_threads(1, cores=8) == 4

@@ -148,9 +148,13 @@ def _child_main(
         worker = factory(sampler_id)
         worker.run(channels)
     except BaseException:
-        # flushed before exit (no cancel_join_thread here): the parent must see why
+        # flushed before exit (no cancel_join_thread here): the parent must see why. Its
+        # queue may be full for as long as the trainer is busy (a step, an evaluation): wait
+        # for room until the run stops, else the parent, which does not restart a sampler
+        # that exits with ERROR_EXIT, never learns why it stopped
         msg = SamplerMessage("error", sampler_id, error=traceback.format_exc())
-        channels.groups.put(msg, timeout=5.0)
+        while not channels.groups.put(msg, timeout=1.0) and not channels.stop.is_set():
+            pass
         raise SystemExit(ERROR_EXIT) from None
     for ch in (channels.prompts, channels.groups):
         assert isinstance(ch, QueueChannel)
