@@ -148,3 +148,15 @@ def test_a_restored_controller_decides_as_the_unbroken_one():
     other.load_state_dict(json.loads(json.dumps(ctl.state_dict())))  # as a checkpoint holds it
     assert [ctl(dict(rec)) for _ in range(3)] == [other(dict(rec)) for _ in range(3)]
     assert ctl.auto.ess == other.auto.ess and ctl.auto.changes == other.auto.changes
+
+
+def test_windows_under_the_watchdog_s_k0_do_not_move_the_controller():
+    """While the watchdog holds K = 0, the windows are trained under K = 0, not under the
+    controller's K: they must not count as its measurements. Their ESS is high and the
+    trainer waits, so counting them doubled K at every `patience` windows (1 -> 8 within a
+    10-window tighten) and the run came out of the tighten at K = 8, right after an alarm."""
+    ctl = LagControl(AutoLag(AutoLagRule(k_max=8, patience=2), k=1), fixed_k=0)
+    rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
+    ctl.tighten(10, {})
+    ks = [ctl(dict(rec)) for _ in range(10)]
+    assert ks == [0] * 9 + [1] and ctl.auto.k == 1 and ctl.auto.changes == []

@@ -147,7 +147,8 @@ class LagControl:
     """The orchestrator's hook: reads a step record, returns the K for the next window.
 
     Wraps an `AutoLag` (None: K fixed) and the watchdog's `tighten` override, which forces
-    K = 0 for a number of windows whatever the controller says. Writes `schedule/max_lag`
+    K = 0 for a number of windows whatever the controller says (those windows, trained
+    under K = 0, are not the controller's measurements: it observes none of them). Writes `schedule/max_lag`
     into every record and `schedule/max_lag_reason` into those where K changed."""
 
     def __init__(self, auto: AutoLag | None, fixed_k: int) -> None:
@@ -181,7 +182,8 @@ class LagControl:
         self.current = 0
 
     def __call__(self, record: dict[str, Any]) -> int:
-        if self.auto is not None:
+        # a window the watchdog held at K = 0 says nothing of the controller's K: not observed
+        if self.auto is not None and self.zero_for == 0:
             d = self.auto.observe(
                 float(record.get("staleness/ess_token", 1.0)),
                 float(record.get("mismatch/kl", 0.0)),
