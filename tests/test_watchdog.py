@@ -212,3 +212,20 @@ def test_without_recovery_the_rollback_learning_rate_stays(tmp_path):
     for s in range(6, 30):
         wd.observe(record(s, **{"train/step_kl": 0.01}), [])
     assert wd.rollback_scale == 0.5
+
+
+def test_a_run_ended_by_a_rollback_at_the_step_before_the_last_writes_its_final_checkpoint():
+    """An orchestrated rollback publishes the restored weights as a version of its own: one
+    at step 9 of 10 brings the version count to 10 and the run ends after step 9. That is
+    the run's last step, so its checkpoint is due (it was not: step 9 is neither a multiple
+    of `checkpoint.every` nor `run.steps`, and the run ended with no checkpoint of its final
+    weights)."""
+    from types import SimpleNamespace
+
+    from slipstream.schedule.sync import checkpoint_due
+
+    cfg = SimpleNamespace(run=SimpleNamespace(steps=10), checkpoint=SimpleNamespace(every=5))
+    run = SimpleNamespace(cfg=cfg, trainer=SimpleNamespace(version=9))
+    assert not checkpoint_due(run, None, 9)  # type: ignore[arg-type]
+    run.trainer.version = 10  # the rollback at step 9 published the restored weights as 10
+    assert checkpoint_due(run, None, 9)  # type: ignore[arg-type]

@@ -172,10 +172,13 @@ def ends_on_restored_weights(run: Run, record: dict[str, Any]) -> bool:
 
 def checkpoint_due(run: Run, wd: Watchdog | None, step: int) -> bool:
     """Every `checkpoint.every` steps and at the last, unless the watchdog holds checkpoints
-    back (an alarm may still roll back to one before it) before the last step."""
+    back (an alarm may still roll back to one before it) before the last step. The last is
+    the step after which the version count reached `run.steps`: an orchestrated rollback
+    moves it on by one, so a rollback at the step before the last ends the run there."""
     cfg = run.cfg
-    held = wd is not None and wd.hold_checkpoint() and step != cfg.run.steps
-    return (step % cfg.checkpoint.every == 0 or step == cfg.run.steps) and not held
+    last = step == cfg.run.steps or run.trainer.version >= cfg.run.steps
+    held = wd is not None and wd.hold_checkpoint() and not last
+    return (step % cfg.checkpoint.every == 0 or last) and not held
 
 
 def checkpoint(run: Run, **extra: Any) -> None:
