@@ -160,3 +160,21 @@ def test_windows_under_the_watchdog_s_k0_do_not_move_the_controller():
     ctl.tighten(10, {})
     ks = [ctl(dict(rec)) for _ in range(10)]
     assert ks == [0] * 9 + [1] and ctl.auto.k == 1 and ctl.auto.changes == []
+
+
+def test_a_run_resumed_with_other_bounds_keeps_k_within_them():
+    """A run may be resumed with other settings (`slipstream train --resume DIR key=value`):
+    restored into `max_lag_max = 4`, a controller checkpointed at K = 8 goes on at 4 (it went
+    on at 8, outside the bounds the queues and the samplers' abort rule were now sized for),
+    and a fixed K with the watchdog's tighten goes on at the configured K, not the old one."""
+    rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
+    ctl = LagControl(AutoLag(AutoLagRule(k_max=8, patience=1), k=1), fixed_k=0)
+    while ctl.current < 8:
+        ctl(dict(rec))
+    other = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    other.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    assert other.current == other.auto.k == other.auto.ceiling == 4
+    assert all(other(dict(rec)) <= 4 for _ in range(5))
+    fixed = LagControl(None, fixed_k=2)
+    fixed.load_state_dict(LagControl(None, fixed_k=4).state_dict())
+    assert fixed.current == 2 and fixed(dict(rec)) == 2

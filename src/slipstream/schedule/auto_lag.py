@@ -137,7 +137,11 @@ class AutoLag:
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.k, self.ceiling = int(d["k"]), int(d["ceiling"])
+        """Restore `state_dict()`; K and the ceiling within this rule's bounds (a run may be
+        resumed with other `max_lag_min` / `max_lag_max`)."""
+        r = self.rule
+        self.k = min(max(int(d["k"]), r.k_min), r.k_max)
+        self.ceiling = min(max(int(d["ceiling"]), r.k_min), r.k_max)
         self.changes = [(int(w), int(k), str(r)) for w, k, r in d.get("changes", [])]
         self.since_change, self.windows = int(d.get("since_change", 0)), int(d.get("windows", 0))
         self.ess, self.kl, self.wait = d.get("averages", [None, None, None])
@@ -168,9 +172,13 @@ class LagControl:
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.base_k, self.zero_for, self.current = d["base_k"], d["zero_for"], d["current"]
+        """Restore `state_dict()` under this run's config: the controller's K (within its
+        bounds), or the configured fixed K, which a resumed run may have changed."""
+        self.zero_for = int(d["zero_for"])
         if self.auto is not None and d.get("auto") is not None:
             self.auto.load_state_dict(d["auto"])
+            self.base_k = self.auto.k
+        self.current = 0 if self.zero_for > 0 else self.base_k
 
     def tighten(self, windows: int, record: dict[str, Any]) -> None:
         """The watchdog's `tighten`, from the step `record` still open (this call already
