@@ -347,3 +347,26 @@ def test_the_replay_redoes_a_tighten_as_the_run_did():
     ctl.tighten(3, live)
     r._tighten(3, replayed)
     assert live == replayed and r.k == ctl.current == 0
+
+
+def test_the_final_weights_are_compared_when_a_rollback_ended_the_run(tmp_path):
+    """A rollback at the last step publishes the restored weights as a version of its own,
+    so the final checkpoint is `step_000005` after the record of step 4. The comparison
+    looked for the checkpoint of the last record's step, found none, and an exact replay
+    reported its final weights as differing (exit 1)."""
+    from safetensors.torch import save_file
+
+    from slipstream.schedule.replay_run import compare
+
+    w = {"w": torch.arange(4.0)}
+    for run in ("run", "replay"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s, "train/loss": 0.5}) + "\n" for s in (1, 2, 3, 4))
+        )
+        ckpt = tmp_path / run / "checkpoints" / "step_000005"
+        (ckpt / "model").mkdir(parents=True)
+        (ckpt / "state.json").write_text("{}")
+        save_file(w, str(ckpt / "model" / "model.safetensors"))
+    result = compare(tmp_path / "run", tmp_path / "replay")
+    assert result["metric_differences"] == 0 and result["weights_equal"] is True

@@ -396,18 +396,26 @@ def compare(original: Path, replayed: Path) -> dict[str, Any]:
         "timings_not_compared": list(TIMINGS),
         "metric_differences": len(diffs),
         "first_differences": [list(d) for d in diffs[:5]],
-        "weights_equal": _weights_equal(
-            original, replayed, int(b[steps - 1]["step"]) if steps else 0
-        ),
+        "weights_equal": _weights_equal(original, replayed),
     }
 
 
-def _weights_equal(original: Path, replayed: Path, step: int) -> bool | None:
-    """The checkpoints of `step` hold equal tensors (torch.equal); None if one is missing."""
+def _weights_equal(original: Path, replayed: Path) -> bool | None:
+    """The replay's final checkpoint and the original's of the same name hold equal tensors
+    (torch.equal); None if one is missing. Named by the version count, which a rollback
+    moves on by one: one at the last step (or the one before) ends the run past the step of
+    its last record."""
     from safetensors.torch import load_file
 
+    from slipstream.train.checkpoint import list_checkpoints
+
+    ckpts = list_checkpoints(replayed)
+    if not ckpts:
+        return None
+    name = ckpts[-1].name
+
     def tensors(run: Path) -> dict[str, torch.Tensor] | None:
-        model = run / "checkpoints" / f"step_{step:06d}" / "model"
+        model = run / "checkpoints" / name / "model"
         master = model.parent / "master.safetensors"
         path = master if master.exists() else model / "model.safetensors"
         return load_file(path) if path.exists() else None
