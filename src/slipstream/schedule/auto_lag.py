@@ -139,9 +139,9 @@ class AutoLag:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         """Restore `state_dict()`; K and the ceiling within this rule's bounds (a run may be
         resumed with other `max_lag_min` / `max_lag_max`)."""
-        r = self.rule
-        self.k = min(max(int(d["k"]), r.k_min), r.k_max)
-        self.ceiling = min(max(int(d["ceiling"]), r.k_min), r.k_max)
+        lo, hi = self.rule.k_min, self.rule.k_max
+        self.k = min(max(int(d["k"]), lo), hi)
+        self.ceiling = min(max(int(d["ceiling"]), lo), hi)
         self.changes = [(int(w), int(k), str(r)) for w, k, r in d.get("changes", [])]
         self.since_change, self.windows = int(d.get("since_change", 0)), int(d.get("windows", 0))
         self.ess, self.kl, self.wait = d.get("averages", [None, None, None])
@@ -152,8 +152,9 @@ class LagControl:
 
     Wraps an `AutoLag` (None: K fixed) and the watchdog's `tighten` override, which forces
     K = 0 for a number of windows whatever the controller says (those windows, trained
-    under K = 0, are not the controller's measurements: it observes none of them). Writes `schedule/max_lag`
-    into every record and `schedule/max_lag_reason` into those where K changed."""
+    under K = 0, are not the controller's measurements: it observes none of them). Writes
+    `schedule/max_lag` into every record and `schedule/max_lag_reason` into those where K
+    changed."""
 
     def __init__(self, auto: AutoLag | None, fixed_k: int) -> None:
         self.auto = auto
