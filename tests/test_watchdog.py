@@ -114,7 +114,11 @@ def test_tighten_scales_lr_for_n_steps_and_asks_for_k0(tmp_path):
     cfg = WatchdogConfig(
         enabled=True, actions={"grad_spike": "tighten"}, tighten_steps=2, tighten_lr_scale=0.25
     )
-    wd = Watchdog(cfg, t, tmp_path, lambda m: None, lambda n, rec: asked.append((n, rec["step"])))  # type: ignore[arg-type]
+
+    def tighten(n: int, rec: dict) -> None:
+        asked.append((n, rec["step"]))
+
+    wd = Watchdog(cfg, t, tmp_path, lambda m: None, tighten)  # type: ignore[arg-type]
     for s, g in enumerate([1.0, 1.0, 1.0, 50.0], start=1):
         wd.observe(record(s, **{"train/grad_norm": g}), [])
     assert asked == [(2, 4)]  # with the step's record, still open
