@@ -14,11 +14,12 @@ from slipstream.envs import (
     ToolCall,
     ToolEnv,
     call_tool,
+    encode_tail,
     parse_tool_calls,
     resolve,
     tool_specs,
 )
-from slipstream.model.tokenizer import char_tokenizer
+from slipstream.model.tokenizer import Tokenizer, char_tokenizer
 from slipstream.types import Prompt
 
 TOK = char_tokenizer(string.printable)
@@ -146,3 +147,17 @@ def test_resolve_runs_async_envs() -> None:
 
     assert resolve(obs()).tokens == [1, 2]
     assert resolve(StepResult(1.0)).reward == 1.0
+
+
+def test_tool_replies_carry_no_special_tokens_of_a_tokenizer_that_adds_eos() -> None:
+    """A tokenizer that appends EOS to what it encodes (tokenizer_config `add_eos_token`):
+    the reply tokens appended mid-episode hold no EOS (the model would read a sequence end
+    before its next turn; the scripted warm-start traces had a doubled EOS)."""
+    tok = Tokenizer(TOK.inner, eos_id=TOK.eos_id, pad_id=TOK.pad_id, append_eos=True)
+    row = Prompt("p0", "What is 1+2?", answer="3.0")
+    env = ToolEnv(Calc(), row, tok, fmt="plain", renderer=PlainRenderer())
+    env.initial_observation()
+    r = env.step(tok.encode('CALL add {"a": 1, "b": 2}', add_special_tokens=False))
+    assert r.next_observation is not None
+    assert r.next_observation.tokens == TOK.encode("\nRESULT add: 3.0\n")
+    assert tok.eos_id not in encode_tail(tok, "3.0")

@@ -185,9 +185,7 @@ class TemplateRenderer:
 
 
 def encode_tail(tok: Codec, text: str, templated: bool = False) -> list[int]:
-    """`text` as tokens to append inside a sequence: without the beginning-of-sequence token
-    (`templated`: the text holds its special tokens; none is added)."""
-    if templated:
-        return tok.encode(text, add_special_tokens=False)
-    ids = tok.encode(text)
-    return ids[1:] if tok.bos_id is not None and ids[:1] == [tok.bos_id] else ids
+    """`text` as tokens to append inside a sequence: with none of the special tokens the
+    tokenizer adds (a BOS, or the EOS of an `add_eos_token` tokenizer, would land mid-sequence).
+    `templated`: the text holds its own special tokens, parsed like any added token."""
+    return tok.encode(text, add_special_tokens=False)
