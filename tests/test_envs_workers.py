@@ -16,7 +16,13 @@ from scripted_env import ByMode
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
-from slipstream.envs.workers import START_FAILURES, ProcessWorkers, WorkerDied, WorkersCannotStart
+from slipstream.envs.workers import (
+    START_FAILURES,
+    ProcessWorkers,
+    ThreadWorkers,
+    WorkerDied,
+    WorkersCannotStart,
+)
 from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.schedule.episodes import EpisodeRunner, run_episodes
 from slipstream.types import Prompt
@@ -162,5 +168,72 @@ def test_workers_that_exit_at_start_stop_the_run_with_a_clear_error() -> None:
                 if workers.workers[0].running is None:
                     workers.first((key, time.monotonic()), row)
         assert workers.deaths == START_FAILURES
+    finally:
+        workers.close()
+
+
+def _wait(future: Future, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_thread_workers_a_queued_step_has_not_started() -> None:
+    """`started` is None for a step waiting for a free thread: before, it was the time the
+    episode's previous operation began, so a step queued behind others looked as if it had
+    run since then, and the runner timed it out (ended `timeout`) without it having run."""
+    workers = ThreadWorkers(ByMode, 1)
+    (a, ka, _), (b, kb, _) = _rows({"a": "ok", "b": "slow"}, sleep_s=0.3)
+    try:
+        _wait(workers.first(ka, a))
+        t_first = workers.started(ka)
+        assert t_first is not None
+        _wait(workers.first(kb, b))
+        busy = workers.step(kb, [5])  # holds the only thread for 0.3 s
+        time.sleep(0.05)
+        queued = workers.step(ka, [5])
+        assert not queued.done() and workers.started(ka) is None
+        _wait(queued)
+        assert queued.exception() is None and (workers.started(ka) or 0.0) > t_first
+        assert busy.done()
+    finally:
+        workers.close()
+
+
+def test_thread_workers_an_episode_ended_while_queued_builds_no_environment() -> None:
+    """An episode cancelled while its first observation waits for a thread: the queued
+    operation does not run later (it built an environment kept for ever, and with a key
+    used again, as the sync loop's `(prompt, member)` keys are, replaced the new one's)."""
+    workers = ThreadWorkers(ByMode, 1)
+    (a, ka, _), (c, kc, _) = _rows({"a": "slow", "c": "ok"}, sleep_s=0.2)
+    try:
+        _wait(workers.first(ka, a))
+        busy = workers.step(ka, [5])
+        queued = workers.first(kc, c)
+        workers.end(kc)  # cancelled before a thread was free
+        _wait(busy)
+        _wait(queued, 2.0)
+        assert kc not in workers.envs and ka in workers.envs
+        assert queued.done() and queued.exception() is not None
+    finally:
+        workers.close()
+
+
+@pytest.mark.slow  # ~15 s on the loaded 2-core machine: a forkserver and one worker
+def test_process_workers_drop_the_queued_operations_of_an_ended_episode() -> None:
+    """An episode that ends (cancelled) while its operation is queued behind another's: the
+    operation leaves the queue (before, it still ran: a first observation built an
+    environment the worker kept for ever, after its drop, and held up live episodes)."""
+    workers = ProcessWorkers(ByMode, 1)
+    (a, ka, _), (c, kc, _) = _rows({"a": "slow", "c": "ok"}, sleep_s=0.3)
+    try:
+        assert _pump_until_done(workers, workers.first(ka, a), 30).exception() is None
+        busy = workers.step(ka, [5])
+        queued = workers.first(kc, c)
+        workers.end(kc)
+        assert _pump_until_done(workers, busy, 10).exception() is None
+        w = workers.workers[0]
+        assert w.running is None and not w.queue  # nothing sent after the step
+        assert queued.cancelled()
     finally:
         workers.close()

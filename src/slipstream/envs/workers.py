@@ -27,6 +27,7 @@ import concurrent.futures as cf
 import contextlib
 import multiprocessing as mp
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Hashable
@@ -73,7 +74,7 @@ class Workers(Protocol):
         ...
 
     def end(self, key: Hashable) -> None:
-        """The episode ended: its environment is dropped."""
+        """The episode ended: its environment is dropped, its queued operation never runs."""
         ...
 
     def pump(self, timeout: float) -> None:
@@ -110,16 +111,30 @@ class ThreadWorkers:
         self.envs: dict[Hashable, Env] = {}
         self.t_start: dict[Hashable, float] = {}
         self.futures: dict[Hashable, cf.Future[Outcome]] = {}
+        self.ops: dict[Hashable, object] = {}  # each episode's current operation (a token)
+        self.lock = threading.Lock()  # `end` (the caller's thread) against the jobs
 
     def _submit(self, op: str, key: Hashable, arg: OpArg) -> cf.Future[Outcome]:
+        token = object()
+
         def job() -> Outcome:
-            t0 = time.monotonic()
-            self.t_start[key] = t0
+            with self.lock:  # ended while queued: it does not run (nor build an environment)
+                if self.ops.get(key) is not token:
+                    raise EnvError("the episode ended before this operation ran")
+                self.t_start[key] = t0 = time.monotonic()
+            built: dict[Hashable, Env] = {}
             try:
-                return _run_op(self.envs, self.factory, op, key, arg), time.monotonic() - t0
+                out = _run_op(self.envs if op == "step" else built, self.factory, op, key, arg)
             except Exception as e:
                 raise EnvError(f"{type(e).__name__}: {e}"[:500]) from e
+            with self.lock:  # (an abandoned first observation keeps no environment)
+                if self.ops.get(key) is token:
+                    self.envs.update(built)
+            return out, time.monotonic() - t0
 
+        with self.lock:  # queued: not started (the previous operation's time is no more)
+            self.ops[key] = token
+            self.t_start.pop(key, None)
         fut = self.pool.submit(job)
         self.futures[key] = fut
         return fut
@@ -137,8 +152,10 @@ class ThreadWorkers:
         self.end(key)  # its thread runs on; what it returns is ignored
 
     def end(self, key: Hashable) -> None:
-        self.envs.pop(key, None)
-        self.t_start.pop(key, None)
+        with self.lock:
+            self.ops.pop(key, None)
+            self.envs.pop(key, None)
+            self.t_start.pop(key, None)
         self.futures.pop(key, None)
 
     def pump(self, timeout: float) -> None:
@@ -269,6 +286,9 @@ class ProcessWorkers:
             return
         w = self.workers[i]
         w.keys.discard(key)
+        for op in [op for op in w.queue if op.key == key]:  # queued: never to run
+            w.queue.remove(op)
+            op.future.cancel()
         w.drops.append(key)
         self._dispatch(i)
 
