@@ -56,7 +56,9 @@ class ToolEnv:
             if messages:  # the row's conversation: the text joins its last turn
                 messages[-1]["content"] = f"{messages[-1]['content']}\n{extra}"
         text = self.renderer.prompt(text, self.specs, messages)
-        ids = self.tok.encode(text, add_special_tokens=not self.renderer.templated)
+        # a chat-rendered row holds its own special tokens (as `Tokenizer.encode_prompt`)
+        chat = self.renderer.templated or messages is not None
+        ids = self.tok.encode(text, add_special_tokens=not chat)
         return Observation(ids, text)
 
     def step(self, action_tokens: list[int]) -> StepResult:
