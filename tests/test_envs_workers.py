@@ -3,6 +3,7 @@ the episodes they hold (each episode once, with its reason), and a run that goes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -237,3 +238,37 @@ def test_process_workers_drop_the_queued_operations_of_an_ended_episode() -> Non
         assert queued.cancelled()
     finally:
         workers.close()
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (an orphan nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow  # ~15 s on the loaded 2-core machine: a forkserver and one worker
+def test_a_worker_in_the_middle_of_a_step_exits_when_its_parent_dies() -> None:
+    """The workers are children of the sampler's fork server, which exits when the sampler
+    dies; a worker then exited only at its next read of the pipe, so one inside a hung step
+    ran on for ever (nobody left to enforce its time limit)."""
+    import multiprocessing.forkserver as mpf
+
+    workers = ProcessWorkers(ByMode, 1)
+    try:
+        ((row, key, _),) = _rows({"e": "hang"})
+        assert _pump_until_done(workers, workers.first(key, row), 30).exception() is None
+        workers.step(key, [5])  # sleeps 60 s
+        pid = workers.workers[0].proc.pid
+        assert workers.started(key) is not None and _running(pid)
+        os.kill(mpf._forkserver._forkserver_pid, signal.SIGKILL)  # as when the sampler dies
+        deadline = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pid), "the worker outlived its parent"
+    finally:
+        for w in workers.workers:  # (the pool cannot replace it: its fork server is gone)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.proc.pid, signal.SIGKILL)

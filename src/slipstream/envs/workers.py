@@ -14,7 +14,8 @@ fails its running and queued steps with `WorkerDied`, and every other episode wh
 environment lived in it ends as well (its state is gone) at its next step: their reason is
 `crash`. A fresh worker takes its place at once. Factories must be picklable (module-level
 functions or classes); steps and observations go through pipes. If the sampler itself dies,
-each worker exits at its next read (the pipe closes).
+each worker exits at its next read (the pipe closes), or at once if it is inside a step (the
+kernel kills it with its parent, the sampler's fork server).
 
 `ThreadWorkers` (`env.isolation = "thread"`): steps run in threads of the caller's process;
 nothing is pickled (tests that inspect their environments use it), a step past the limit is
@@ -25,8 +26,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import ctypes
 import multiprocessing as mp
+import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -168,8 +172,22 @@ class ThreadWorkers:
 
 
 # ---- processes --------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux `PR_SET_PDEATHSIG`).
+    The parent is the sampler's fork server, which exits with the sampler: a worker inside a
+    step, which would see the pipe close only at its next read, goes too. Elsewhere: nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before that took effect
+        os._exit(1)
+
+
 def _worker_main(conn: Connection, factory: EnvFactory) -> None:
-    """A worker process: run operations one at a time until the pipe closes."""
+    """A worker process: run operations one at a time until the pipe closes (or, in the middle
+    of one, its parent dies: `_die_with_parent`)."""
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sampler's to handle
     envs: dict[Hashable, Env] = {}
     while True:
