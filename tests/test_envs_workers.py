@@ -215,7 +215,7 @@ def test_thread_workers_an_episode_ended_while_queued_builds_no_environment() ->
         _wait(busy)
         _wait(queued, 2.0)
         assert kc not in workers.envs and ka in workers.envs
-        assert queued.done() and queued.exception() is not None
+        assert queued.cancelled()
     finally:
         workers.close()
 
@@ -272,3 +272,23 @@ def test_a_worker_in_the_middle_of_a_step_exits_when_its_parent_dies() -> None:
         for w in workers.workers:  # (the pool cannot replace it: its fork server is gone)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w.proc.pid, signal.SIGKILL)
+
+
+def test_thread_workers_replace_the_thread_of_an_abandoned_step() -> None:
+    """A step past its limit is abandoned in its thread, which runs on: the others still get
+    `n` threads (before, each hung step held one of the pool's for good, and once `n` hung every
+    later step stayed queued, never started, so never timed out: the run stalled)."""
+    workers = ThreadWorkers(ByMode, 1)
+    (h, kh, _), (a, ka, _) = _rows({"h": "slow", "a": "ok"})
+    h.meta["sleep_s"] = 2.0
+    try:
+        _wait(workers.first(kh, h))
+        _wait(workers.first(ka, a))
+        stuck = workers.step(kh, [5])  # 2 s in the only thread
+        time.sleep(0.05)
+        workers.abandon(kh)  # (as the runner does past env.step_timeout_s)
+        step = workers.step(ka, [5])
+        _wait(step, 1.0)
+        assert step.done() and step.exception() is None and not stuck.done()
+    finally:
+        workers.close()

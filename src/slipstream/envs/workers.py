@@ -19,7 +19,8 @@ kernel kills it with its parent, the sampler's fork server).
 
 `ThreadWorkers` (`env.isolation = "thread"`): steps run in threads of the caller's process;
 nothing is pickled (tests that inspect their environments use it), a step past the limit is
-abandoned (its thread cannot be killed) and a crash of native code takes the sampler down.
+abandoned (its thread cannot be killed: it runs on, and a fresh thread takes its place among
+the `n`) and a crash of native code takes the sampler down.
 """
 
 from __future__ import annotations
@@ -106,42 +107,69 @@ def _run_op(
 
 
 # ---- threads ----------------------------------------------------------------------------------
+@dataclass(eq=False)  # (hashed by identity: a member of `running`)
+class _ThreadOp:
+    op: str
+    key: Hashable
+    arg: OpArg
+    future: cf.Future[Outcome] = field(default_factory=cf.Future)
+
+
 class ThreadWorkers:
-    """Steps in `n` threads of this process (module docstring)."""
+    """Steps in `n` threads of this process (module docstring): at most `n` operations run at
+    once, each in a daemon thread of its own; an abandoned one no longer counts (its thread
+    runs on, and what it returns is ignored), so `n` remain for the others."""
 
     def __init__(self, factory: EnvFactory, n: int) -> None:
-        self.factory = factory
-        self.pool = cf.ThreadPoolExecutor(n, thread_name_prefix="slipstream-env")
+        self.factory, self.n = factory, n
         self.envs: dict[Hashable, Env] = {}
         self.t_start: dict[Hashable, float] = {}
         self.futures: dict[Hashable, cf.Future[Outcome]] = {}
-        self.ops: dict[Hashable, object] = {}  # each episode's current operation (a token)
-        self.lock = threading.Lock()  # `end` (the caller's thread) against the jobs
+        self.ops: dict[Hashable, _ThreadOp] = {}  # each episode's current operation
+        self.queue: deque[_ThreadOp] = deque()
+        self.running: set[_ThreadOp] = set()  # the operations that hold one of the n
+        self.lock = threading.Lock()  # the caller's thread against the operations' threads
+        self.closed = False
 
     def _submit(self, op: str, key: Hashable, arg: OpArg) -> cf.Future[Outcome]:
-        token = object()
-
-        def job() -> Outcome:
-            with self.lock:  # ended while queued: it does not run (nor build an environment)
-                if self.ops.get(key) is not token:
-                    raise EnvError("the episode ended before this operation ran")
-                self.t_start[key] = t0 = time.monotonic()
-            built: dict[Hashable, Env] = {}
-            try:
-                out = _run_op(self.envs if op == "step" else built, self.factory, op, key, arg)
-            except Exception as e:
-                raise EnvError(f"{type(e).__name__}: {e}"[:500]) from e
-            with self.lock:  # (an abandoned first observation keeps no environment)
-                if self.ops.get(key) is token:
-                    self.envs.update(built)
-            return out, time.monotonic() - t0
-
+        item = _ThreadOp(op, key, arg)
         with self.lock:  # queued: not started (the previous operation's time is no more)
-            self.ops[key] = token
+            self.ops[key], self.futures[key] = item, item.future
             self.t_start.pop(key, None)
-        fut = self.pool.submit(job)
-        self.futures[key] = fut
-        return fut
+            self.queue.append(item)
+        self._start()
+        return item.future
+
+    def _start(self) -> None:
+        """Start queued operations while fewer than `n` run; drop those of ended episodes."""
+        with self.lock:
+            while self.queue and len(self.running) < self.n and not self.closed:
+                item = self.queue.popleft()
+                if self.ops.get(item.key) is not item:  # ended while queued: never runs
+                    item.future.cancel()
+                    continue
+                self.running.add(item)
+                self.t_start[item.key] = t0 = time.monotonic()
+                args = (item, t0)
+                threading.Thread(
+                    target=self._run, args=args, name="slipstream-env", daemon=True
+                ).start()
+
+    def _run(self, item: _ThreadOp, t0: float) -> None:
+        built: dict[Hashable, Env] = {}
+        envs = self.envs if item.op == "step" else built
+        try:
+            out = _run_op(envs, self.factory, item.op, item.key, item.arg)
+            with self.lock:  # (an abandoned first observation keeps no environment)
+                if self.ops.get(item.key) is item:
+                    self.envs.update(built)
+            item.future.set_result((out, time.monotonic() - t0))
+        except Exception as e:
+            item.future.set_exception(EnvError(f"{type(e).__name__}: {e}"[:500]))
+        finally:
+            with self.lock:
+                self.running.discard(item)
+            self._start()
 
     def first(self, key: Hashable, row: Prompt) -> cf.Future[Outcome]:
         return self._submit("first", key, row)
@@ -153,22 +181,31 @@ class ThreadWorkers:
         return self.t_start.get(key)
 
     def abandon(self, key: Hashable) -> None:
-        self.end(key)  # its thread runs on; what it returns is ignored
+        with self.lock:  # its thread runs on; another takes its place among the n
+            item = self.ops.get(key)
+            if item is not None:
+                self.running.discard(item)
+        self.end(key)
+        self._start()
 
     def end(self, key: Hashable) -> None:
         with self.lock:
             self.ops.pop(key, None)
             self.envs.pop(key, None)
             self.t_start.pop(key, None)
-        self.futures.pop(key, None)
+            self.futures.pop(key, None)
 
     def pump(self, timeout: float) -> None:
-        running = [f for f in self.futures.values() if not f.done()]
+        running = [f for f in list(self.futures.values()) if not f.done()]
         if timeout > 0 and running:
             cf.wait(running, timeout=timeout, return_when=cf.FIRST_COMPLETED)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self.lock:
+            self.closed = True
+            queued, self.queue = list(self.queue), deque()
+        for item in queued:
+            item.future.cancel()
 
 
 # ---- processes --------------------------------------------------------------------------------
