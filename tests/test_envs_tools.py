@@ -161,3 +161,21 @@ def test_tool_replies_carry_no_special_tokens_of_a_tokenizer_that_adds_eos() -> 
     assert r.next_observation is not None
     assert r.next_observation.tokens == TOK.encode("\nRESULT add: 3.0\n")
     assert tok.eos_id not in encode_tail(tok, "3.0")
+
+
+def test_a_hermes_call_cut_before_its_closing_tag_is_a_bad_call_not_the_answer() -> None:
+    """A turn cut by its token budget inside a call (or a model that forgets `</tool_call>`):
+    the call is answered with a format error and the episode goes on; before, the turn was
+    taken for the final answer and the episode ended scored on a half-written call."""
+    cut = '<tool_call>\n{"name": "add", "arguments": {"a": 1'
+    (call,) = parse_tool_calls(cut, "hermes")
+    assert call.error.startswith("tool call not closed")
+    both = parse_tool_calls('<tool_call>{"name": "add", "arguments": {}}</tool_call>' + cut)
+    assert [bool(c.error) for c in both] == [False, True]
+    row = Prompt("p", "1+2?", answer="3")
+    env = ToolEnv(Calc(), row, TOK, "hermes", HermesRenderer())
+    r = env.step(TOK.encode(cut))
+    assert not r.done and r.metrics == {"tool_calls": 1.0, "tool_errors": 1.0}
+    assert (
+        r.next_observation is not None and "error: tool call not closed" in r.next_observation.text
+    )
