@@ -179,3 +179,21 @@ def test_a_hermes_call_cut_before_its_closing_tag_is_a_bad_call_not_the_answer()
     assert (
         r.next_observation is not None and "error: tool call not closed" in r.next_observation.text
     )
+
+
+def test_a_long_tool_reply_keeps_its_head_and_tail() -> None:
+    """A reply over `max_reply_chars` is cut in the middle, as the sandbox cuts its output
+    (a traceback's end says what failed): before, only the head was kept, so with the default
+    limits (sandbox 4000 chars, replies 2000) the end of a long output never reached the model."""
+
+    class Long:
+        def run(self) -> str:
+            """Prints a lot, then fails."""
+            return "x" * 5000 + "\nZeroDivisionError: division by zero"
+
+    env = ToolEnv(Long(), Prompt("p", "go", None), TOK, "plain", max_reply_chars=100)
+    r = env.step(TOK.encode("CALL run"))
+    assert r.next_observation is not None
+    text = r.next_observation.text
+    assert text.startswith("\nRESULT run: xxx") and "chars cut" in text
+    assert text.endswith("ZeroDivisionError: division by zero\n") and len(text) < 200

@@ -87,7 +87,10 @@ class ToolEnv:
         return 0.0
 
     def _truncate(self, r: ToolReply) -> ToolReply:
-        n = self.max_reply_chars
-        if len(r.text) <= n:
+        """`r` cut to `max_reply_chars`, head and tail (as the sandbox cuts its output: the end
+        of a traceback says what failed)."""
+        n, text = self.max_reply_chars, r.text
+        if len(text) <= n:
             return r
-        return ToolReply(r.name, r.text[:n] + f"... [{len(r.text) - n} chars cut]", r.error)
+        head, tail = text[: n // 2], text[len(text) - (n - n // 2) :]
+        return ToolReply(r.name, f"{head}\n... [{len(text) - n} chars cut] ...\n{tail}", r.error)
