@@ -292,3 +292,25 @@ def test_thread_workers_replace_the_thread_of_an_abandoned_step() -> None:
         assert step.done() and step.exception() is None and not stuck.done()
     finally:
         workers.close()
+
+
+@pytest.mark.slow  # ~15 s on the loaded 2-core machine: a forkserver and one worker
+def test_a_first_observation_queued_on_a_killed_worker_runs_on_its_replacement() -> None:
+    """A worker killed for one episode's timeout: an episode whose first observation was
+    only queued there had no environment to lose, and starts on the fresh worker (before, it
+    ended `crash` too, without having run)."""
+    workers = ProcessWorkers(ByMode, 1)
+    (h, kh, _), (b, kb, _) = _rows({"h": "hang", "b": "ok"})
+    try:
+        assert _pump_until_done(workers, workers.first(kh, h), 30).exception() is None
+        workers.step(kh, [5])  # hangs
+        queued = workers.first(kb, b)
+        workers.pump(0.1)
+        assert workers.started(kh) is not None and not queued.done()
+        workers.abandon(kh)  # (as the runner does past env.step_timeout_s)
+        assert _pump_until_done(workers, queued, 30).exception() is None
+        assert workers.deaths == 1 and kb not in workers.lost
+        step = _pump_until_done(workers, workers.step(kb, [5]), 10)
+        assert step.exception() is None
+    finally:
+        workers.close()

@@ -10,9 +10,9 @@ that raises fails its future with `EnvError` (the episode ends `error`).
 forkserver that has slipstream imported; it runs one step at a time, so a step's time limit is
 exact: a step past `env.step_timeout_s` is ended by SIGKILLing its worker (`abandon`). A worker
 that dies, killed for a timeout or by anything else (a segfault, the OOM killer, a SIGKILL),
-fails its running and queued steps with `WorkerDied`, and every other episode whose
+fails its running operation and queued steps with `WorkerDied`, and every other episode whose
 environment lived in it ends as well (its state is gone) at its next step: their reason is
-`crash`. A fresh worker takes its place at once. Factories must be picklable (module-level
+`crash`; first observations still queued there wait for the fresh worker (nothing was lost). A fresh worker takes its place at once. Factories must be picklable (module-level
 functions or classes); steps and observations go through pipes. If the sampler itself dies,
 each worker exits at its next read (the pipe closes), or at once if it is inside a step (the
 kernel kills it with its parent, the sampler's fork server).
@@ -442,16 +442,19 @@ class ProcessWorkers:
                     "unpickles (importable, not defined in the main script); or set "
                     'env.isolation="thread"'
                 )
-        ops = [*([w.running] if w.running else []), *w.queue]
-        for op in ops:
-            if not op.future.done():
+        # a queued first observation lost nothing (its environment was never built): it
+        # waits for the fresh worker; the running operation and queued steps fail
+        again = [op for op in w.queue if op.op == "first"]
+        for op in [*([w.running] if w.running else []), *w.queue]:
+            if (op.op != "first" or op is w.running) and not op.future.done():
                 op.future.set_exception(WorkerDied(why))
-        for key in w.keys:
+        for key in w.keys - {op.key for op in again}:
             self.lost[key] = why
         with contextlib.suppress(OSError):
             w.conn.close()
         fresh = self._spawn()
         fresh.keys = set(w.keys)  # still homed here until they end (their steps fail)
+        fresh.queue.extend(again)
         self.workers[i] = fresh
 
 
