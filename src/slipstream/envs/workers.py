@@ -12,8 +12,9 @@ exact: a step past `env.step_timeout_s` is ended by SIGKILLing its worker (`aban
 that dies, killed for a timeout or by anything else (a segfault, the OOM killer, a SIGKILL),
 fails its running operation and queued steps with `WorkerDied`, and every other episode whose
 environment lived in it ends as well (its state is gone) at its next step: their reason is
-`crash`; first observations still queued there wait for the fresh worker (nothing was lost). A fresh worker takes its place at once. Factories must be picklable (module-level
-functions or classes); steps and observations go through pipes. If the sampler itself dies,
+`crash`. A fresh worker takes its place at once; first observations still queued there wait
+for it (nothing of theirs was lost). Factories must be picklable (module-level functions or
+classes); steps and observations go through pipes. If the sampler itself dies,
 each worker exits at its next read (the pipe closes), or at once if it is inside a step (the
 kernel kills it with its parent, the sampler's fork server).
 
