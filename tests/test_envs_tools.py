@@ -197,3 +197,23 @@ def test_a_long_tool_reply_keeps_its_head_and_tail() -> None:
     text = r.next_observation.text
     assert text.startswith("\nRESULT run: xxx") and "chars cut" in text
     assert text.endswith("ZeroDivisionError: division by zero\n") and len(text) < 200
+
+
+def test_an_async_environment_keeps_its_event_loop_across_steps() -> None:
+    """What an async environment starts in one method (a task, a subprocess, a client) is
+    there at its next: each call ran in a fresh `asyncio.run`, which cancelled the tasks left
+    at its end and closed its loop, so a step awaiting one raised CancelledError."""
+
+    class Ticking:
+        async def initial_observation(self) -> Observation:
+            self.loop = asyncio.get_running_loop()
+            self.task = asyncio.create_task(asyncio.sleep(0.01, result=7.0))
+            return Observation([1])
+
+        async def step(self, action_tokens: list[int]) -> StepResult:
+            assert asyncio.get_running_loop() is self.loop
+            return StepResult(await self.task, True)
+
+    env = Ticking()
+    resolve(env.initial_observation())
+    assert resolve(env.step([2])).reward == 7.0
