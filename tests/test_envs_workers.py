@@ -17,8 +17,10 @@ from scripted_env import ByMode
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
+from slipstream.envs import StepResult
 from slipstream.envs.workers import (
     START_FAILURES,
+    EnvError,
     ProcessWorkers,
     ThreadWorkers,
     WorkerDied,
@@ -312,5 +314,27 @@ def test_a_first_observation_queued_on_a_killed_worker_runs_on_its_replacement()
         assert workers.deaths == 1 and kb not in workers.lost
         step = _pump_until_done(workers, workers.step(kb, [5]), 10)
         assert step.exception() is None
+    finally:
+        workers.close()
+
+
+def test_a_thread_step_that_raises_a_base_exception_is_an_error() -> None:
+    """A step ending in `SystemExit` (a tool calling `sys.exit()`): its future fails with
+    `EnvError` (the episode ends `error`); before, the exception escaped the thread, the
+    future never resolved, and the episode waited for its time limit (`timeout`)."""
+    import sys as _sys
+
+    class Exits(ByMode):
+        def step(self, action_tokens: list[int]) -> StepResult:
+            _sys.exit(3)
+
+    workers = ThreadWorkers(Exits, 1)
+    ((row, key, _),) = _rows({"e": "ok"})
+    try:
+        _wait(workers.first(key, row))
+        step = workers.step(key, [5])
+        _wait(step, 2.0)
+        assert step.done() and isinstance(step.exception(), EnvError)
+        assert "SystemExit" in str(step.exception())
     finally:
         workers.close()

@@ -165,7 +165,7 @@ class ThreadWorkers:
                 if self.ops.get(item.key) is item:
                     self.envs.update(built)
             item.future.set_result((out, time.monotonic() - t0))
-        except Exception as e:
+        except BaseException as e:  # (SystemExit too: the future must resolve)
             item.future.set_exception(EnvError(f"{type(e).__name__}: {e}"[:500]))
         finally:
             with self.lock:
