@@ -217,3 +217,17 @@ def test_an_async_environment_keeps_its_event_loop_across_steps() -> None:
     env = Ticking()
     resolve(env.initial_observation())
     assert resolve(env.step([2])).reward == 7.0
+
+
+def test_a_tool_that_exits_is_answered_with_its_error() -> None:
+    """A tool raising `SystemExit` (argparse in a wrapped command line, a `sys.exit()`) is a
+    tool that raises: its reply is the error. Before, it escaped `call_tool` and took the
+    environment worker down, with every episode whose environment lived there (`crash`)."""
+
+    class Cli:
+        def run(self, args: str) -> str:
+            """Runs a command line."""
+            raise SystemExit(2)
+
+    reply = call_tool(tool_specs(Cli()), ToolCall("run", {"args": "--bad"}))
+    assert reply.error and reply.text == "error: SystemExit: 2"
