@@ -338,3 +338,21 @@ def test_a_thread_step_that_raises_a_base_exception_is_an_error() -> None:
         assert "SystemExit" in str(step.exception())
     finally:
         workers.close()
+
+
+@pytest.mark.slow  # a few seconds: a forkserver and one worker
+def test_a_process_step_that_exits_is_an_error_and_its_worker_lives() -> None:
+    """An environment whose step raises `SystemExit`: the episode ends `error` with it and
+    the worker goes on (before, the worker process exited, ending every episode whose
+    environment it held as `crash`)."""
+    workers = ProcessWorkers(ByMode, 1)
+    (x, kx, _), (a, ka, _) = _rows({"x": "exit", "a": "ok"})
+    try:
+        assert _pump_until_done(workers, workers.first(kx, x), 30).exception() is None
+        assert _pump_until_done(workers, workers.first(ka, a), 10).exception() is None
+        err = _pump_until_done(workers, workers.step(kx, [5]), 10).exception()
+        assert isinstance(err, EnvError) and "SystemExit" in str(err)
+        assert _pump_until_done(workers, workers.step(ka, [5]), 10).exception() is None
+        assert workers.deaths == 0
+    finally:
+        workers.close()

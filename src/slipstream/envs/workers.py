@@ -243,7 +243,7 @@ def _worker_main(conn: Connection, factory: EnvFactory) -> None:
             msg: tuple[str, Hashable, Observation | StepResult | str, float] = (
                 "ok", key, _run_op(envs, factory, op, key, arg), 0.0
             )  # fmt: skip
-        except Exception as e:  # the environment raised: reported, the worker goes on
+        except (Exception, SystemExit) as e:  # the environment raised: reported, it goes on
             envs.pop(key, None)
             msg = ("err", key, f"{type(e).__name__}: {e}"[:500], 0.0)
         msg = (*msg[:3], time.monotonic() - t0)
