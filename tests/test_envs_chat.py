@@ -130,3 +130,22 @@ def test_plain_format_on_a_chat_row_puts_the_tools_in_its_first_user_turn(tmp_pa
     assert listed.startswith("Tools:\n- add(a, b)") and listed.endswith("\n2+3?")
     assert obs.text == template.render([{"role": "user", "content": listed}])
     assert obs.tokens == tok.encode(obs.text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("kind", ["template", "hermes"])
+def test_a_turn_cut_by_its_budget_is_closed_before_the_replies(tmp_path: Path, kind: str) -> None:
+    """A turn with a call, cut by its token budget before the model's `<|im_end|>`: the
+    observation closes it first, so the episode's tokens are still the conversation's
+    rendering (before, the replies followed the open assistant turn)."""
+    folder = qwen2_tokenizer(tmp_path / "m", QWEN25_TOOLS_TEMPLATE)
+    tok = load_tokenizer(folder)
+    template = load_chat_template("auto", str(folder))
+    assert template is not None
+    renderer = TemplateRenderer(template) if kind == "template" else HermesRenderer()
+    env = ToolEnv(Calc(), Prompt("r", "2+3?", "5"), tok, "hermes", renderer)
+    env.initial_observation()
+    cut = env.step(tok.encode(CALL, add_special_tokens=False))  # no <|im_end|>
+    whole = env.step([*tok.encode(CALL, add_special_tokens=False), tok.eos_id])
+    assert cut.next_observation is not None and whole.next_observation is not None
+    assert cut.next_observation.text == "<|im_end|>" + whole.next_observation.text
+    assert cut.next_observation.tokens == [tok.eos_id, *whole.next_observation.tokens]

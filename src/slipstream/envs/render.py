@@ -95,6 +95,7 @@ class HermesRenderer:
     """Qwen2.5 / Hermes ChatML with tools (the model's turn ends with `<|im_end|>`, its EOS)."""
 
     templated = True
+    end_of_turn = "<|im_end|>"  # what closes a model turn cut by its budget (envs.tool_env)
 
     def __init__(self, system: str = "You are a helpful assistant.") -> None:
         self.system = system

@@ -4,7 +4,8 @@ The first observation is the row's prompt rendered with the tools (its conversat
 chat template). Each model turn is decoded and searched for tool calls (envs.parse). A turn without any is
 the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one,
 else by the `reward` function given (the task's verifier), else 0. A turn with calls gets
-every call's reply (errors included) rendered by the `Renderer` and appended as tokens.
+every call's reply (errors included) rendered by the `Renderer` and appended as tokens; after
+a turn cut by its token budget, a chat renderer's `end_of_turn` closes the turn first.
 """
 
 from __future__ import annotations
@@ -71,12 +72,20 @@ class ToolEnv:
             msg = f"error: at most {self.max_calls} tool calls a turn"
             replies.append(ToolReply(calls[self.max_calls].name, msg, error=True))
         obs = self.renderer.replies(replies)
+        end = getattr(self.renderer, "end_of_turn", None)
+        if end and self._cut(action_tokens):  # closed first, as the chat template closes it
+            obs = end + obs
         metrics = {
             "tool_calls": float(len(calls)),
             "tool_errors": float(sum(r.error for r in replies)),
         }
         ids = encode_tail(self.tok, obs, self.renderer.templated)
         return StepResult(0.0, False, Observation(ids, obs), metrics)
+
+    def _cut(self, action_tokens: list[int]) -> bool:
+        """Whether the turn ended without a stop token (cut by its token budget)."""
+        stopped = getattr(self.tok, "completion_ids", None)  # (model.Tokenizer's)
+        return stopped is not None and len(stopped(action_tokens)) == len(action_tokens)
 
     def _reward(self, completion: str) -> float:
         own = getattr(self.tools, "reward", None)
