@@ -78,7 +78,8 @@ def fragile(row: Prompt, tok: Tokenizer) -> Fragile:
 
 class ByMode:
     """Token-level test environment driven by its row's `mode`: `ok` (two turns), `raise`
-    (its step raises), `hang` (its step sleeps 60 s), `slow` (each step sleeps `sleep_s`)."""
+    (its step raises), `exit` (its step raises SystemExit), `hang` (its step sleeps 60 s),
+    `slow` (each step sleeps `sleep_s`)."""
 
     def __init__(self, row: Prompt) -> None:
         self.mode, self.turns = row.meta.get("mode", "ok"), 0
@@ -94,6 +95,8 @@ class ByMode:
         self.turns += 1
         if self.mode == "raise":
             raise RuntimeError("tool crashed")
+        if self.mode == "exit":
+            raise SystemExit(3)
         if self.mode == "hang":
             time.sleep(60)
         if self.sleep_s:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from chat_model import CHAT_TEMPLATE, QWEN25_TOOLS_TEMPLATE, qwen2_tokenizer
+from chat_model import CHAT_TEMPLATE, QWEN25_TOOLS_TEMPLATE, llama3_tokenizer, qwen2_tokenizer
 from slipstream.config import load_config
-from slipstream.envs import PlainRenderer, ToolEnv
+from slipstream.envs import PlainRenderer, ToolEnv, tool_specs
 from slipstream.envs.render import HermesRenderer, TemplateRenderer, supports_tools
 from slipstream.model.chat import ChatTemplate, load_chat_template
 from slipstream.model.tokenizer import load_tokenizer
@@ -96,3 +96,56 @@ def test_tool_format_auto_uses_the_template_when_it_renders_tools(tmp_path: Path
 
 def _exact(prompt: Prompt, completion: str) -> float:
     return float(completion.strip() == prompt.answer)
+
+
+def test_hermes_strings_write_out_the_rows_conversation(tmp_path: Path) -> None:
+    """`HermesRenderer` (hermes asked for, the template renders no tools) on a row rendered
+    through the chat template: the first prompt is the conversation in Qwen2.5's tools format,
+    its system turn kept (before, the rendered conversation was put inside one user turn)."""
+    tok = load_tokenizer(qwen2_tokenizer(tmp_path / "m"))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}]
+    row = Prompt("r", ChatTemplate(CHAT_TEMPLATE).render(messages), "5", messages=messages)
+    env = ToolEnv(Calc(), row, tok, "hermes", HermesRenderer())
+    obs = env.initial_observation()
+    tools = [s.schema() for s in env.specs]
+    assert obs.text == ChatTemplate(QWEN25_TOOLS_TEMPLATE).render(messages, tools=tools)
+    assert obs.tokens == tok.encode(obs.text, add_special_tokens=False)
+
+
+def test_plain_format_on_a_chat_row_puts_the_tools_in_its_first_user_turn(tmp_path: Path) -> None:
+    """`env.tool_format=auto` with a chat template that renders no tools: plain calls, the
+    tool list opening the row's first user turn, the conversation rendered by the template and
+    encoded with no BOS added (before: the list came before the rendered conversation, and a
+    BOS-adding tokenizer put a BOS in front of the template's own)."""
+    folder = llama3_tokenizer(tmp_path / "m")
+    tok = load_tokenizer(folder)
+    cfg = load_config(None, [f'model.path="{folder}"'])
+    fmt, renderer = tool_renderer(cfg, tok)
+    template = load_chat_template("auto", str(folder))
+    assert fmt == "plain" and template is not None
+    messages = [{"role": "user", "content": "2+3?"}]
+    row = Prompt("r", template.render(messages), "5", messages=messages)
+    obs = ToolEnv(Calc(), row, tok, fmt, renderer).initial_observation()
+    listed = PlainRenderer().prompt("2+3?", tool_specs(Calc()))
+    assert listed.startswith("Tools:\n- add(a, b)") and listed.endswith("\n2+3?")
+    assert obs.text == template.render([{"role": "user", "content": listed}])
+    assert obs.tokens == tok.encode(obs.text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("kind", ["template", "hermes"])
+def test_a_turn_cut_by_its_budget_is_closed_before_the_replies(tmp_path: Path, kind: str) -> None:
+    """A turn with a call, cut by its token budget before the model's `<|im_end|>`: the
+    observation closes it first, so the episode's tokens are still the conversation's
+    rendering (before, the replies followed the open assistant turn)."""
+    folder = qwen2_tokenizer(tmp_path / "m", QWEN25_TOOLS_TEMPLATE)
+    tok = load_tokenizer(folder)
+    template = load_chat_template("auto", str(folder))
+    assert template is not None
+    renderer = TemplateRenderer(template) if kind == "template" else HermesRenderer()
+    env = ToolEnv(Calc(), Prompt("r", "2+3?", "5"), tok, "hermes", renderer)
+    env.initial_observation()
+    cut = env.step(tok.encode(CALL, add_special_tokens=False))  # no <|im_end|>
+    whole = env.step([*tok.encode(CALL, add_special_tokens=False), tok.eos_id])
+    assert cut.next_observation is not None and whole.next_observation is not None
+    assert cut.next_observation.text == "<|im_end|>" + whole.next_observation.text
+    assert cut.next_observation.tokens == [tok.eos_id, *whole.next_observation.tokens]

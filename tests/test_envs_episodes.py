@@ -218,3 +218,22 @@ def test_token_budget_ends_the_episode() -> None:
     _, _, eps = _run(envs, params, max_tokens=12)
     e = eps["a"]
     assert e.stats.end == "max_tokens" and len(e.tokens) <= 12
+
+
+def test_the_last_turn_resumes_from_parked_kv_too() -> None:
+    """The last turn (`env.max_turns`) is not parked when it ends, but its history was, at the
+    end of the turn before: it is restored (before, a request not parking itself skipped the
+    restore, so each episode's last turn re-prefilled its whole history)."""
+    envs = {str(i): Scripted(i, turns=2) for i in range(3)}
+    params = SamplingParams(temperature=0.0, max_new_tokens=5)
+    model, engine, eps = _run(envs, params, slots=3, max_turns=2)
+    assert engine.park is not None
+    assert all(e.stats.end == "done" and e.stats.turns == 2 for e in eps.values())
+    assert engine.park.stats.saved == 3 and engine.park.stats.restored == 3
+    assert not engine.park.entries and engine.park.used == 0
+    fresh = Engine(model, EOS, num_slots=3, max_len=96)
+    for k, ep in eps.items():  # the restored turn is a fresh generation's
+        first = envs[k].actions[0]
+        history = (ep.prompt_tokens + ep.tokens)[: len(ep.prompt_tokens) + len(first) + 3]
+        (ref,) = fresh.generate([Request(history, params)])
+        assert ref.tokens == envs[k].actions[1], k

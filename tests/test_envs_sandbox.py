@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import glob
+import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -68,3 +73,46 @@ def test_output_cut_to_the_limit_keeping_head_and_tail() -> None:
     assert r.output.startswith("aaa") and r.output.rstrip().endswith("END")
     assert "[604 chars cut]" in r.output  # 1000 + len("END\n") - 400
     assert "bytes cut" in big.output
+
+
+def _sandboxes_in(folder: Path) -> list[int]:
+    """Live (not zombie) processes whose working directory is under `folder`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            live = (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            if live and os.readlink(d / "cwd").startswith(str(folder)):
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.slow  # ~5 s: a helper interpreter that imports slipstream
+def test_the_sandboxed_process_dies_with_the_process_that_runs_it(tmp_path: Path) -> None:
+    """An environment worker SIGKILLed in the middle of a `python` call (its step timed out):
+    the code it was running dies with it (before, started in its own session, it ran on,
+    unbounded when it only sleeps, since the wall limit was the dead worker's to enforce)."""
+    code = "import time\ntime.sleep(60)"
+    helper = subprocess.Popen(
+        [sys.executable, "-c", f"from slipstream.envs import run_python; run_python({code!r})"],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _sandboxes_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _sandboxes_in(tmp_path), "the sandbox never started"
+        helper.kill()
+        helper.wait()
+        deadline = time.monotonic() + 5
+        while _sandboxes_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = _sandboxes_in(tmp_path)
+    finally:
+        helper.kill()
+        for pid in _sandboxes_in(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, "the sandboxed code outlived the process that ran it"

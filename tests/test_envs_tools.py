@@ -14,11 +14,12 @@ from slipstream.envs import (
     ToolCall,
     ToolEnv,
     call_tool,
+    encode_tail,
     parse_tool_calls,
     resolve,
     tool_specs,
 )
-from slipstream.model.tokenizer import char_tokenizer
+from slipstream.model.tokenizer import Tokenizer, char_tokenizer
 from slipstream.types import Prompt
 
 TOK = char_tokenizer(string.printable)
@@ -146,3 +147,87 @@ def test_resolve_runs_async_envs() -> None:
 
     assert resolve(obs()).tokens == [1, 2]
     assert resolve(StepResult(1.0)).reward == 1.0
+
+
+def test_tool_replies_carry_no_special_tokens_of_a_tokenizer_that_adds_eos() -> None:
+    """A tokenizer that appends EOS to what it encodes (tokenizer_config `add_eos_token`):
+    the reply tokens appended mid-episode hold no EOS (the model would read a sequence end
+    before its next turn; the scripted warm-start traces had a doubled EOS)."""
+    tok = Tokenizer(TOK.inner, eos_id=TOK.eos_id, pad_id=TOK.pad_id, append_eos=True)
+    row = Prompt("p0", "What is 1+2?", answer="3.0")
+    env = ToolEnv(Calc(), row, tok, fmt="plain", renderer=PlainRenderer())
+    env.initial_observation()
+    r = env.step(tok.encode('CALL add {"a": 1, "b": 2}', add_special_tokens=False))
+    assert r.next_observation is not None
+    assert r.next_observation.tokens == TOK.encode("\nRESULT add: 3.0\n")
+    assert tok.eos_id not in encode_tail(tok, "3.0")
+
+
+def test_a_hermes_call_cut_before_its_closing_tag_is_a_bad_call_not_the_answer() -> None:
+    """A turn cut by its token budget inside a call (or a model that forgets `</tool_call>`):
+    the call is answered with a format error and the episode goes on; before, the turn was
+    taken for the final answer and the episode ended scored on a half-written call."""
+    cut = '<tool_call>\n{"name": "add", "arguments": {"a": 1'
+    (call,) = parse_tool_calls(cut, "hermes")
+    assert call.error.startswith("tool call not closed")
+    both = parse_tool_calls('<tool_call>{"name": "add", "arguments": {}}</tool_call>' + cut)
+    assert [bool(c.error) for c in both] == [False, True]
+    row = Prompt("p", "1+2?", answer="3")
+    env = ToolEnv(Calc(), row, TOK, "hermes", HermesRenderer())
+    r = env.step(TOK.encode(cut))
+    assert not r.done and r.metrics == {"tool_calls": 1.0, "tool_errors": 1.0}
+    assert (
+        r.next_observation is not None and "error: tool call not closed" in r.next_observation.text
+    )
+
+
+def test_a_long_tool_reply_keeps_its_head_and_tail() -> None:
+    """A reply over `max_reply_chars` is cut in the middle, as the sandbox cuts its output
+    (a traceback's end says what failed): before, only the head was kept, so with the default
+    limits (sandbox 4000 chars, replies 2000) the end of a long output never reached the model."""
+
+    class Long:
+        def run(self) -> str:
+            """Prints a lot, then fails."""
+            return "x" * 5000 + "\nZeroDivisionError: division by zero"
+
+    env = ToolEnv(Long(), Prompt("p", "go", None), TOK, "plain", max_reply_chars=100)
+    r = env.step(TOK.encode("CALL run"))
+    assert r.next_observation is not None
+    text = r.next_observation.text
+    assert text.startswith("\nRESULT run: xxx") and "chars cut" in text
+    assert text.endswith("ZeroDivisionError: division by zero\n") and len(text) < 200
+
+
+def test_an_async_environment_keeps_its_event_loop_across_steps() -> None:
+    """What an async environment starts in one method (a task, a subprocess, a client) is
+    there at its next: each call ran in a fresh `asyncio.run`, which cancelled the tasks left
+    at its end and closed its loop, so a step awaiting one raised CancelledError."""
+
+    class Ticking:
+        async def initial_observation(self) -> Observation:
+            self.loop = asyncio.get_running_loop()
+            self.task = asyncio.create_task(asyncio.sleep(0.01, result=7.0))
+            return Observation([1])
+
+        async def step(self, action_tokens: list[int]) -> StepResult:
+            assert asyncio.get_running_loop() is self.loop
+            return StepResult(await self.task, True)
+
+    env = Ticking()
+    resolve(env.initial_observation())
+    assert resolve(env.step([2])).reward == 7.0
+
+
+def test_a_tool_that_exits_is_answered_with_its_error() -> None:
+    """A tool raising `SystemExit` (argparse in a wrapped command line, a `sys.exit()`) is a
+    tool that raises: its reply is the error. Before, it escaped `call_tool` and took the
+    environment worker down, with every episode whose environment lived there (`crash`)."""
+
+    class Cli:
+        def run(self, args: str) -> str:
+            """Runs a command line."""
+            raise SystemExit(2)
+
+    reply = call_tool(tool_specs(Cli()), ToolCall("run", {"args": "--bad"}))
+    assert reply.error and reply.text == "error: SystemExit: 2"

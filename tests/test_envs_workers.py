@@ -3,6 +3,7 @@ the episodes they hold (each episode once, with its reason), and a run that goes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -16,7 +17,15 @@ from scripted_env import ByMode
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
-from slipstream.envs.workers import START_FAILURES, ProcessWorkers, WorkerDied, WorkersCannotStart
+from slipstream.envs import StepResult
+from slipstream.envs.workers import (
+    START_FAILURES,
+    EnvError,
+    ProcessWorkers,
+    ThreadWorkers,
+    WorkerDied,
+    WorkersCannotStart,
+)
 from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.schedule.episodes import EpisodeRunner, run_episodes
 from slipstream.types import Prompt
@@ -162,5 +171,188 @@ def test_workers_that_exit_at_start_stop_the_run_with_a_clear_error() -> None:
                 if workers.workers[0].running is None:
                     workers.first((key, time.monotonic()), row)
         assert workers.deaths == START_FAILURES
+    finally:
+        workers.close()
+
+
+def _wait(future: Future, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_thread_workers_a_queued_step_has_not_started() -> None:
+    """`started` is None for a step waiting for a free thread: before, it was the time the
+    episode's previous operation began, so a step queued behind others looked as if it had
+    run since then, and the runner timed it out (ended `timeout`) without it having run."""
+    workers = ThreadWorkers(ByMode, 1)
+    (a, ka, _), (b, kb, _) = _rows({"a": "ok", "b": "slow"}, sleep_s=0.3)
+    try:
+        _wait(workers.first(ka, a))
+        t_first = workers.started(ka)
+        assert t_first is not None
+        _wait(workers.first(kb, b))
+        busy = workers.step(kb, [5])  # holds the only thread for 0.3 s
+        time.sleep(0.05)
+        queued = workers.step(ka, [5])
+        assert not queued.done() and workers.started(ka) is None
+        _wait(queued)
+        assert queued.exception() is None and (workers.started(ka) or 0.0) > t_first
+        assert busy.done()
+    finally:
+        workers.close()
+
+
+def test_thread_workers_an_episode_ended_while_queued_builds_no_environment() -> None:
+    """An episode cancelled while its first observation waits for a thread: the queued
+    operation does not run later (it built an environment kept for ever, and with a key
+    used again, as the sync loop's `(prompt, member)` keys are, replaced the new one's)."""
+    workers = ThreadWorkers(ByMode, 1)
+    (a, ka, _), (c, kc, _) = _rows({"a": "slow", "c": "ok"}, sleep_s=0.2)
+    try:
+        _wait(workers.first(ka, a))
+        busy = workers.step(ka, [5])
+        queued = workers.first(kc, c)
+        workers.end(kc)  # cancelled before a thread was free
+        _wait(busy)
+        _wait(queued, 2.0)
+        assert kc not in workers.envs and ka in workers.envs
+        assert queued.cancelled()
+    finally:
+        workers.close()
+
+
+@pytest.mark.slow  # ~15 s on the loaded 2-core machine: a forkserver and one worker
+def test_process_workers_drop_the_queued_operations_of_an_ended_episode() -> None:
+    """An episode that ends (cancelled) while its operation is queued behind another's: the
+    operation leaves the queue (before, it still ran: a first observation built an
+    environment the worker kept for ever, after its drop, and held up live episodes)."""
+    workers = ProcessWorkers(ByMode, 1)
+    (a, ka, _), (c, kc, _) = _rows({"a": "slow", "c": "ok"}, sleep_s=0.3)
+    try:
+        assert _pump_until_done(workers, workers.first(ka, a), 30).exception() is None
+        busy = workers.step(ka, [5])
+        queued = workers.first(kc, c)
+        workers.end(kc)
+        assert _pump_until_done(workers, busy, 10).exception() is None
+        w = workers.workers[0]
+        assert w.running is None and not w.queue  # nothing sent after the step
+        assert queued.cancelled()
+    finally:
+        workers.close()
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (an orphan nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow  # ~15 s on the loaded 2-core machine: a forkserver and one worker
+def test_a_worker_in_the_middle_of_a_step_exits_when_its_parent_dies() -> None:
+    """The workers are children of the sampler's fork server, which exits when the sampler
+    dies; a worker then exited only at its next read of the pipe, so one inside a hung step
+    ran on for ever (nobody left to enforce its time limit)."""
+    import multiprocessing.forkserver as mpf
+
+    workers = ProcessWorkers(ByMode, 1)
+    try:
+        ((row, key, _),) = _rows({"e": "hang"})
+        assert _pump_until_done(workers, workers.first(key, row), 30).exception() is None
+        workers.step(key, [5])  # sleeps 60 s
+        pid = workers.workers[0].proc.pid
+        assert workers.started(key) is not None and _running(pid)
+        os.kill(mpf._forkserver._forkserver_pid, signal.SIGKILL)  # as when the sampler dies
+        deadline = time.monotonic() + 10
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pid), "the worker outlived its parent"
+    finally:
+        for w in workers.workers:  # (the pool cannot replace it: its fork server is gone)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w.proc.pid, signal.SIGKILL)
+
+
+def test_thread_workers_replace_the_thread_of_an_abandoned_step() -> None:
+    """A step past its limit is abandoned in its thread, which runs on: the others still get
+    `n` threads (before, each hung step held one of the pool's for good, and once `n` hung every
+    later step stayed queued, never started, so never timed out: the run stalled)."""
+    workers = ThreadWorkers(ByMode, 1)
+    (h, kh, _), (a, ka, _) = _rows({"h": "slow", "a": "ok"})
+    h.meta["sleep_s"] = 2.0
+    try:
+        _wait(workers.first(kh, h))
+        _wait(workers.first(ka, a))
+        stuck = workers.step(kh, [5])  # 2 s in the only thread
+        time.sleep(0.05)
+        workers.abandon(kh)  # (as the runner does past env.step_timeout_s)
+        step = workers.step(ka, [5])
+        _wait(step, 1.0)
+        assert step.done() and step.exception() is None and not stuck.done()
+    finally:
+        workers.close()
+
+
+@pytest.mark.slow  # ~15 s on the loaded 2-core machine: a forkserver and one worker
+def test_a_first_observation_queued_on_a_killed_worker_runs_on_its_replacement() -> None:
+    """A worker killed for one episode's timeout: an episode whose first observation was
+    only queued there had no environment to lose, and starts on the fresh worker (before, it
+    ended `crash` too, without having run)."""
+    workers = ProcessWorkers(ByMode, 1)
+    (h, kh, _), (b, kb, _) = _rows({"h": "hang", "b": "ok"})
+    try:
+        assert _pump_until_done(workers, workers.first(kh, h), 30).exception() is None
+        workers.step(kh, [5])  # hangs
+        queued = workers.first(kb, b)
+        workers.pump(0.1)
+        assert workers.started(kh) is not None and not queued.done()
+        workers.abandon(kh)  # (as the runner does past env.step_timeout_s)
+        assert _pump_until_done(workers, queued, 30).exception() is None
+        assert workers.deaths == 1 and kb not in workers.lost
+        step = _pump_until_done(workers, workers.step(kb, [5]), 10)
+        assert step.exception() is None
+    finally:
+        workers.close()
+
+
+def test_a_thread_step_that_raises_a_base_exception_is_an_error() -> None:
+    """A step ending in `SystemExit` (a tool calling `sys.exit()`): its future fails with
+    `EnvError` (the episode ends `error`); before, the exception escaped the thread, the
+    future never resolved, and the episode waited for its time limit (`timeout`)."""
+    import sys as _sys
+
+    class Exits(ByMode):
+        def step(self, action_tokens: list[int]) -> StepResult:
+            _sys.exit(3)
+
+    workers = ThreadWorkers(Exits, 1)
+    ((row, key, _),) = _rows({"e": "ok"})
+    try:
+        _wait(workers.first(key, row))
+        step = workers.step(key, [5])
+        _wait(step, 2.0)
+        assert step.done() and isinstance(step.exception(), EnvError)
+        assert "SystemExit" in str(step.exception())
+    finally:
+        workers.close()
+
+
+@pytest.mark.slow  # a few seconds: a forkserver and one worker
+def test_a_process_step_that_exits_is_an_error_and_its_worker_lives() -> None:
+    """An environment whose step raises `SystemExit`: the episode ends `error` with it and
+    the worker goes on (before, the worker process exited, ending every episode whose
+    environment it held as `crash`)."""
+    workers = ProcessWorkers(ByMode, 1)
+    (x, kx, _), (a, ka, _) = _rows({"x": "exit", "a": "ok"})
+    try:
+        assert _pump_until_done(workers, workers.first(kx, x), 30).exception() is None
+        assert _pump_until_done(workers, workers.first(ka, a), 10).exception() is None
+        err = _pump_until_done(workers, workers.step(kx, [5]), 10).exception()
+        assert isinstance(err, EnvError) and "SystemExit" in str(err)
+        assert _pump_until_done(workers, workers.step(ka, [5]), 10).exception() is None
+        assert workers.deaths == 0
     finally:
         workers.close()

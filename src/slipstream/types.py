@@ -44,7 +44,8 @@ class EpisodeStats:
 
     `done` (the environment said so), `max_turns`, `max_tokens` (budgets of the `env` config),
     `length` (the engine's context is full), `timeout` (a step ran past `env.step_timeout_s`),
-    `error` (the environment raised or its worker died), `aborted` (cut by the sampler).
+    `error` (the environment raised), `crash` (the worker process holding it died), `aborted`
+    (cut by the sampler).
     """
 
     turns: int = 0  # model turns

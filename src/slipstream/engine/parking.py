@@ -106,12 +106,19 @@ class KVPark:
         return n
 
     def restore_all(self, engine: Engine, slots: list[int], requests: list[Request]) -> list[int]:
-        """`restore` for each request admitted into `slots` that asked for parking."""
+        """`restore` for each request admitted into `slots` with something parked under its
+        key (an episode's last turn parks nothing itself, but its history was parked)."""
         keep, v = engine.kv_mode == "keep", engine.version
         return [
-            self.restore(engine.cache, i, r.key, r.prompt_tokens, v, keep) if r.park else 0
+            self.restore(engine.cache, i, r.key, r.prompt_tokens, v, keep) if self._has(r) else 0
             for i, r in zip(slots, requests)
         ]
+
+    def _has(self, r: Request) -> bool:
+        try:
+            return r.key in self.entries
+        except TypeError:  # an unhashable handle (a single-turn request's): nothing parked
+            return False
 
     def discard(self, key: Hashable) -> None:
         """Forget what is parked for `key` (its episode ended, or it is parked anew)."""

@@ -7,14 +7,18 @@ as environment tokens and the model generates the next turn. Token in, token out
 sequence is never re-tokenized, so what is trained is exactly what the model saw.
 
 Either method may be a coroutine function (`async def`): it is run to completion in the
-environment worker that runs the step (envs.workers), never in the engine's loop. The
-episode's reward is the sum of its steps' rewards.
+environment worker that runs the step (envs.workers), never in the engine's loop, on one event
+loop per process kept across calls, so an environment may hold what it started (tasks,
+subprocesses, clients) from one step to the next. The episode's reward is the sum of its
+steps' rewards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -61,7 +65,9 @@ EnvFactory = Callable[[Prompt], Env]
 def resolve(value: T | Awaitable[T]) -> T:
     """`value`, or the result of running it to completion if it is awaitable (an async env).
 
-    Runs its own event loop: call it from an environment worker, never from a running loop.
+    Runs it on this process's environment event loop (in a thread of its own, kept for the
+    process's life: what one call starts is there at the next); blocks until it is done, so
+    call it from an environment worker, never from a coroutine on that loop.
     """
     if not inspect.isawaitable(value):
         return value
@@ -69,4 +75,22 @@ def resolve(value: T | Awaitable[T]) -> T:
     async def _await() -> T:
         return await value
 
-    return asyncio.run(_await())
+    return asyncio.run_coroutine_threadsafe(_await(), _env_loop()).result()
+
+
+_LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None  # (the pid it runs in, the loop)
+_LOOP_LOCK = threading.Lock()
+
+
+def _env_loop() -> asyncio.AbstractEventLoop:
+    """The environments' event loop of this process, started on first use (again after a
+    fork, which keeps no threads)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=loop.run_forever, name="slipstream-env-loop", daemon=True
+            ).start()
+            _LOOP = (os.getpid(), loop)
+        return _LOOP[1]

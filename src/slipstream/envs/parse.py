@@ -14,8 +14,9 @@ one block per call, `arguments` a JSON object (or a string holding one, as some 
     CALL calc 7+9                  any other text: the tool's only (first) argument
     CALL now                       no arguments
 
-A call that cannot be parsed (bad JSON, no name) is still returned, with `error` set: the
-tool layer replies with that error instead of calling anything, so the model learns the format.
+A call that cannot be parsed (bad JSON, no name, a `<tool_call>` never closed, as in a turn cut
+by its token budget) is still returned, with `error` set: the tool layer replies with that
+error instead of calling anything, so the model learns the format.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ class ToolCall:
 def parse_tool_calls(text: str, fmt: ToolFormat = "hermes") -> list[ToolCall]:
     """The tool calls in `text`, in order; [] if there are none (the turn is an answer)."""
     if fmt == "hermes":
-        return [_hermes_call(body) for body in _HERMES.findall(text)]
+        calls = [_hermes_call(body) for body in _HERMES.findall(text)]
+        if "<tool_call>" in text.rsplit("</tool_call>", 1)[-1]:  # opened after the last close
+            calls.append(ToolCall("", error="tool call not closed (no </tool_call> after it)"))
+        return calls
     if fmt == "plain":
         return [_plain_call(name, rest) for name, rest in _PLAIN.findall(text)]
     raise ValueError(f"unknown tool call format {fmt!r} (expected 'hermes' or 'plain')")

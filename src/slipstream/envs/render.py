@@ -55,33 +55,47 @@ class Renderer(Protocol):
 
 class PlainRenderer:
     """The plain format. `describe_tools=False` shows no tool list (a model trained on one
-    task's tools, as the built-in task's, does not need it)."""
+    task's tools, as the built-in task's, does not need it). With the model's chat `template`
+    (one that renders no tools), a row's conversation is rendered by it, the tool list opening
+    its first user turn."""
 
     templated = False
 
-    def __init__(self, describe_tools: bool = True) -> None:
-        self.describe_tools = describe_tools
+    def __init__(
+        self, describe_tools: bool = True, template: ChatTemplateLike | None = None
+    ) -> None:
+        self.describe_tools, self.template = describe_tools, template
 
     def prompt(
         self, text: str, tools: Sequence[ToolSpec], messages: list[dict[str, Any]] | None = None
     ) -> str:
-        if not self.describe_tools or not tools:
-            return text
-        lines = ["Tools:"]
-        for t in tools:
-            args = ", ".join(t.parameters["properties"])
-            lines.append(f"- {t.name}({args}): {t.description}")
-        lines.append('Call a tool on its own line: CALL <tool> {"<argument>": <value>, ...}')
-        return "\n".join(lines) + "\n" + text
+        listed = self.describe_tools and bool(tools)
+        if messages and self.template is not None:
+            msgs = [dict(m) for m in messages]
+            user = next((m for m in msgs if m.get("role") == "user"), msgs[-1])
+            if listed:
+                user["content"] = f"{_tool_list(tools)}\n{user['content']}"
+            return self.template.render(msgs)
+        return f"{_tool_list(tools)}\n{text}" if listed else text
 
     def replies(self, replies: Sequence[ToolReply]) -> str:
         return "".join(f"\nRESULT {r.name}: {r.text}" for r in replies) + "\n"
+
+
+def _tool_list(tools: Sequence[ToolSpec]) -> str:
+    lines = ["Tools:"]
+    for t in tools:
+        args = ", ".join(t.parameters["properties"])
+        lines.append(f"- {t.name}({args}): {t.description}")
+    lines.append('Call a tool on its own line: CALL <tool> {"<argument>": <value>, ...}')
+    return "\n".join(lines)
 
 
 class HermesRenderer:
     """Qwen2.5 / Hermes ChatML with tools (the model's turn ends with `<|im_end|>`, its EOS)."""
 
     templated = True
+    end_of_turn = "<|im_end|>"  # what closes a model turn cut by its budget (envs.tool_env)
 
     def __init__(self, system: str = "You are a helpful assistant.") -> None:
         self.system = system
@@ -89,7 +103,10 @@ class HermesRenderer:
     def prompt(
         self, text: str, tools: Sequence[ToolSpec], messages: list[dict[str, Any]] | None = None
     ) -> str:
+        turns = messages or [{"role": "user", "content": text}]  # the row's conversation
         sys = self.system
+        if turns[0].get("role") == "system":
+            sys, turns = str(turns[0]["content"]), turns[1:]
         if tools:
             sigs = "\n".join(json.dumps(t.schema()) for t in tools)
             sys += (
@@ -100,10 +117,8 @@ class HermesRenderer:
                 '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
                 "</tool_call>"
             )
-        return (
-            f"<|im_start|>system\n{sys}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n"
-            "<|im_start|>assistant\n"
-        )
+        body = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in turns)
+        return f"<|im_start|>system\n{sys}<|im_end|>\n{body}<|im_start|>assistant\n"
 
     def replies(self, replies: Sequence[ToolReply]) -> str:
         body = "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in replies)
@@ -185,9 +200,7 @@ class TemplateRenderer:
 
 
 def encode_tail(tok: Codec, text: str, templated: bool = False) -> list[int]:
-    """`text` as tokens to append inside a sequence: without the beginning-of-sequence token
-    (`templated`: the text holds its special tokens; none is added)."""
-    if templated:
-        return tok.encode(text, add_special_tokens=False)
-    ids = tok.encode(text)
-    return ids[1:] if tok.bos_id is not None and ids[:1] == [tok.bos_id] else ids
+    """`text` as tokens to append inside a sequence: with none of the special tokens the
+    tokenizer adds (a BOS, or the EOS of an `add_eos_token` tokenizer, would land mid-sequence).
+    `templated`: the text holds its own special tokens, parsed like any added token."""
+    return tok.encode(text, add_special_tokens=False)

@@ -3,7 +3,8 @@
 What bounds a run (`SandboxLimits`):
 
 - a wall-time limit: the process group is SIGKILLed at `wall_s` (and always at the end, so
-  children it forked do not outlive it);
+  children it forked do not outlive it); the process is SIGKILLed too if the one running it
+  dies first (an environment worker killed for its step's time limit; Linux);
 - rlimits set in the child before it starts: CPU seconds (`RLIMIT_CPU`), address space
   (`RLIMIT_AS`, so a memory hog gets MemoryError), processes (`RLIMIT_NPROC`: those its user
   runs now plus `max_procs`, so a fork bomb's forks fail), file size (`RLIMIT_FSIZE`), no core.
@@ -31,6 +32,7 @@ the same shape: a method `python(code: str) -> str` on a tool class.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import shutil
@@ -136,8 +138,26 @@ def _user_processes(uid: int) -> int:
     return n
 
 
+@cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's `prctl` (Linux), looked up in the parent: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return fn
+
+
 def _limiter(lim: SandboxLimits, nproc: int) -> Callable[[], None]:
+    prctl, parent = _prctl(), os.getpid()
+
     def apply() -> None:
+        if prctl is not None:  # SIGKILLed if the process running it dies (PR_SET_PDEATHSIG)
+            prctl(1, signal.SIGKILL)
+            if os.getppid() != parent:  # it died before that took effect
+                os._exit(1)
         mb = 1024 * 1024
         resource.setrlimit(resource.RLIMIT_CPU, (lim.cpu_s, lim.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_AS, (lim.memory_mb * mb, lim.memory_mb * mb))

@@ -4,7 +4,8 @@ The first observation is the row's prompt rendered with the tools (its conversat
 chat template). Each model turn is decoded and searched for tool calls (envs.parse). A turn without any is
 the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one,
 else by the `reward` function given (the task's verifier), else 0. A turn with calls gets
-every call's reply (errors included) rendered by the `Renderer` and appended as tokens.
+every call's reply (errors included) rendered by the `Renderer` and appended as tokens; after
+a turn cut by its token budget, a chat renderer's `end_of_turn` closes the turn first.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class ToolEnv:
             if messages:  # the row's conversation: the text joins its last turn
                 messages[-1]["content"] = f"{messages[-1]['content']}\n{extra}"
         text = self.renderer.prompt(text, self.specs, messages)
-        ids = self.tok.encode(text, add_special_tokens=not self.renderer.templated)
+        # a chat-rendered row holds its own special tokens (as `Tokenizer.encode_prompt`)
+        chat = self.renderer.templated or messages is not None
+        ids = self.tok.encode(text, add_special_tokens=not chat)
         return Observation(ids, text)
 
     def step(self, action_tokens: list[int]) -> StepResult:
@@ -69,12 +72,20 @@ class ToolEnv:
             msg = f"error: at most {self.max_calls} tool calls a turn"
             replies.append(ToolReply(calls[self.max_calls].name, msg, error=True))
         obs = self.renderer.replies(replies)
+        end = getattr(self.renderer, "end_of_turn", None)
+        if end and self._cut(action_tokens):  # closed first, as the chat template closes it
+            obs = end + obs
         metrics = {
             "tool_calls": float(len(calls)),
             "tool_errors": float(sum(r.error for r in replies)),
         }
         ids = encode_tail(self.tok, obs, self.renderer.templated)
         return StepResult(0.0, False, Observation(ids, obs), metrics)
+
+    def _cut(self, action_tokens: list[int]) -> bool:
+        """Whether the turn ended without a stop token (cut by its token budget)."""
+        stopped = getattr(self.tok, "completion_ids", None)  # (model.Tokenizer's)
+        return stopped is not None and len(stopped(action_tokens)) == len(action_tokens)
 
     def _reward(self, completion: str) -> float:
         own = getattr(self.tools, "reward", None)
@@ -85,7 +96,10 @@ class ToolEnv:
         return 0.0
 
     def _truncate(self, r: ToolReply) -> ToolReply:
-        n = self.max_reply_chars
-        if len(r.text) <= n:
+        """`r` cut to `max_reply_chars`, head and tail (as the sandbox cuts its output: the end
+        of a traceback says what failed)."""
+        n, text = self.max_reply_chars, r.text
+        if len(text) <= n:
             return r
-        return ToolReply(r.name, r.text[:n] + f"... [{len(r.text) - n} chars cut]", r.error)
+        head, tail = text[: n // 2], text[len(text) - (n - n // 2) :]
+        return ToolReply(r.name, f"{head}\n... [{len(text) - n} chars cut] ...\n{tail}", r.error)

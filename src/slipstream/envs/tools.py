@@ -121,7 +121,7 @@ def call_tool(specs: list[ToolSpec], call: ToolCall) -> ToolReply:
         return ToolReply(call.name, f"error: {problem}", True)
     try:
         out = spec.fn(**args)
-    except Exception as e:  # a tool that raises answers with its error
+    except (Exception, SystemExit) as e:  # a tool that raises (or exits) answers with its error
         return ToolReply(call.name, f"error: {type(e).__name__}: {e}", True)
     if isinstance(out, ToolReply):
         return out

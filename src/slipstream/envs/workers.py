@@ -10,23 +10,30 @@ that raises fails its future with `EnvError` (the episode ends `error`).
 forkserver that has slipstream imported; it runs one step at a time, so a step's time limit is
 exact: a step past `env.step_timeout_s` is ended by SIGKILLing its worker (`abandon`). A worker
 that dies, killed for a timeout or by anything else (a segfault, the OOM killer, a SIGKILL),
-fails its running and queued steps with `WorkerDied`, and every other episode whose
+fails its running operation and queued steps with `WorkerDied`, and every other episode whose
 environment lived in it ends as well (its state is gone) at its next step: their reason is
-`crash`. A fresh worker takes its place at once. Factories must be picklable (module-level
-functions or classes); steps and observations go through pipes. If the sampler itself dies,
-each worker exits at its next read (the pipe closes).
+`crash`. A fresh worker takes its place at once; first observations still queued there wait
+for it (nothing of theirs was lost). Factories must be picklable (module-level functions or
+classes); steps and observations go through pipes. If the sampler itself dies,
+each worker exits at its next read (the pipe closes), or at once if it is inside a step (the
+kernel kills it with its parent, the sampler's fork server).
 
 `ThreadWorkers` (`env.isolation = "thread"`): steps run in threads of the caller's process;
 nothing is pickled (tests that inspect their environments use it), a step past the limit is
-abandoned (its thread cannot be killed) and a crash of native code takes the sampler down.
+abandoned (its thread cannot be killed: it runs on, and a fresh thread takes its place among
+the `n`) and a crash of native code takes the sampler down.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import ctypes
 import multiprocessing as mp
+import os
 import signal
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Hashable
@@ -73,7 +80,7 @@ class Workers(Protocol):
         ...
 
     def end(self, key: Hashable) -> None:
-        """The episode ended: its environment is dropped."""
+        """The episode ended: its environment is dropped, its queued operation never runs."""
         ...
 
     def pump(self, timeout: float) -> None:
@@ -101,28 +108,69 @@ def _run_op(
 
 
 # ---- threads ----------------------------------------------------------------------------------
+@dataclass(eq=False)  # (hashed by identity: a member of `running`)
+class _ThreadOp:
+    op: str
+    key: Hashable
+    arg: OpArg
+    future: cf.Future[Outcome] = field(default_factory=cf.Future)
+
+
 class ThreadWorkers:
-    """Steps in `n` threads of this process (module docstring)."""
+    """Steps in `n` threads of this process (module docstring): at most `n` operations run at
+    once, each in a daemon thread of its own; an abandoned one no longer counts (its thread
+    runs on, and what it returns is ignored), so `n` remain for the others."""
 
     def __init__(self, factory: EnvFactory, n: int) -> None:
-        self.factory = factory
-        self.pool = cf.ThreadPoolExecutor(n, thread_name_prefix="slipstream-env")
+        self.factory, self.n = factory, n
         self.envs: dict[Hashable, Env] = {}
         self.t_start: dict[Hashable, float] = {}
         self.futures: dict[Hashable, cf.Future[Outcome]] = {}
+        self.ops: dict[Hashable, _ThreadOp] = {}  # each episode's current operation
+        self.queue: deque[_ThreadOp] = deque()
+        self.running: set[_ThreadOp] = set()  # the operations that hold one of the n
+        self.lock = threading.Lock()  # the caller's thread against the operations' threads
+        self.closed = False
 
     def _submit(self, op: str, key: Hashable, arg: OpArg) -> cf.Future[Outcome]:
-        def job() -> Outcome:
-            t0 = time.monotonic()
-            self.t_start[key] = t0
-            try:
-                return _run_op(self.envs, self.factory, op, key, arg), time.monotonic() - t0
-            except Exception as e:
-                raise EnvError(f"{type(e).__name__}: {e}"[:500]) from e
+        item = _ThreadOp(op, key, arg)
+        with self.lock:  # queued: not started (the previous operation's time is no more)
+            self.ops[key], self.futures[key] = item, item.future
+            self.t_start.pop(key, None)
+            self.queue.append(item)
+        self._start()
+        return item.future
 
-        fut = self.pool.submit(job)
-        self.futures[key] = fut
-        return fut
+    def _start(self) -> None:
+        """Start queued operations while fewer than `n` run; drop those of ended episodes."""
+        with self.lock:
+            while self.queue and len(self.running) < self.n and not self.closed:
+                item = self.queue.popleft()
+                if self.ops.get(item.key) is not item:  # ended while queued: never runs
+                    item.future.cancel()
+                    continue
+                self.running.add(item)
+                self.t_start[item.key] = t0 = time.monotonic()
+                args = (item, t0)
+                threading.Thread(
+                    target=self._run, args=args, name="slipstream-env", daemon=True
+                ).start()
+
+    def _run(self, item: _ThreadOp, t0: float) -> None:
+        built: dict[Hashable, Env] = {}
+        envs = self.envs if item.op == "step" else built
+        try:
+            out = _run_op(envs, self.factory, item.op, item.key, item.arg)
+            with self.lock:  # (an abandoned first observation keeps no environment)
+                if self.ops.get(item.key) is item:
+                    self.envs.update(built)
+            item.future.set_result((out, time.monotonic() - t0))
+        except BaseException as e:  # (SystemExit too: the future must resolve)
+            item.future.set_exception(EnvError(f"{type(e).__name__}: {e}"[:500]))
+        finally:
+            with self.lock:
+                self.running.discard(item)
+            self._start()
 
     def first(self, key: Hashable, row: Prompt) -> cf.Future[Outcome]:
         return self._submit("first", key, row)
@@ -134,25 +182,50 @@ class ThreadWorkers:
         return self.t_start.get(key)
 
     def abandon(self, key: Hashable) -> None:
-        self.end(key)  # its thread runs on; what it returns is ignored
+        with self.lock:  # its thread runs on; another takes its place among the n
+            item = self.ops.get(key)
+            if item is not None:
+                self.running.discard(item)
+        self.end(key)
+        self._start()
 
     def end(self, key: Hashable) -> None:
-        self.envs.pop(key, None)
-        self.t_start.pop(key, None)
-        self.futures.pop(key, None)
+        with self.lock:
+            self.ops.pop(key, None)
+            self.envs.pop(key, None)
+            self.t_start.pop(key, None)
+            self.futures.pop(key, None)
 
     def pump(self, timeout: float) -> None:
-        running = [f for f in self.futures.values() if not f.done()]
+        running = [f for f in list(self.futures.values()) if not f.done()]
         if timeout > 0 and running:
             cf.wait(running, timeout=timeout, return_when=cf.FIRST_COMPLETED)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self.lock:
+            self.closed = True
+            queued, self.queue = list(self.queue), deque()
+        for item in queued:
+            item.future.cancel()
 
 
 # ---- processes --------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent dies (Linux `PR_SET_PDEATHSIG`).
+    The parent is the sampler's fork server, which exits with the sampler: a worker inside a
+    step, which would see the pipe close only at its next read, goes too. Elsewhere: nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before that took effect
+        os._exit(1)
+
+
 def _worker_main(conn: Connection, factory: EnvFactory) -> None:
-    """A worker process: run operations one at a time until the pipe closes."""
+    """A worker process: run operations one at a time until the pipe closes (or, in the middle
+    of one, its parent dies: `_die_with_parent`)."""
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sampler's to handle
     envs: dict[Hashable, Env] = {}
     while True:
@@ -170,7 +243,7 @@ def _worker_main(conn: Connection, factory: EnvFactory) -> None:
             msg: tuple[str, Hashable, Observation | StepResult | str, float] = (
                 "ok", key, _run_op(envs, factory, op, key, arg), 0.0
             )  # fmt: skip
-        except Exception as e:  # the environment raised: reported, the worker goes on
+        except (Exception, SystemExit) as e:  # the environment raised: reported, it goes on
             envs.pop(key, None)
             msg = ("err", key, f"{type(e).__name__}: {e}"[:500], 0.0)
         msg = (*msg[:3], time.monotonic() - t0)
@@ -269,6 +342,9 @@ class ProcessWorkers:
             return
         w = self.workers[i]
         w.keys.discard(key)
+        for op in [op for op in w.queue if op.key == key]:  # queued: never to run
+            w.queue.remove(op)
+            op.future.cancel()
         w.drops.append(key)
         self._dispatch(i)
 
@@ -367,16 +443,19 @@ class ProcessWorkers:
                     "unpickles (importable, not defined in the main script); or set "
                     'env.isolation="thread"'
                 )
-        ops = [*([w.running] if w.running else []), *w.queue]
-        for op in ops:
-            if not op.future.done():
+        # a queued first observation lost nothing (its environment was never built): it
+        # waits for the fresh worker; the running operation and queued steps fail
+        again = [op for op in w.queue if op.op == "first"]
+        for op in [*([w.running] if w.running else []), *w.queue]:
+            if (op.op != "first" or op is w.running) and not op.future.done():
                 op.future.set_exception(WorkerDied(why))
-        for key in w.keys:
+        for key in w.keys - {op.key for op in again}:
             self.lost[key] = why
         with contextlib.suppress(OSError):
             w.conn.close()
         fresh = self._spawn()
         fresh.keys = set(w.keys)  # still homed here until they end (their steps fail)
+        fresh.queue.extend(again)
         self.workers[i] = fresh
 
 

@@ -184,17 +184,15 @@ def tool_renderer(cfg: Config, tok: Tokenizer) -> tuple[ToolFormat, Renderer]:
     """The call format and renderer of `env.tool_format`: `auto` is `hermes` through the
     model's chat template where it renders tools, else `plain`."""
     fmt = cfg.env.tool_format
-    template = None
-    if fmt != "plain":
-        try:
-            template = load_chat_template(cfg.task.chat_template, cfg.model.path)
-        except ChatTemplateError as e:
-            raise ConfigError(str(e)) from None
-    if template is not None and supports_tools(template):
+    try:  # (the template the rows are rendered with: plain calls render a row's chat too)
+        template = load_chat_template(cfg.task.chat_template, cfg.model.path)
+    except ChatTemplateError as e:
+        raise ConfigError(str(e)) from None
+    if fmt != "plain" and template is not None and supports_tools(template):
         return "hermes", TemplateRenderer(template)
     if fmt == "hermes":
         return "hermes", HermesRenderer()
-    return "plain", PlainRenderer()
+    return "plain", PlainRenderer(template=template)
 
 
 def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | None:
