@@ -9,9 +9,16 @@ import time
 
 import pytest
 
-from slipstream.runtime.channels import Channels, SamplerMessage, SamplerReport
+from slipstream.runtime.channels import (
+    Channels,
+    PromptRequest,
+    Router,
+    SamplerMessage,
+    SamplerReport,
+)
 from slipstream.schedule.orchestrator import Options, Orchestrator
 from slipstream.schedule.presets import preset
+from slipstream.types import FinishReason, Group, Sample
 from test_orchestrator import B, FakeLearner, FakePrompts, FakeSampler, FakeWeights, G
 
 
@@ -157,3 +164,44 @@ def test_a_sampler_that_dies_again_before_reporting_had_started_nothing():
     assert all(r.retries <= 1 for r in orch.state.outstanding.values())
     orch.issue()
     assert orch.settle_unfinished() == 0 and learner.ledger.unfinished == 0
+
+
+def _group(sampler: int, req: PromptRequest, version: int = 0) -> SamplerMessage:
+    """The group of `req` as sampler `sampler` sends it (G samples of one token each)."""
+    samples = [
+        Sample(req.prompt.id, [1], [2], [0.0], [version], FinishReason.STOP, reward=float(g % 2))
+        for g in range(req.group_size)
+    ]
+    t = time.perf_counter()
+    return SamplerMessage(
+        "group", sampler, req, Group(req.prompt, samples), SamplerReport(sampler, t, 0.0)
+    )
+
+
+def test_a_group_back_from_a_dead_sampler_before_its_resend_is_not_generated_again():
+    """Sampler 0 dies before reporting: its requests count as not started and go out again
+    as they were. One of its groups still arrives before they do: it is taken, and its
+    request is not sent again. (It was: sampler 1 generated it a second time, that late copy
+    was dropped without telling the router, so sampler 1's load stayed one too high and its
+    death raised KeyError on a request the orchestrator no longer held: the trainer crashed.)"""
+    events: list[tuple] = []
+    learner, weights = FakeLearner(events), FakeWeights(events)
+    inboxes = [FakePrompts(events, weights) for _ in range(2)]
+    router = Router(inboxes)  # type: ignore[arg-type]
+    ch = Channels(router, inboxes[0], weights, stop=None, num_samplers=2)  # type: ignore[arg-type]
+    orch = Orchestrator(preset("async", 1), Options(B, G, 10, poll_s=0.001), learner, ch)
+    orch.start()  # (K + 1) x B requests, B to each sampler
+    assert router.load == [B, B]
+    first = next(g for g, i in router.owner.items() if i == 0)
+    orch.sampler_lost(0)
+    orch.receive(_group(0, orch.state.outstanding[first]))  # it had started this one
+    orch.issue()  # the others go to sampler 1 (sampler 0 is down)
+    sent = [r for chunk, _ in inboxes[1].q for r in chunk]
+    for req in sent:  # sampler 1 returns all it was sent...
+        orch.receive(_group(1, req))
+    orch.sampler_lost(1)  # ...then dies holding nothing
+    assert len(sent) == 2 * B - 1 and first not in {r.group_id for r in sent}
+    led = learner.ledger
+    assert led.generated == 2 * B and led.lost == 0 and orch.stats.late_groups == 0
+    orch.settle_unfinished()
+    assert led.unfinished == 0 and led.in_flight == 2 * B and led.balanced(), led

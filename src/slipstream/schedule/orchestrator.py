@@ -299,13 +299,14 @@ class Orchestrator:
             return
         assert msg.request is not None and msg.group is not None
         gid = msg.request.group_id
+        self.router.done(gid)  # a late copy too: a sampler that sent it holds it no more
         if gid in st.lost_ids or gid not in st.outstanding:  # its sampler was declared dead
             st.lost_ids.discard(gid)
             self.stats.late_groups += 1
             self._record(msg, "late")
             return
-        self.router.done(gid)
         req = st.outstanding.pop(gid)
+        st.unqueue(gid)  # back from a dead sampler before its resend went out: not sent again
         self.stats.delivered_group(msg.sampler_id, msg.group)
         self.learner.ledger.generated += 1
         self.learner.ledger.count_episodes(msg.group)

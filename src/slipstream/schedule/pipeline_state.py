@@ -45,6 +45,12 @@ class OrchestratorState:
     ready: set[int] = field(default_factory=set)
     t_last_msg: float = 0.0
 
+    def unqueue(self, group_id: int) -> None:
+        """Take request `group_id` out of the chunks to send again (its group is back)."""
+        if any(r.group_id == group_id for c in self.reissue for r in c):
+            chunks = ([r for r in c if r.group_id != group_id] for c in self.reissue)
+            self.reissue = deque(c for c in chunks if c)
+
 
 def to_json(st: OrchestratorState, lengths: LengthModel) -> dict[str, Any]:
     """The work in the pipeline, as JSON: requests issued and not back (in flight, queued
