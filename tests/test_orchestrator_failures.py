@@ -6,10 +6,12 @@ Uses `test_orchestrator`'s fakes plus a fake runtime that restarts the fake samp
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import pytest
 
 from slipstream.runtime.channels import (
+    ChannelEnd,
     Channels,
     PromptRequest,
     Router,
@@ -205,3 +207,60 @@ def test_a_group_back_from_a_dead_sampler_before_its_resend_is_not_generated_aga
     assert led.generated == 2 * B and led.lost == 0 and orch.stats.late_groups == 0
     orch.settle_unfinished()
     assert led.unfinished == 0 and led.in_flight == 2 * B and led.balanced(), led
+
+
+class Messages(ChannelEnd):
+    """The group channel as a plain queue of messages."""
+
+    def __init__(self) -> None:
+        self.q: deque[SamplerMessage] = deque()
+
+    def get(self, timeout):
+        return self.q.popleft() if self.q else None
+
+    def depth(self):
+        return len(self.q)
+
+
+class QuickRestart:
+    """Sampler 0 is dead at the first `check`, which starts its replacement at once (as the
+    local runtime does): it is ready before `check` returns, and its `ready` message is in
+    the group channel behind its predecessor's last report (`during_drain`), or comes later."""
+
+    def __init__(self, messages: Messages, during_drain: bool) -> None:
+        self.messages, self.during_drain = messages, during_drain
+        self.ready: SamplerMessage | None = None
+
+    def check(self) -> list[int]:
+        if self.ready is not None:
+            return []
+        t = time.perf_counter()
+        self.ready = SamplerMessage("ready", 0, report=SamplerReport(0, t, t))
+        if self.during_drain:
+            self.messages.q.append(self.ready)
+        return [0]
+
+
+@pytest.mark.parametrize("during_drain", [True, False])
+def test_a_replacement_ready_before_its_predecessor_is_settled_is_up(during_drain):
+    """The replacement is marked ready and live, and its reports are taken (they were
+    ignored as a dead incarnation's, its `ready` undone: it stayed down for the whole run,
+    and `wait_ready` timed out)."""
+    events: list[tuple] = []
+    learner, weights = FakeLearner(events), FakeWeights(events)
+    prompts, messages = FakePrompts(events, weights), Messages()
+    runtime = QuickRestart(messages, during_drain)
+    ch = Channels(prompts, messages, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
+    orch = Orchestrator(preset("async", 1), Options(B, G, 10), learner, ch, runtime=runtime)
+    t0 = time.perf_counter()
+    orch.receive(SamplerMessage("ready", 0, report=SamplerReport(0, t0, t0)))
+    orch.start()
+    t1 = time.perf_counter()  # the first incarnation's last report, then it dies
+    messages.q.append(SamplerMessage("stats", 0, report=SamplerReport(0, t1, t0, started=3)))
+    orch.recover()
+    if not during_drain:
+        assert runtime.ready is not None
+        orch.receive(runtime.ready)
+    assert learner.ledger.lost == 3 and orch.stats.requeued == 2 * B - 3  # its last report
+    assert orch.state.ready == {0} and orch.router.live == [True]
+    assert orch.stats.reports[0].t_ready == runtime.ready.report.t_ready  # type: ignore[union-attr]

@@ -346,24 +346,34 @@ class Orchestrator:
         """Take back the requests of samplers the runtime restarted and issue them again."""
         if self.runtime is None:
             return
+        t_dead = time.perf_counter()  # before `check` starts any replacement (a local one)
         dead = self.runtime.check()
         if not dead:
             return
         # first every message already here (the dead one's last groups and counters among
         # them); a reader that prefetches (Ray) sees a message only once its outstanding get
-        # has brought it, so its gets wait `poll_s`
+        # has brought it, so its gets wait `poll_s`. A replacement's (ready after `t_dead`)
+        # wait until its predecessor is settled, else `sampler_lost` would mark it down
         wait = self.opts.poll_s if self.ch.groups.prefetch else 0.0
+        later: list[SamplerMessage] = []
         while (msg := self.ch.groups.get(wait)) is not None:
-            self.receive(msg)
+            r = msg.report
+            if msg.sampler_id in dead and r is not None and r.t_ready > t_dead:
+                later.append(msg)
+            else:
+                self.receive(msg)
         for i in dead:
-            self.sampler_lost(i)
+            self.sampler_lost(i, t_dead)
+        for msg in later:
+            self.receive(msg)
         self._close_ready_windows()
 
-    def sampler_lost(self, i: int) -> None:
-        """Sampler `i` died. Requests it had started generating are lost (ledger) and issued
-        again, each as a new request for the same prompt, seeds and batch; those it had not
-        started are sent again as they were."""
-        st, now = self.state, time.perf_counter()
+    def sampler_lost(self, i: int, at: float | None = None) -> None:
+        """Sampler `i` died (seen `at`, by default now). Requests it had started generating
+        are lost (ledger) and issued again, each as a new request for the same prompt, seeds
+        and batch; those it had not started are sent again as they were. Reports of an
+        incarnation ready before `at` are its predecessors' from now on (ignored)."""
+        st, now = self.state, time.perf_counter() if at is None else at
         st.ready.discard(i)
         st.heard.pop(i, None)
         report = self.stats.reports.get(i)
@@ -444,7 +454,7 @@ class Orchestrator:
                 alive = {g for g, _ in st.window} | set(st.outstanding)
                 st.issue_window = {g: w for g, w in st.issue_window.items() if g in alive}
             need = st.need or self.opts.batch_prompts
-            ripe = self._ripe()
+            ripe = pipeline_state.ripe(st, self.opts.min_lag)
             if len(ripe) < need:
                 return None
             taken = set(ripe[:need])
@@ -469,19 +479,6 @@ class Orchestrator:
         if not self.fixed:
             self.state.out_of_bound += 1  # its place in the admission bound is free again
         return True
-
-    def _ripe(self) -> list[int]:
-        """Indices into the continuous window of the groups a window may take, in the order it
-        takes them: all in arrival order, or with `min_lag` m those issued at least `min(m, w)`
-        windows ago (w the windows closed), earliest first. Windows, not versions: a window
-        that trains nothing (all filtered) does not move the version, and waiting on the
-        version would then wait forever."""
-        window, m = self.state.window, self.opts.min_lag
-        if not m:
-            return list(range(len(window)))
-        w, at = self.state.windows, self.state.issue_window
-        ripe = [i for i, (gid, _) in enumerate(window) if w - at.get(gid, 0) >= min(m, w)]
-        return sorted(ripe, key=lambda i: (at.get(window[i][0], 0), window[i][0]))
 
     def close_window(self, groups: list[Group]) -> None:
         """Settle `groups` (filters, advantages); with dynamic sampling, wait for replacements

@@ -52,6 +52,20 @@ class OrchestratorState:
             self.reissue = deque(c for c in chunks if c)
 
 
+def ripe(st: OrchestratorState, min_lag: int) -> list[int]:
+    """Indices into the continuous window of the groups a window may take, in the order it
+    takes them: all in arrival order, or with `min_lag` m those issued at least `min(m, w)`
+    windows ago (w the windows closed), earliest first. Windows, not versions: a window that
+    trains nothing (all filtered) does not move the version, and waiting on the version would
+    then wait forever."""
+    window, m = st.window, min_lag
+    if not m:
+        return list(range(len(window)))
+    w, at = st.windows, st.issue_window
+    ready = [i for i, (gid, _) in enumerate(window) if w - at.get(gid, 0) >= min(m, w)]
+    return sorted(ready, key=lambda i: (at.get(window[i][0], 0), window[i][0]))
+
+
 def to_json(st: OrchestratorState, lengths: LengthModel) -> dict[str, Any]:
     """The work in the pipeline, as JSON: requests issued and not back (in flight, queued
     at a sampler, or waiting to be sent), prompts drawn and not issued, groups back and not
