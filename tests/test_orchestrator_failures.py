@@ -264,3 +264,44 @@ def test_a_replacement_ready_before_its_predecessor_is_settled_is_up(during_drai
     assert learner.ledger.lost == 3 and orch.stats.requeued == 2 * B - 3  # its last report
     assert orch.state.ready == {0} and orch.router.live == [True]
     assert orch.stats.reports[0].t_ready == runtime.ready.report.t_ready  # type: ignore[union-attr]
+
+
+class FailingLearner(FakeLearner):
+    """Settling (having counted one group filtered) or training step 1's groups raises."""
+
+    def __init__(self, events: list[tuple], where: str) -> None:
+        super().__init__(events)
+        self.where = where
+
+    def settle(self, groups):
+        if self.where == "settle" and self.version == 1:
+            self.ledger.filtered["fake"] += 1  # part-way through
+            raise RuntimeError("settle failed")
+        return super().settle(groups)
+
+    def train(self, groups):
+        if self.where == "train" and self.version == 1:
+            raise RuntimeError("train failed: CUDA out of memory")
+        return super().train(groups)
+
+
+@pytest.mark.parametrize("where", ["settle", "train"])
+@pytest.mark.parametrize("name", ["sync", "async"])
+def test_an_error_closing_a_window_leaves_its_groups_in_flight(name, where):
+    """The run ends with the error, and its ledger (written on the way out) still adds up:
+    the window's groups are in flight, not half filtered or gone (a trainer out of memory
+    lost the step's groups from the ledger)."""
+    events: list[tuple] = []
+    learner, weights = FailingLearner(events, where), FakeWeights(events)
+    prompts = FakePrompts(events, weights)
+    sampler = FakeSampler(prompts, weights, in_flight=name != "sync")
+    ch = Channels(prompts, sampler, weights, stop=None, num_samplers=1)  # type: ignore[arg-type]
+    opts = Options(B, G, 5, poll_s=0.001, stall_timeout_s=5)
+    orch = Orchestrator(preset(name, None), opts, learner, ch)
+    orch.start()
+    with pytest.raises(RuntimeError, match=f"{where} failed"):
+        orch.run()
+    orch.settle_unfinished()
+    led = learner.ledger
+    assert led.trained == B and sum(led.filtered.values()) == 0 and led.in_flight >= B, led
+    assert led.balanced(), led

@@ -485,7 +485,12 @@ class Orchestrator:
         of filtered groups; then one optimizer step on the kept groups, publish, issue, record."""
         st, B = self.state, self.opts.batch_prompts
         st.step_groups += groups
-        st.kept += self.learner.settle(groups) if groups else []
+        filtered = self.learner.ledger.filtered.copy()
+        try:
+            st.kept += self.learner.settle(groups) if groups else []
+        except BaseException:  # none of them settled: back, not trained (in flight)
+            self.learner.ledger.filtered, st.unsettled = filtered, groups
+            raise
         if self.opts.dynamic_sampling and len(st.kept) < B and st.extra < self.opts.max_extra_draws:
             more = min(B - len(st.kept), self.opts.max_extra_draws - st.extra)
             st.extra += more
@@ -496,7 +501,7 @@ class Orchestrator:
                 st.need = more
             return
         groups, kept, extra = st.step_groups, st.kept, st.extra
-        st.step_groups, st.kept, st.extra = [], [], 0
+        st.step_groups, st.extra = [], 0  # `kept` stays until trained: in flight if it raises
         st.windows += 1
         if not kept:
             st.empty_in_row += 1
@@ -512,6 +517,7 @@ class Orchestrator:
         t0 = time.perf_counter()
         metrics = self.learner.train(kept)
         t1 = time.perf_counter()
+        st.kept = []
         self.learner.ledger.trained += len(kept)
         publish_s = self.learner.publish(self.ch)
         t2 = time.perf_counter()
@@ -556,7 +562,8 @@ class Orchestrator:
     def leftover(self) -> int:
         """Groups received but never trained or dropped (the end of the run cut them off)."""
         st = self.state
-        return len(st.window) + sum(len(v) for v in st.batches.values()) + len(st.kept)
+        held = len(st.window) + sum(len(v) for v in st.batches.values())
+        return held + len(st.kept) + len(st.unsettled)
 
     def settle_unfinished(self) -> int:
         """At the end of the run: count the requests samplers had started and not delivered
@@ -571,7 +578,7 @@ class Orchestrator:
         led.generated += led.unfinished
         tokens = sum(self.stats.undelivered_tokens(i) for i in self.stats.reports)
         received = [g for _, g in st.window] + [g for v in st.batches.values() for _, g in v]
-        return tokens + sum(g.num_tokens for g in received + st.kept)
+        return tokens + sum(g.num_tokens for g in received + st.kept + st.unsettled)
 
     def _waited(self, t0: float, t1: float) -> None:
         """Extend the trainer's open wait interval, or close it and open a new one."""

@@ -37,6 +37,7 @@ class OrchestratorState:
     step_groups: list[Group] = field(default_factory=list)
     kept: list[Group] = field(default_factory=list)
     extra: int = 0
+    unsettled: list[Group] = field(default_factory=list)  # settling them raised: in flight
     need: int = 0  # continuous: arrivals the open window still takes
     unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
     reissue: deque[list[PromptRequest]] = field(default_factory=deque)  # chunks to send again
