@@ -371,8 +371,8 @@ class Orchestrator:
     def sampler_lost(self, i: int, at: float | None = None) -> None:
         """Sampler `i` died (seen `at`, by default now). Requests it had started generating
         are lost (ledger) and issued again, each as a new request for the same prompt, seeds
-        and batch; those it had not started are sent again as they were. Reports of an
-        incarnation ready before `at` are its predecessors' from now on (ignored)."""
+        and batch; those it had not started are sent again as they were. From now on only
+        reports of an incarnation ready after `at` (its replacement's) count."""
         st, now = self.state, time.perf_counter() if at is None else at
         st.ready.discard(i)
         st.heard.pop(i, None)
