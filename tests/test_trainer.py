@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from slipstream.config import TrainerConfig
@@ -78,3 +79,20 @@ def test_a_batch_without_a_trainable_token_is_a_skipped_step():
         [_group(tok, [1.0, -1.0]), Group(Prompt("q", "1=", "1"), [crashed], advantages_G=[0.0])]
     )
     assert metrics["train/skipped"] == 0.0 and metrics["tokens/trained"] == 4.0
+
+
+def test_lr_schedule_peaks_once_and_reaches_the_floor_on_the_last_step():
+    """Step s = version + 1 of T: warm-up `lr s / W` up to s = W, then cosine with progress
+    `(s - W) / (T - W)`, so step W is the only one at the peak and step T (the last, `run.steps`)
+    is at `lr * lr_min_ratio`. lr 0.5, W 2, T 6, floor 0.05, `c = 0.45 / 2`:
+    s=1: 0.25; s=2: 0.5; s=3: 0.05 + c (1 + cos(pi/4)) = 0.4340990; s=4: 0.05 + c = 0.275;
+    s=5: 0.05 + c (1 - cos(pi/4)) = 0.1159010; s=6: 0.05."""
+    model, tok = init_builtin(seed=0)
+    cfg = TrainerConfig(lr=0.5, warmup_steps=2, lr_min_ratio=0.1)
+    trainer = Trainer(model, cfg, temperature=1.0, pad_id=tok.pad_id, total_steps=6)
+    got = [trainer.lr_at(v) for v in range(6)]
+    want = [0.25, 0.5, 0.4340990, 0.275, 0.1159010, 0.05]
+    assert got == pytest.approx(want, abs=1e-6)
+    # no warm-up: the decay starts with the first step and still ends at the floor
+    flat = Trainer(model, cfg.model_copy(update={"warmup_steps": 0}), 1.0, tok.pad_id, 6)
+    assert flat.lr_at(5) == pytest.approx(0.05) and flat.lr_at(0) < 0.5

@@ -114,14 +114,18 @@ class Trainer:
         )
 
     def lr_at(self, version: int) -> float:
-        """Learning rate of the step that produces `version + 1`: warm-up, then the schedule."""
+        """Learning rate of step `s = version + 1` (the step that produces `s`) of
+        `T = total_steps`: warm-up `lr s / W` up to `s = W`, then the schedule, with cosine
+        progress `(s - W) / (T - W)`. Both pieces count steps from 1, so step W alone is at
+        the peak and step T, the last, at `lr * lr_min_ratio`."""
         cfg = self.cfg
-        if cfg.warmup_steps and version < cfg.warmup_steps:
-            return cfg.lr * (version + 1) / cfg.warmup_steps
+        step = version + 1
+        if cfg.warmup_steps and step <= cfg.warmup_steps:
+            return cfg.lr * step / cfg.warmup_steps
         span = self.total_steps - cfg.warmup_steps
         if cfg.lr_schedule == "constant" or span <= 0:
             return cfg.lr
-        progress = min(1.0, (version - cfg.warmup_steps) / span)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
         floor = cfg.lr * cfg.lr_min_ratio
         return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
