@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -96,3 +98,21 @@ def test_lr_schedule_peaks_once_and_reaches_the_floor_on_the_last_step():
     # no warm-up: the decay starts with the first step and still ends at the floor
     flat = Trainer(model, cfg.model_copy(update={"warmup_steps": 0}), 1.0, tok.pad_id, 6)
     assert flat.lr_at(5) == pytest.approx(0.05) and flat.lr_at(0) < 0.5
+
+
+def test_a_row_without_loss_tokens_is_not_a_sequence_of_the_ess_or_vcpo():
+    """The sequence ESS (and VCPO's learning-rate scale from it) is over the sequences in the
+    loss: an episode that crashed before the model spoke adds no weight `w = 1` to it."""
+    model, tok = init_builtin(seed=0)
+    cfg = TrainerConfig(vcpo=True, warmup_steps=0, lr_schedule="constant")
+    crashed = Sample("p", [], [], [], [], FinishReason.ABORTED)
+    empty = Group(Prompt("q", "1=", "1"), [crashed], advantages_G=[0.0])
+    alone = Trainer(copy.deepcopy(model), cfg, 1.0, tok.pad_id).step([_group(tok, [1.0, -1.0])])
+    both = Trainer(copy.deepcopy(model), cfg, 1.0, tok.pad_id).step(
+        [_group(tok, [1.0, -1.0]), empty]
+    )
+    assert alone["staleness/ess_seq"] < 0.99  # the two rows' weights differ: the ESS sees it
+    # equal up to float32 rounding (the padded row changes the forward's batch shape); with
+    # the empty row counted the ESS was 0.36 here
+    assert both["staleness/ess_seq"] == pytest.approx(alone["staleness/ess_seq"], rel=1e-6)
+    assert both["train/lr"] == pytest.approx(alone["train/lr"], rel=1e-6)

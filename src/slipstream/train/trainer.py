@@ -174,7 +174,11 @@ class Trainer:
             parts.append(out.metrics)
             ent_sum += (entropy.detach() * batch.loss_mask).sum()
             prox = logp.detach() if old_logp is None else old_logp
-            seq_lr.append(staleness.seq_log_ratio(prox, batch.behavior_logp, batch.loss_mask))
+            # a row without loss tokens (an episode that crashed before the model spoke) is no
+            # sequence of the batch: its w = 1 would pull the sequence ESS and VCPO's scale
+            rows_in = batch.loss_mask.any(dim=1)
+            seq = staleness.seq_log_ratio(prox, batch.behavior_logp, batch.loss_mask)
+            seq_lr.append(seq[rows_in])
             tok_lr.append((logp.detach() - batch.behavior_logp)[batch.loss_mask])
         merged = losses.merge_metrics(parts)
         norm = losses.normaliser(
