@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import TrainerConfig
 from slipstream.model.builtin import init_builtin
 from slipstream.train.trainer import Trainer
@@ -116,3 +117,22 @@ def test_a_row_without_loss_tokens_is_not_a_sequence_of_the_ess_or_vcpo():
     # the empty row counted the ESS was 0.36 here
     assert both["staleness/ess_seq"] == pytest.approx(alone["staleness/ess_seq"], rel=1e-6)
     assert both["train/lr"] == pytest.approx(alone["train/lr"], rel=1e-6)
+
+
+def test_a_step_whose_tokens_the_correction_all_masks_is_skipped():
+    """Nothing left in the loss (here the rollout correction masks every token: its weight is
+    far above `high`) is a step without a trainable token: AdamW would still move the weights
+    through weight decay, so the step is skipped like an empty batch."""
+    model, tok = init_builtin(seed=0)
+    cfg = TrainerConfig(weight_decay=0.1, warmup_steps=0, lr_schedule="constant")
+    spec = CorrectionSpec(action="mask", high=2.0)
+    trainer = Trainer(model, cfg, 1.0, tok.pad_id, proximal="recompute", correction_spec=spec)
+    group = _group(tok, [1.0, -1.0])
+    for s in group.samples:
+        s.behavior_logp_T = [-50.0] * len(s.behavior_logp_T)  # w = pi_prox / mu ~ e^20
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = trainer.step([group])
+    assert metrics["correction/masked_frac"] == 1.0 and metrics["train/tokens"] == 0.0
+    assert metrics["train/skipped"] == 1.0 and trainer.skipped_steps == 1
+    assert not trainer.opt.state
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

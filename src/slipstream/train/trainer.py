@@ -140,8 +140,9 @@ class Trainer:
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on `groups`; bump the version. Skips (and counts) a non-finite step, and a
-        step without a trainable token (every episode crashed before the model spoke): AdamW
-        would move the weights on zero gradients through its moments and weight decay."""
+        step without a trainable token (every episode crashed before the model spoke, or the
+        rollout correction masked every token): AdamW would move the weights on zero
+        gradients through its moments and weight decay."""
         self.model.train()
         full = to_device(self.batch(groups), self.device)
         agg = self.cfg.agg or losses.METHODS[self.cfg.loss].agg
@@ -192,7 +193,8 @@ class Trainer:
         lr = self.lr_at(self.version)
         lr_scale = staleness.vcpo_lr_scale(torch.cat(seq_lr)) if self.cfg.vcpo else 1.0
         finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
-        stepped = finite and bool(full.loss_mask.any())
+        # no token left in the loss (none sampled, all non-finite or masked by the correction)
+        stepped = finite and bool(merged["tokens"] > 0)
         if stepped:
             for g in self.opt.param_groups:
                 g["lr"] = lr * lr_scale * self.lr_scale
