@@ -231,3 +231,19 @@ def test_a_tool_that_exits_is_answered_with_its_error() -> None:
 
     reply = call_tool(tool_specs(Cli()), ToolCall("run", {"args": "--bad"}))
     assert reply.error and reply.text == "error: SystemExit: 2"
+
+
+def test_a_closing_tag_inside_a_json_string_does_not_end_the_hermes_call() -> None:
+    """Code that prints `</tool_call>` (a string of the call's JSON): the block ends at the tag
+    after the JSON object. Before, the first tag closed it: the call was bad JSON and the rest
+    of the code stray text."""
+    code = "print('<tool_call>x</tool_call>')"
+    call = json.dumps({"name": "run", "arguments": {"code": code}})
+    text = f"<tool_call>\n{call}\n</tool_call> then <tool_call>{{bad</tool_call>"
+    good, bad = parse_tool_calls(text, "hermes")
+    assert (good.name, good.arguments, good.error) == ("run", {"code": code}, "")
+    assert "not valid JSON" in bad.error
+    extra = parse_tool_calls('<tool_call>{"name": "a"} junk</tool_call>', "hermes")
+    assert len(extra) == 1 and "not valid JSON" in extra[0].error  # trailing text is reported
+    (cut,) = parse_tool_calls(f"<tool_call>{call[:-2]}", "hermes")  # in the string, unclosed
+    assert cut.error
