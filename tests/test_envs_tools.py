@@ -247,3 +247,54 @@ def test_a_closing_tag_inside_a_json_string_does_not_end_the_hermes_call() -> No
     assert len(extra) == 1 and "not valid JSON" in extra[0].error  # trailing text is reported
     (cut,) = parse_tool_calls(f"<tool_call>{call[:-2]}", "hermes")  # in the string, unclosed
     assert cut.error
+
+
+class AsyncCalc:
+    """A tool class whose methods are coroutines (TRL environments may have async tools)."""
+
+    async def reset(self, **row: object) -> str | None:
+        self.loop, self.answer = asyncio.get_running_loop(), row["answer"]
+        return "Use add."
+
+    async def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        await asyncio.sleep(0)
+        assert asyncio.get_running_loop() is self.loop  # the same loop at every call
+        return a + b
+
+    async def boom(self) -> str:
+        """Always fails."""
+        raise RuntimeError("async kaput")
+
+    async def reward(self, completion: str) -> float:
+        return float(completion.strip() == str(self.answer))
+
+
+def test_async_tools_reset_and_reward_are_awaited() -> None:
+    """Before, an `async def` tool was called and never awaited: its reply was
+    `<coroutine object ...>` (and `reset`'s extra text, `reward`'s float, failed alike)."""
+    env = ToolEnv(AsyncCalc(), Prompt("p", "1+2?", answer="3"), TOK, "plain")
+    assert env.initial_observation().text.endswith("1+2?\nUse add.")
+    r = env.step(TOK.encode('CALL add {"a": 1, "b": 2}\nCALL boom'))
+    assert r.next_observation is not None
+    assert (
+        r.next_observation.text
+        == "\nRESULT add: 3\nRESULT boom: error: RuntimeError: async kaput\n"
+    )
+    assert env.step(TOK.encode("3")).reward == 1.0
+
+
+def test_resolve_on_the_environments_loop_is_an_error_not_a_hang() -> None:
+    """An async environment that calls a sync helper which resolves a coroutine (`call_tool`
+    of an async tool, from inside its `step`) would wait for its own loop for ever."""
+
+    replies = []
+
+    class Nested:
+        async def step(self, action_tokens: list[int]) -> StepResult:
+            call = ToolCall("add", {"a": 1, "b": 2})
+            replies.append(call_tool(tool_specs(AsyncCalc()), call))
+            return StepResult(1.0, True)
+
+    assert resolve(Nested().step([1])).reward == 1.0  # it returned (unguarded: it would hang)
+    assert replies[0].error and "await it instead" in replies[0].text
