@@ -298,3 +298,18 @@ def test_resolve_on_the_environments_loop_is_an_error_not_a_hang() -> None:
 
     assert resolve(Nested().step([1])).reward == 1.0  # it returned (unguarded: it would hang)
     assert replies[0].error and "await it instead" in replies[0].text
+
+
+def test_calls_past_the_cap_count_as_calls_made_and_each_as_an_error() -> None:
+    """Three calls with `max_calls_per_turn=1`: one runs, two are refused with one error
+    reply. `tool_calls` counts the three the model made; `tool_errors` the two refused
+    (before: 1, so the error rate understated the refused calls)."""
+    env = ToolEnv(Calc(), Prompt("p", "go", None), TOK, "plain", max_calls_per_turn=1)
+    r = env.step(TOK.encode('CALL add {"a": 1, "b": 2}\nCALL boom\nCALL boom'))
+    assert r.next_observation is not None
+    assert r.next_observation.text == (
+        "\nRESULT add: 3.0\nRESULT boom: error: at most 1 tool calls a turn\n"
+    )
+    assert r.metrics == {"tool_calls": 3.0, "tool_errors": 2.0}
+    bad = env.step(TOK.encode("CALL boom\nCALL nope"))  # under the cap: each reply counts
+    assert bad.metrics == {"tool_calls": 2.0, "tool_errors": 2.0}

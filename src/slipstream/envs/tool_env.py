@@ -69,16 +69,17 @@ class ToolEnv:
         if not calls:
             return StepResult(reward=self._reward(text), done=True)
         replies = [self._truncate(call_tool(self.specs, c)) for c in calls[: self.max_calls]]
-        if len(calls) > self.max_calls:
+        refused = max(len(calls) - self.max_calls, 0)  # never run: one error reply for them
+        if refused:
             msg = f"error: at most {self.max_calls} tool calls a turn"
             replies.append(ToolReply(calls[self.max_calls].name, msg, error=True))
         obs = self.renderer.replies(replies)
         end = getattr(self.renderer, "end_of_turn", None)
         if end and self._cut(action_tokens):  # closed first, as the chat template closes it
             obs = end + obs
-        metrics = {
+        metrics = {  # calls the model made; those not answered by their tool's result
             "tool_calls": float(len(calls)),
-            "tool_errors": float(sum(r.error for r in replies)),
+            "tool_errors": float(sum(r.error for r in replies[: self.max_calls]) + refused),
         }
         ids = encode_tail(self.tok, obs, self.renderer.templated)
         return StepResult(0.0, False, Observation(ids, obs), metrics)
