@@ -116,3 +116,17 @@ def test_the_sandboxed_process_dies_with_the_process_that_runs_it(tmp_path: Path
         for pid in _sandboxes_in(tmp_path):
             os.kill(pid, signal.SIGKILL)
     assert not left, "the sandboxed code outlived the process that ran it"
+
+
+def test_non_ascii_code_runs_under_an_ascii_locale() -> None:
+    """A parent under the C locale without UTF-8 coercion (its locale encoding ASCII): before,
+    `main.py` was written in the locale's encoding and `print('héllo')` failed to be written
+    at all (UnicodeEncodeError) instead of running."""
+    code = "print('héllo ✓')"  # passed as ascii() escapes: the command line is ASCII too
+    script = f"from slipstream.envs import run_python; r = run_python({code!a}); print(ascii(r))"
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0"}
+    done = subprocess.run(
+        [sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()[-500:]
+    assert "output='h\\xe9llo \\u2713\\n', error=''" in done.stdout.decode(), done.stdout

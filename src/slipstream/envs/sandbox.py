@@ -80,7 +80,7 @@ def _hook(event, args):
         os.write(_forks, b"x")
         if os.fstat(_forks).st_size > MAX_PROCS:
             raise BlockingIOError(f"sandbox: at most {MAX_PROCS} processes")
-_src = open("main.py").read()
+_src = open("main.py", encoding="utf-8").read()
 sys.addaudithook(_hook)
 del _hook
 sys.argv = ["main.py"]
@@ -173,13 +173,13 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     lim = limits or SandboxLimits()
     ns = lim.network == "unshare" or (lim.network == "auto" and unshare_works())
     boot = f"MAX_PROCS = {lim.max_procs}\n{_BOOT}"
-    cmd = [sys.executable, "-I", "-S", "-B", "-c", boot]
+    cmd = [sys.executable, "-I", "-S", "-B", "-X", "utf8", "-c", boot]  # UTF-8 whatever the locale
     if ns:
         cmd = [shutil.which("unshare") or "unshare", "-rn", *cmd]
     work = tempfile.mkdtemp(prefix="slipstream-sandbox-")
     t0 = time.monotonic()
     try:
-        Path(work, "main.py").write_text(code)
+        Path(work, "main.py").write_text(code, encoding="utf-8")  # (the locale may be ASCII)
         uid = os.getuid() if lim.uid is None else lim.uid
         if uid != os.getuid():
             os.chown(work, uid, uid)
