@@ -130,3 +130,29 @@ def test_non_ascii_code_runs_under_an_ascii_locale() -> None:
     )
     assert done.returncode == 0, done.stderr.decode()[-500:]
     assert "output='h\\xe9llo \\u2713\\n', error=''" in done.stdout.decode(), done.stdout
+
+
+def test_limits_out_of_their_bounds_are_rejected_and_zero_output_prints_nothing() -> None:
+    """`max_output_chars=-1` gave back all but the last character of the output (a negative
+    read size reads everything): every limit now has bounds, checked at construction, and 0
+    output characters leaves only the note of how much was cut."""
+    for bad, match in [
+        ({"max_output_chars": -1}, "SandboxLimits.max_output_chars must be >= 0, got -1"),
+        ({"wall_s": 0.0}, "SandboxLimits.wall_s must be > 0"),
+        ({"cpu_s": 0}, "SandboxLimits.cpu_s must be >= 1"),
+        ({"max_procs": -1}, "SandboxLimits.max_procs must be >= 0"),
+        ({"network": "none"}, "SandboxLimits.network must be auto, unshare or audit"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            SandboxLimits(**bad)
+    r = run_python("print('secret ' * 10)", SandboxLimits(max_output_chars=0))
+    assert not r.error and "secret" not in r.output and "71 bytes cut" in r.output  # 10 x 7 + 1
+
+
+def test_site_packages_import_only_when_asked() -> None:
+    """The code runs with `python -S` by default (standard library only);
+    `site_packages=True` lets it import this interpreter's installed packages."""
+    code = "import pluggy\nprint('imported')"  # installed with pytest: in site-packages
+    assert "ModuleNotFoundError" in run_python(code, LIM).output
+    r = run_python(code, SandboxLimits(wall_s=5.0, memory_mb=256, site_packages=True))
+    assert (r.error, r.output) == ("", "imported\n")
