@@ -275,6 +275,7 @@ def test_a_worker_in_the_middle_of_a_step_exits_when_its_parent_dies() -> None:
         for w in workers.workers:  # (the pool cannot replace it: its fork server is gone)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w.proc.pid, signal.SIGKILL)
+        workers.close()  # (its workers' temporary folders)
 
 
 def test_thread_workers_replace_the_thread_of_an_abandoned_step() -> None:
