@@ -99,6 +99,10 @@ class ByMode:
             raise SystemExit(3)
         if self.mode == "hang":
             time.sleep(60)
+        if self.mode == "sandbox":  # a `python` tool call that sleeps 60 s
+            from slipstream.envs import run_python
+
+            run_python("import time\ntime.sleep(60)")
         if self.sleep_s:
             time.sleep(self.sleep_s)
         if self.turns >= 2:

@@ -116,3 +116,43 @@ def test_the_sandboxed_process_dies_with_the_process_that_runs_it(tmp_path: Path
         for pid in _sandboxes_in(tmp_path):
             os.kill(pid, signal.SIGKILL)
     assert not left, "the sandboxed code outlived the process that ran it"
+
+
+def test_non_ascii_code_runs_under_an_ascii_locale() -> None:
+    """A parent under the C locale without UTF-8 coercion (its locale encoding ASCII): before,
+    `main.py` was written in the locale's encoding and `print('héllo')` failed to be written
+    at all (UnicodeEncodeError) instead of running."""
+    code = "print('héllo ✓')"  # passed as ascii() escapes: the command line is ASCII too
+    script = f"from slipstream.envs import run_python; r = run_python({code!a}); print(ascii(r))"
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0"}
+    done = subprocess.run(
+        [sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()[-500:]
+    assert "output='h\\xe9llo \\u2713\\n', error=''" in done.stdout.decode(), done.stdout
+
+
+def test_limits_out_of_their_bounds_are_rejected_and_zero_output_prints_nothing() -> None:
+    """`max_output_chars=-1` gave back all but the last character of the output (a negative
+    read size reads everything): every limit now has bounds, checked at construction, and 0
+    output characters leaves only the note of how much was cut."""
+    for bad, match in [
+        ({"max_output_chars": -1}, "SandboxLimits.max_output_chars must be >= 0, got -1"),
+        ({"wall_s": 0.0}, "SandboxLimits.wall_s must be > 0"),
+        ({"cpu_s": 0}, "SandboxLimits.cpu_s must be >= 1"),
+        ({"max_procs": -1}, "SandboxLimits.max_procs must be >= 0"),
+        ({"network": "none"}, "SandboxLimits.network must be auto, unshare or audit"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            SandboxLimits(**bad)
+    r = run_python("print('secret ' * 10)", SandboxLimits(max_output_chars=0))
+    assert not r.error and "secret" not in r.output and "71 bytes cut" in r.output  # 10 x 7 + 1
+
+
+def test_site_packages_import_only_when_asked() -> None:
+    """The code runs with `python -S` by default (standard library only);
+    `site_packages=True` lets it import this interpreter's installed packages."""
+    code = "import pluggy\nprint('imported')"  # installed with pytest: in site-packages
+    assert "ModuleNotFoundError" in run_python(code, LIM).output
+    r = run_python(code, SandboxLimits(wall_s=5.0, memory_mb=256, site_packages=True))
+    assert (r.error, r.output) == ("", "imported\n")

@@ -231,3 +231,85 @@ def test_a_tool_that_exits_is_answered_with_its_error() -> None:
 
     reply = call_tool(tool_specs(Cli()), ToolCall("run", {"args": "--bad"}))
     assert reply.error and reply.text == "error: SystemExit: 2"
+
+
+def test_a_closing_tag_inside_a_json_string_does_not_end_the_hermes_call() -> None:
+    """Code that prints `</tool_call>` (a string of the call's JSON): the block ends at the tag
+    after the JSON object. Before, the first tag closed it: the call was bad JSON and the rest
+    of the code stray text."""
+    code = "print('<tool_call>x</tool_call>')"
+    call = json.dumps({"name": "run", "arguments": {"code": code}})
+    text = f"<tool_call>\n{call}\n</tool_call> then <tool_call>{{bad</tool_call>"
+    good, bad = parse_tool_calls(text, "hermes")
+    assert (good.name, good.arguments, good.error) == ("run", {"code": code}, "")
+    assert "not valid JSON" in bad.error
+    extra = parse_tool_calls('<tool_call>{"name": "a"} junk</tool_call>', "hermes")
+    assert len(extra) == 1 and "not valid JSON" in extra[0].error  # trailing text is reported
+    (cut,) = parse_tool_calls(f"<tool_call>{call[:-2]}", "hermes")  # in the string, unclosed
+    assert cut.error
+
+
+class AsyncCalc:
+    """A tool class whose methods are coroutines (TRL environments may have async tools)."""
+
+    async def reset(self, **row: object) -> str | None:
+        self.loop, self.answer = asyncio.get_running_loop(), row["answer"]
+        return "Use add."
+
+    async def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        await asyncio.sleep(0)
+        assert asyncio.get_running_loop() is self.loop  # the same loop at every call
+        return a + b
+
+    async def boom(self) -> str:
+        """Always fails."""
+        raise RuntimeError("async kaput")
+
+    async def reward(self, completion: str) -> float:
+        return float(completion.strip() == str(self.answer))
+
+
+def test_async_tools_reset_and_reward_are_awaited() -> None:
+    """Before, an `async def` tool was called and never awaited: its reply was
+    `<coroutine object ...>` (and `reset`'s extra text, `reward`'s float, failed alike)."""
+    env = ToolEnv(AsyncCalc(), Prompt("p", "1+2?", answer="3"), TOK, "plain")
+    assert env.initial_observation().text.endswith("1+2?\nUse add.")
+    r = env.step(TOK.encode('CALL add {"a": 1, "b": 2}\nCALL boom'))
+    assert r.next_observation is not None
+    assert (
+        r.next_observation.text
+        == "\nRESULT add: 3\nRESULT boom: error: RuntimeError: async kaput\n"
+    )
+    assert env.step(TOK.encode("3")).reward == 1.0
+
+
+def test_resolve_on_the_environments_loop_is_an_error_not_a_hang() -> None:
+    """An async environment that calls a sync helper which resolves a coroutine (`call_tool`
+    of an async tool, from inside its `step`) would wait for its own loop for ever."""
+
+    replies = []
+
+    class Nested:
+        async def step(self, action_tokens: list[int]) -> StepResult:
+            call = ToolCall("add", {"a": 1, "b": 2})
+            replies.append(call_tool(tool_specs(AsyncCalc()), call))
+            return StepResult(1.0, True)
+
+    assert resolve(Nested().step([1])).reward == 1.0  # it returned (unguarded: it would hang)
+    assert replies[0].error and "await it instead" in replies[0].text
+
+
+def test_calls_past_the_cap_count_as_calls_made_and_each_as_an_error() -> None:
+    """Three calls with `max_calls_per_turn=1`: one runs, two are refused with one error
+    reply. `tool_calls` counts the three the model made; `tool_errors` the two refused
+    (before: 1, so the error rate understated the refused calls)."""
+    env = ToolEnv(Calc(), Prompt("p", "go", None), TOK, "plain", max_calls_per_turn=1)
+    r = env.step(TOK.encode('CALL add {"a": 1, "b": 2}\nCALL boom\nCALL boom'))
+    assert r.next_observation is not None
+    assert r.next_observation.text == (
+        "\nRESULT add: 3.0\nRESULT boom: error: at most 1 tool calls a turn\n"
+    )
+    assert r.metrics == {"tool_calls": 3.0, "tool_errors": 2.0}
+    bad = env.step(TOK.encode("CALL boom\nCALL nope"))  # under the cap: each reply counts
+    assert bad.metrics == {"tool_calls": 2.0, "tool_errors": 2.0}

@@ -181,3 +181,39 @@ def test_redundant_members_cancel_their_episodes_and_each_kept_one_ends_once(tmp
     # 4 groups of G = 4 trained per step (tiny_cfg keeps zero-variance groups), never 6 a group
     assert [r["env/episodes"] for r in records] == [16, 16]
     assert sum(r["tokens/cancelled"] for r in records) > 0
+
+
+@pytest.mark.slow  # ~10 s of CPU: two runs set up, each raising at its first step
+def test_a_run_that_raises_closes_its_environment_workers(tmp_path, monkeypatch) -> None:
+    """`train_sync` and `train_async` called in-process (a notebook) and raising: before, the
+    run's environment workers (its held-out episodes') were closed only on a clean finish, so
+    each failed run left its worker processes behind."""
+    import slipstream.schedule.orchestrator as orchestrator
+    import slipstream.schedule.setup as setup
+    import slipstream.schedule.sync as sync
+
+    made = []
+
+    def recording(*args, **kwargs):
+        made.append(setup.make_workers.__wrapped__(*args, **kwargs))
+        return made[-1]
+
+    recording.__wrapped__ = setup.make_workers
+    monkeypatch.setattr(setup, "make_workers", recording)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(sync, "observe_step", boom)  # the sync loop, after its first step
+    monkeypatch.setattr(orchestrator.Orchestrator, "run", boom)  # the orchestrated loop
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
+    extra = (factory, "env.isolation=thread", "eval.num_prompts=4")
+    runs = {
+        "sync": lambda: train_sync(tiny_cfg(tmp_path, "s", *extra)),
+        "async": lambda: train_async(tiny_cfg(tmp_path, "a", *extra, "schedule.name=async")),
+    }
+    for name, run in runs.items():
+        with pytest.raises(RuntimeError, match="boom"):
+            run()
+        assert len(made) == 1 and made[0].closed, name  # made by the first evaluation
+        made.clear()

@@ -4,6 +4,7 @@ the episodes they hold (each episode once, with its reason), and a run that goes
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import signal
 import threading
@@ -274,6 +275,7 @@ def test_a_worker_in_the_middle_of_a_step_exits_when_its_parent_dies() -> None:
         for w in workers.workers:  # (the pool cannot replace it: its fork server is gone)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w.proc.pid, signal.SIGKILL)
+        workers.close()  # (its workers' temporary folders)
 
 
 def test_thread_workers_replace_the_thread_of_an_abandoned_step() -> None:
@@ -356,3 +358,40 @@ def test_a_process_step_that_exits_is_an_error_and_its_worker_lives() -> None:
         assert workers.deaths == 0
     finally:
         workers.close()
+
+
+def _child_cwd(pid: int) -> str | None:
+    """The working directory of a live child of process `pid` (None: it has none)."""
+    for d in glob.glob("/proc/[0-9]*"):
+        with contextlib.suppress(OSError, IndexError):
+            with open(f"{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                return os.readlink(f"{d}/cwd")
+    return None
+
+
+@pytest.mark.slow  # ~15 s on the loaded 2-core machine: a forkserver and two workers in turn
+def test_a_worker_killed_in_a_sandbox_call_leaves_no_temporary_folder() -> None:
+    """A worker SIGKILLed for its step's time limit in the middle of a `python` call: the
+    sandbox's working directory, removed by a `finally` that never ran, was left in the
+    temporary folder, one more at each such timeout. Each worker's temporary files are now in
+    a folder of its own, removed when it is replaced (and at close)."""
+    workers = ProcessWorkers(ByMode, 1)
+    try:
+        ((row, key, _),) = _rows({"s": "sandbox"})
+        assert _pump_until_done(workers, workers.first(key, row), 30).exception() is None
+        step = workers.step(key, [5])
+        pid, work, deadline = workers.workers[0].proc.pid, None, time.monotonic() + 30
+        while work is None and time.monotonic() < deadline:
+            workers.pump(0.05)
+            work = _child_cwd(pid)
+        assert work is not None and "slipstream-sandbox-" in work, "the sandbox never started"
+        workers.abandon(key)  # as the runner does past env.step_timeout_s
+        assert isinstance(step.exception(timeout=1), WorkerDied)
+        assert not os.path.exists(work), f"{work} was left behind"
+        fresh = workers.workers[0].scratch
+        assert os.path.isdir(fresh)
+    finally:
+        workers.close()
+    assert not os.path.exists(fresh)  # the replacement's folder, at close

@@ -49,8 +49,9 @@ class EpisodeStats:
     """
 
     turns: int = 0  # model turns
-    tool_calls: int = 0
-    tool_errors: int = 0  # tool calls whose reply was an error (raised, bad call, sandbox limit)
+    tool_calls: int = 0  # calls the model made (past ToolEnv's max_calls_per_turn included)
+    tool_errors: int = 0  # of them, not answered by their tool's result: a bad call, a tool
+    # that raised or hit a sandbox limit, a call past the cap (refused, never run)
     env_time_s: float = 0.0  # wall time of the environment's steps, summed
     env_tokens: int = 0  # tokens the environment appended (never trained)
     end: str = "done"

@@ -71,11 +71,23 @@ def resolve(value: T | Awaitable[T]) -> T:
     """
     if not inspect.isawaitable(value):
         return value
+    loop = _env_loop()
+    if _running_loop() is loop:  # it would wait for itself for ever
+        if inspect.iscoroutine(value):
+            value.close()
+        raise TypeError("resolve() called on the environments' event loop: await it instead")
 
     async def _await() -> T:
         return await value
 
-    return asyncio.run_coroutine_threadsafe(_await(), _env_loop()).result()
+    return asyncio.run_coroutine_threadsafe(_await(), loop).result()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # none runs in this thread
+        return None
 
 
 _LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None  # (the pid it runs in, the loop)

@@ -7,6 +7,8 @@
     </tool_call>
 
 one block per call, `arguments` a JSON object (or a string holding one, as some models write).
+A block whose body starts with a JSON object ends at the first `</tool_call>` after that object,
+so the tag written inside one of its strings (code that prints it) does not close it.
 
 `plain`, for models without a tools template (the built-in one): one call per line,
 
@@ -21,6 +23,7 @@ error instead of calling anything, so the model learns the format.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -28,7 +31,9 @@ from typing import Any, Literal
 
 ToolFormat = Literal["hermes", "plain"]
 
-_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_SPACE = re.compile(r"\s*")
+_JSON = json.JSONDecoder()
 _PLAIN = re.compile(r"^[ \t]*CALL[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 
 
@@ -45,13 +50,34 @@ class ToolCall:
 def parse_tool_calls(text: str, fmt: ToolFormat = "hermes") -> list[ToolCall]:
     """The tool calls in `text`, in order; [] if there are none (the turn is an answer)."""
     if fmt == "hermes":
-        calls = [_hermes_call(body) for body in _HERMES.findall(text)]
-        if "<tool_call>" in text.rsplit("</tool_call>", 1)[-1]:  # opened after the last close
-            calls.append(ToolCall("", error="tool call not closed (no </tool_call> after it)"))
-        return calls
+        return _hermes_calls(text)
     if fmt == "plain":
         return [_plain_call(name, rest) for name, rest in _PLAIN.findall(text)]
     raise ValueError(f"unknown tool call format {fmt!r} (expected 'hermes' or 'plain')")
+
+
+def _hermes_calls(text: str) -> list[ToolCall]:
+    calls, pos = [], 0
+    while (start := text.find(_OPEN, pos)) >= 0:
+        body = start + len(_OPEN)
+        end = _block_end(text, body)
+        if end < 0:  # opened, never closed (a turn cut by its token budget)
+            calls.append(ToolCall("", error="tool call not closed (no </tool_call> after it)"))
+            break
+        calls.append(_hermes_call(text[body:end]))
+        pos = end + len(_CLOSE)
+    return calls
+
+
+def _block_end(text: str, body: int) -> int:
+    """Where the `</tool_call>` closing the block whose body starts at `body` is (-1: none):
+    the first after the JSON object the body starts with, if it starts with one."""
+    m = _SPACE.match(text, body)
+    after = body  # not JSON: the first tag closes it, and the body is reported as bad JSON
+    if m is not None and text.startswith("{", m.end()):
+        with contextlib.suppress(json.JSONDecodeError):
+            after = _JSON.raw_decode(text, m.end())[1]
+    return text.find(_CLOSE, after)
 
 
 def _hermes_call(body: str) -> ToolCall:

@@ -21,6 +21,10 @@ What bounds a run (`SandboxLimits`):
   path outside it (resolved, so a symlink does not get around it);
 - its output (stdout and stderr together) cut to `max_output_chars`.
 
+The code sees the standard library only: the interpreter runs with `-S`, so its site-packages
+(numpy and the like) do not import; `SandboxLimits(site_packages=True)` drops `-S` (the
+interpreter is this process's, `sys.executable`: its virtual environment's packages import).
+
 This is isolation against accidents of model-written code (loops, hogs, stray writes), NOT a
 security boundary against a determined attacker: audit hooks can be bypassed from Python
 (ctypes), there is no filesystem or syscall isolation beyond rlimits and the network namespace,
@@ -80,7 +84,7 @@ def _hook(event, args):
         os.write(_forks, b"x")
         if os.fstat(_forks).st_size > MAX_PROCS:
             raise BlockingIOError(f"sandbox: at most {MAX_PROCS} processes")
-_src = open("main.py").read()
+_src = open("main.py", encoding="utf-8").read()
 sys.addaudithook(_hook)
 del _hook
 sys.argv = ["main.py"]
@@ -92,16 +96,35 @@ Network = Literal["auto", "unshare", "audit"]
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Limits of one run; see the module docstring for what each does."""
+    """Limits of one run; see the module docstring for what each does. A value out of its
+    bounds raises ValueError naming it."""
 
-    wall_s: float = 10.0
-    cpu_s: int = 10
-    memory_mb: int = 512
-    max_procs: int = 8
-    max_file_mb: int = 16
-    max_output_chars: int = 4000
+    wall_s: float = 10.0  # > 0
+    cpu_s: int = 10  # >= 1
+    memory_mb: int = 512  # >= 1
+    max_procs: int = 8  # >= 0 (0: the code starts no process)
+    max_file_mb: int = 16  # >= 1 (the output file is one of its files)
+    max_output_chars: int = 4000  # >= 0 (0: only the note of how much was cut)
     network: Network = "auto"  # auto: a network namespace if unshare works, else the hook only
     uid: int | None = None  # run as this user (None: as ourselves)
+    site_packages: bool = False  # True: the code can import the interpreter's installed
+    # packages (numpy, ...); False runs it with `python -S`: the standard library only
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("wall_s", self.wall_s > 0, "> 0"),
+            ("cpu_s", self.cpu_s >= 1, ">= 1"),
+            ("memory_mb", self.memory_mb >= 1, ">= 1"),
+            ("max_procs", self.max_procs >= 0, ">= 0"),
+            ("max_file_mb", self.max_file_mb >= 1, ">= 1"),
+            ("max_output_chars", self.max_output_chars >= 0, ">= 0"),
+            ("network", self.network in ("auto", "unshare", "audit"), "auto, unshare or audit"),
+            ("uid", self.uid is None or self.uid >= 0, ">= 0 or None"),
+        ]
+        for name, ok, bound in checks:
+            if not ok:
+                got = getattr(self, name)
+                raise ValueError(f"SandboxLimits.{name} must be {bound}, got {got!r}")
 
 
 @dataclass
@@ -173,13 +196,14 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     lim = limits or SandboxLimits()
     ns = lim.network == "unshare" or (lim.network == "auto" and unshare_works())
     boot = f"MAX_PROCS = {lim.max_procs}\n{_BOOT}"
-    cmd = [sys.executable, "-I", "-S", "-B", "-c", boot]
+    site = [] if lim.site_packages else ["-S"]
+    cmd = [sys.executable, "-I", *site, "-B", "-X", "utf8", "-c", boot]  # UTF-8 whatever the locale
     if ns:
         cmd = [shutil.which("unshare") or "unshare", "-rn", *cmd]
     work = tempfile.mkdtemp(prefix="slipstream-sandbox-")
     t0 = time.monotonic()
     try:
-        Path(work, "main.py").write_text(code)
+        Path(work, "main.py").write_text(code, encoding="utf-8")  # (the locale may be ASCII)
         uid = os.getuid() if lim.uid is None else lim.uid
         if uid != os.getuid():
             os.chown(work, uid, uid)
@@ -246,7 +270,9 @@ def _describe(rc: int) -> str:
 
 
 class PythonTool:
-    """A tool class with one tool, `python`; mix it into yours or use it as is."""
+    """A tool class with one tool, `python`; mix it into yours or use it as is. The code sees
+    the standard library only unless `limits.site_packages` (module docstring); the method's
+    docstring is the description the model reads: say what it can import in your prompt."""
 
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()

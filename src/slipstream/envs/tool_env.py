@@ -2,7 +2,8 @@
 
 The first observation is the row's prompt rendered with the tools (its conversation, with a
 chat template). Each model turn is decoded and searched for tool calls (envs.parse). A turn without any is
-the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one,
+the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one
+(`reset`, `reward` and the tools may be `async def`: each is awaited, envs.tools),
 else by the `reward` function given (the task's verifier), else 0. A turn with calls gets
 every call's reply (errors included) rendered by the `Renderer` and appended as tokens; after
 a turn cut by its token budget, a chat renderer's `end_of_turn` closes the turn first.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from slipstream.envs.base import Observation, StepResult
+from slipstream.envs.base import Observation, StepResult, resolve
 from slipstream.envs.parse import ToolFormat, parse_tool_calls
 from slipstream.envs.render import Codec, PlainRenderer, Renderer, encode_tail
 from slipstream.envs.tools import ToolReply, call_tool, tool_specs
@@ -51,7 +52,7 @@ class ToolEnv:
         text = self.row.text
         messages = [dict(m) for m in self.row.messages] if self.row.messages else None
         reset = getattr(self.tools, "reset", None)
-        extra = reset(**row_kwargs(self.row)) if callable(reset) else None
+        extra = resolve(reset(**row_kwargs(self.row))) if callable(reset) else None
         if extra:
             text = f"{text}\n{extra}"
             if messages:  # the row's conversation: the text joins its last turn
@@ -68,16 +69,17 @@ class ToolEnv:
         if not calls:
             return StepResult(reward=self._reward(text), done=True)
         replies = [self._truncate(call_tool(self.specs, c)) for c in calls[: self.max_calls]]
-        if len(calls) > self.max_calls:
+        refused = max(len(calls) - self.max_calls, 0)  # never run: one error reply for them
+        if refused:
             msg = f"error: at most {self.max_calls} tool calls a turn"
             replies.append(ToolReply(calls[self.max_calls].name, msg, error=True))
         obs = self.renderer.replies(replies)
         end = getattr(self.renderer, "end_of_turn", None)
         if end and self._cut(action_tokens):  # closed first, as the chat template closes it
             obs = end + obs
-        metrics = {
+        metrics = {  # calls the model made; those not answered by their tool's result
             "tool_calls": float(len(calls)),
-            "tool_errors": float(sum(r.error for r in replies)),
+            "tool_errors": float(sum(r.error for r in replies[: self.max_calls]) + refused),
         }
         ids = encode_tail(self.tok, obs, self.renderer.templated)
         return StepResult(0.0, False, Observation(ids, obs), metrics)
@@ -90,7 +92,7 @@ class ToolEnv:
     def _reward(self, completion: str) -> float:
         own = getattr(self.tools, "reward", None)
         if callable(own):
-            return float(own(completion=completion))
+            return float(resolve(own(completion=completion)))
         if self.reward_fn is not None:
             return float(self.reward_fn(self.row, completion))
         return 0.0

@@ -10,9 +10,12 @@
             return float(completion.strip() == str(self.answer))
 
 Every public method but `reset` and `reward` is a tool; its typed arguments become the JSON
-schema the model is shown. A call with unknown or mistyped arguments, an unknown tool, or a
-tool that raises is answered with the error as the tool's reply (`error: ...`), and the
-episode goes on: the model reads it like any other output.
+schema the model is shown. Any of them may be `async def` (as TRL environments' tools may be):
+it is awaited on the environment worker's event loop, the one async `Env`s run on (envs.base),
+kept across calls, so what a tool starts (a client, a subprocess) is there at its next call.
+A call with unknown or mistyped arguments, an unknown tool, or a tool that raises is answered
+with the error as the tool's reply (`error: ...`), and the episode goes on: the model reads it
+like any other output.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from slipstream.envs.base import resolve
 from slipstream.envs.parse import ToolCall
 
 _RESERVED = {"reset", "reward"}
@@ -120,7 +124,7 @@ def call_tool(specs: list[ToolSpec], call: ToolCall) -> ToolReply:
     if problem:
         return ToolReply(call.name, f"error: {problem}", True)
     try:
-        out = spec.fn(**args)
+        out = resolve(spec.fn(**args))  # (an async tool: awaited on the environments' loop)
     except (Exception, SystemExit) as e:  # a tool that raises (or exits) answers with its error
         return ToolReply(call.name, f"error: {type(e).__name__}: {e}", True)
     if isinstance(out, ToolReply):

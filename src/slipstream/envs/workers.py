@@ -16,7 +16,10 @@ environment lived in it ends as well (its state is gone) at its next step: their
 for it (nothing of theirs was lost). Factories must be picklable (module-level functions or
 classes); steps and observations go through pipes. If the sampler itself dies,
 each worker exits at its next read (the pipe closes), or at once if it is inside a step (the
-kernel kills it with its parent, the sampler's fork server).
+kernel kills it with its parent, the sampler's fork server). Each worker's temporary files
+(`tempfile`, `TMPDIR`: the `python` sandbox's working directories among them) live in a folder
+of its own, removed when the worker is replaced or closed, so a worker killed in the middle of
+a call leaves none behind (its own `finally` never ran).
 
 `ThreadWorkers` (`env.isolation = "thread"`): steps run in threads of the caller's process;
 nothing is pickled (tests that inspect their environments use it), a step past the limit is
@@ -31,8 +34,10 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -222,10 +227,11 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker_main(conn: Connection, factory: EnvFactory) -> None:
+def _worker_main(conn: Connection, factory: EnvFactory, scratch: str) -> None:
     """A worker process: run operations one at a time until the pipe closes (or, in the middle
-    of one, its parent dies: `_die_with_parent`)."""
+    of one, its parent dies: `_die_with_parent`); its temporary files go to `scratch`."""
     _die_with_parent()
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch  # (what it starts inherits TMPDIR)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sampler's to handle
     envs: dict[Hashable, Env] = {}
     while True:
@@ -268,6 +274,7 @@ class _Op:
 class _Worker:
     proc: BaseProcess
     conn: Connection
+    scratch: str  # its temporary folder (module docstring), removed with it
     queue: deque[_Op] = field(default_factory=deque)
     running: _Op | None = None
     keys: set[Hashable] = field(default_factory=set)  # episodes whose environment lives here
@@ -289,9 +296,10 @@ class ProcessWorkers:
 
     def _spawn(self) -> _Worker:
         ours, theirs = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(
-            target=_worker_main, args=(theirs, self.factory), name="slipstream-env", daemon=True
-        )
+        scratch = tempfile.mkdtemp(prefix="slipstream-env-worker-")
+        os.chmod(scratch, 0o711)  # a sandbox run as another user (SandboxLimits.uid) gets in
+        args = (theirs, self.factory, scratch)
+        proc = self.ctx.Process(target=_worker_main, args=args, name="slipstream-env", daemon=True)
         # a sampler is a daemonic process, which multiprocessing forbids children lest they
         # outlive it; these cannot: each exits when its pipe to the sampler closes
         config = mp.current_process()._config  # type: ignore[attr-defined]
@@ -302,7 +310,7 @@ class ProcessWorkers:
         finally:
             config["daemon"] = daemon
         theirs.close()
-        return _Worker(proc, ours)
+        return _Worker(proc, ours, scratch)
 
     # ---- the protocol ---------------------------------------------------------------------
     def first(self, key: Hashable, row: Prompt) -> cf.Future[Outcome]:
@@ -372,6 +380,7 @@ class ProcessWorkers:
                 w.proc.kill()
                 w.proc.join(5.0)
             w.conn.close()
+            shutil.rmtree(w.scratch, ignore_errors=True)
             for op in [*w.queue, *([w.running] if w.running else [])]:
                 if not op.future.done():
                     op.future.set_exception(WorkerDied("the environment workers were closed"))
@@ -431,6 +440,7 @@ class ProcessWorkers:
         before their first reply (a worker killed by a signal never counts)."""
         w = self.workers[i]
         self.deaths += 1
+        shutil.rmtree(w.scratch, ignore_errors=True)  # what it left mid-call (a sandbox's)
         code = w.proc.exitcode
         if not w.replied and code is not None and code > 0:
             self.start_failures += 1

@@ -63,9 +63,8 @@ def train_async(
 
 def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     """The run in this process: build, restore, start the samplers, loop, shut down, finish."""
-    from slipstream.schedule.sync import finish, latest_checkpoint, restore, rewind
+    from slipstream.schedule.sync import latest_checkpoint, rewind
 
-    rc = cfg.runtime
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
     if ckpt is not None and cfg.run.record_schedule:
         from slipstream.config import ConfigError
@@ -75,7 +74,27 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
         )
     if ckpt is not None:
         rewind(ckpt)
-    run, rt, learner, orch, sampler = _build(cfg)
+    built = _build(cfg)
+    try:
+        return _drive(cfg, signals, ckpt, *built)
+    finally:  # also when it raises: an in-process caller (a notebook) keeps no worker processes
+        built[0].close_workers()  # (the trainer's own, of its evaluation episodes)
+
+
+def _drive(
+    cfg: Config,
+    signals: Interrupts,
+    ckpt: Path | None,
+    run: Run,
+    rt: Runtime,
+    learner: RunLearner,
+    orch: Orchestrator,
+    sampler: SamplerSpec,
+) -> dict[str, Any]:
+    """`_train` on what `_build` made: restore, start the samplers, loop, shut down, finish."""
+    from slipstream.schedule.sync import finish, restore
+
+    rc = cfg.runtime
     close_record = _record(cfg, run.dir, orch)
     saved: dict[str, Any] = {}
     if ckpt is not None:

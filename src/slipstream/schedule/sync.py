@@ -42,6 +42,14 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
     if ckpt is not None:
         rewind(ckpt)
     run = setup(cfg)
+    try:
+        return _train_steps(cfg, run, ckpt)
+    finally:  # also when it raises: an in-process caller (a notebook) keeps no worker processes
+        run.close_workers()
+
+
+def _train_steps(cfg: Config, run: Run, ckpt: Path | None) -> dict[str, Any]:
+    """`train_sync`'s loop on the run set up, from `ckpt` if given, to its summary."""
     wd = make_watchdog(run)  # before `restore`, which puts its state back
     if wd is not None:
         wd.rollback = inprocess_rollback(run)
