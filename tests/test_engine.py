@@ -514,6 +514,14 @@ def test_group_collector_orders_members_and_checks_keys():
     assert [c.request.key for c in col.drop("r")] == [("r", 0)]
 
 
+def test_group_collector_leaves_nothing_behind_when_a_first_member_is_refused():
+    col = GroupCollector(group_size=2)
+    bad = Completion(Request([1], GREEDY, key=("s", 5)), [2], [0.0], [0], FinishReason.STOP, 0, 0)
+    with pytest.raises(ValueError, match="outside"):
+        col.add([bad])
+    assert col.pending == 0 and col.drop("s") == []
+
+
 # ---- metrics ------------------------------------------------------------------------------
 def test_stats_count_tokens_steps_and_active_slots():
     model = _model()

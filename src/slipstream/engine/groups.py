@@ -48,15 +48,15 @@ class GroupCollector:
         for c in completions:
             group, index, size = self._member(c)
             members = self._partial.get(group)
-            if members is None:
-                members = self._partial[group] = [None] * size
-                self._missing[group] = size
-            elif len(members) != size:
+            if members is not None and len(members) != size:
                 raise ValueError(
                     f"group {group!r}: size {size} but earlier members said {len(members)}"
                 )
-            if not 0 <= index < size:
+            if not 0 <= index < size:  # checked before a new group is filed: none is left behind
                 raise ValueError(f"group {group!r}: member index {index} outside [0, {size})")
+            if members is None:
+                members = self._partial[group] = [None] * size
+                self._missing[group] = size
             if members[index] is not None:
                 raise ValueError(f"group {group!r}: member {index} finished twice")
             members[index] = c
