@@ -133,3 +133,26 @@ def test_weights_stay_within_bounds(drift, level, action, high) -> None:
         assert bool((w >= spec.lower * (1 - 1e-12)).all())
     assert 0.0 <= float(c.metrics["correction/masked_frac"]) <= 1.0
     assert float(c.metrics["mismatch/kl"]) >= 0.0
+
+
+@pytest.mark.parametrize("method", ["dro", "oapl", "reinforce"])
+def test_weight_mean_merges_over_kept_tokens_for_every_loss(method) -> None:
+    # two micro-batches, proximal = logp, mask at [1/2, 2]: raw weights (3, 1) keep one token
+    # of weight 1; (1, 0.5) keep both. Over the 3 kept tokens the mean is (1 + 1 + 0.5) / 3;
+    # weighting by valid tokens (dro, oapl keep all 4 in the loss) would give 0.875.
+    logp = torch.full((1, 2), -1.0, dtype=F64)
+    parts = [
+        losses.compute(
+            method,
+            logp,
+            logp - torch.tensor([drift], dtype=F64),
+            torch.ones(1, dtype=F64),
+            torch.ones(1, 2, dtype=torch.bool),
+            old_logp=logp,
+            correction_spec=CorrectionSpec(action="mask"),
+        ).metrics
+        for drift in ([L3, 0.0], [0.0, LH])
+    ]
+    merged = losses.to_floats(losses.merge_metrics(parts))
+    assert merged["correction/weight_mean"] == pytest.approx(2.5 / 3)
+    assert merged["kept_tokens"] == 3.0 and merged["valid_tokens"] == 4.0

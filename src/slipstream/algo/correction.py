@@ -68,13 +68,16 @@ class Correction:
 
 METRIC_REDUCTIONS: dict[str, str] = {
     "correction/masked_frac": "mean_valid",
-    "correction/weight_mean": "mean",
+    "correction/weight_mean": "mean_kept",
     "correction/weight_max": "max",
     "mismatch/kl": "mean_valid",
     "valid_tokens": "sum",
+    "kept_tokens": "sum",
 }
 """How each combines across micro-batches (`losses.merge_metrics`): `mean_valid` weighted by
-`valid_tokens` (finite loss tokens, before the mask), `mean` by the tokens kept."""
+`valid_tokens` (finite loss tokens, before the mask), `mean_kept` by `kept_tokens` (the ones the
+correction keeps: the loss's own tokens, except for `dro` and `oapl`, which take no weight and
+keep every valid token in the loss)."""
 
 
 def log_weight(old_logp: Tensor, behavior_logp: Tensor, valid: Tensor, level: str) -> Tensor:
@@ -108,12 +111,14 @@ def apply(
     k3 = torch.where(valid, (torch.expm1(tok) - tok).clamp(min=0), 0.0)  # >= 0, exact near 0
     n = valid.sum().to(w.dtype)
     per = n.clamp(min=1)
+    kept = keep.sum().to(w.dtype)
     metrics = {
         "correction/masked_frac": (valid & ~keep).sum().to(w.dtype) / per,
-        "correction/weight_mean": w.sum() / keep.sum().clamp(min=1),
+        "correction/weight_mean": w.sum() / kept.clamp(min=1),
         "correction/weight_max": w.max() if w.numel() else w.sum(),
         "mismatch/kl": k3.sum() / per,
         "valid_tokens": n,
+        "kept_tokens": kept,
     }
     return Correction(w, keep, metrics)
 

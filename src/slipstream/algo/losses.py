@@ -332,6 +332,7 @@ def merge_metrics(parts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
     weights = {
         "mean": torch.stack([p["tokens"] for p in parts]),
         "mean_valid": torch.stack([p["valid_tokens"] for p in parts]),
+        "mean_kept": torch.stack([p["kept_tokens"] for p in parts]),
     }
     merged: dict[str, Tensor] = {}
     for name, how in METRIC_REDUCTIONS.items():
