@@ -237,3 +237,24 @@ def test_the_last_turn_resumes_from_parked_kv_too() -> None:
         history = (ep.prompt_tokens + ep.tokens)[: len(ep.prompt_tokens) + len(first) + 3]
         (ref,) = fresh.generate([Request(history, params)])
         assert ref.tokens == envs[k].actions[1], k
+
+
+def test_an_episode_carries_kept_logmass_with_zeros_for_environment_tokens() -> None:
+    from slipstream.engine import Completion
+    from slipstream.schedule.episodes import Episode
+
+    def turn(n: int, mass: list[float] | None) -> Completion:
+        req = Request([2], SamplingParams(1.0, top_p=0.9))
+        return Completion(req, [3] * n, [-1.0] * n, [0] * n, FinishReason.STOP, 0, 0, mass)
+
+    ep = Episode(key=0, prompt=Prompt("p", "q", "a"), seed=0, prompt_tokens=[2])
+    ep.add_turn(turn(2, None))  # a turn without filtering: nothing recorded yet
+    ep.add_observation(Observation([5]))
+    ep.add_turn(turn(2, [-0.1, -0.2]))
+    ep.add_observation(Observation([6, 7]))
+    s = ep.sample()
+    assert s.kept_logmass_T == [0.0, 0.0, 0.0, -0.1, -0.2, 0.0, 0.0]
+    plain = Episode(key=1, prompt=Prompt("p", "q", "a"), seed=0, prompt_tokens=[2])
+    plain.add_turn(turn(2, None))
+    plain.add_observation(Observation([5]))
+    assert plain.sample().kept_logmass_T is None

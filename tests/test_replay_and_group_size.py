@@ -137,3 +137,39 @@ def test_replay_state_round_trip_is_json() -> None:
 def test_replay_validates_capacity() -> None:
     with pytest.raises(ValueError, match="capacity_per_prompt"):
         ReplayBuffer(capacity_per_prompt=0)
+
+
+def test_replay_keeps_kept_logmass_and_reads_records_without_it() -> None:
+    buf = ReplayBuffer()
+    g = _group("p", [1.0])
+    g.samples[0].kept_logmass_T = [-0.25, -0.5]
+    buf.add(g)
+    state = json.loads(json.dumps(buf.state_dict()))
+    restored = ReplayBuffer()
+    restored.load_state_dict(state)
+    assert restored.successes("p")[0].kept_logmass_T == [-0.25, -0.5]
+    samples, _ = restored.mix_into(_group("p", [0.0], offset=9), k=1, rng=random.Random(0))
+    samples[0].kept_logmass_T[0] = 9.0  # a copy: the store is untouched
+    assert restored.successes("p")[0].kept_logmass_T == [-0.25, -0.5]
+    for items in state["samples"].values():  # a record written before the field existed
+        for d in items:
+            del d["kept_logmass_T"]
+    old = ReplayBuffer()
+    old.load_state_dict(state)
+    assert old.successes("p")[0].kept_logmass_T is None
+
+
+def test_checkpointed_groups_keep_kept_logmass_and_read_old_records() -> None:
+    from dataclasses import asdict
+
+    from slipstream.schedule.pipeline_state import _group_from_json
+
+    g = _group("p", [1.0, 0.0])
+    g.samples[0].kept_logmass_T = [-0.25, -0.5]
+    d = json.loads(json.dumps(asdict(g)))
+    assert [s.kept_logmass_T for s in _group_from_json(d).samples] == [[-0.25, -0.5], None]
+    for s in d["samples"]:  # a checkpoint written before the field existed
+        del s["kept_logmass_T"]
+    assert [s.kept_logmass_T for s in _group_from_json(d).samples] == [None, None]
+    with pytest.raises(ValueError, match="kept masses"):
+        Sample("p", [1], [2, 3], [0.0, 0.0], [0, 0], FinishReason.STOP, kept_logmass_T=[0.0])

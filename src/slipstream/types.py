@@ -61,8 +61,11 @@ class EpisodeStats:
 class Sample:
     """One completion of one prompt, with what the trainer needs to correct for staleness.
 
-    `behavior_logp_T[t]` is log mu(token_t | prefix) under the weights that produced token t
-    (temperature-scaled, see engine.sampling); `versions_T[t]` is that weights' version.
+    `behavior_logp_T[t]` is log p(token_t | prefix) under the weights that produced token t
+    (the temperature-scaled full softmax, see engine.sampling); `versions_T[t]` is that
+    weights' version. With top-k / top-p on, `kept_logmass_T[t]` is log Z of the kept set, so
+    the exact behaviour log-prob is `behavior_logp_T[t] - kept_logmass_T[t]`
+    (`trainer.behavior_logprobs`); None without them (Z = 1).
     """
 
     prompt_id: str
@@ -88,6 +91,9 @@ class Sample:
     # version of the model token before them. None: every completion token is the model's.
     model_mask_T: list[bool] | None = None
     episode: EpisodeStats | None = None
+    # log Z per token of the top-k / top-p set the token was drawn from (0 for environment
+    # tokens); None: no filter (a record written before the field reads back as None)
+    kept_logmass_T: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_tokens)
@@ -101,6 +107,10 @@ class Sample:
         if self.model_mask_T is not None and len(self.model_mask_T) != n:
             raise ValueError(
                 f"Sample {self.prompt_id}: {n} tokens but a model mask of {len(self.model_mask_T)}"
+            )
+        if self.kept_logmass_T is not None and len(self.kept_logmass_T) != n:
+            raise ValueError(
+                f"Sample {self.prompt_id}: {n} tokens but {len(self.kept_logmass_T)} kept masses"
             )
 
     @property

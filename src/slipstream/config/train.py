@@ -68,6 +68,15 @@ class TrainerConfig(_Section):
     current log-probs by version. `auto`: `none` for fresh data from an exact sampler,
     `recompute` for fresh data from an inexact (bfloat16) sampler, `loglinear` when data can be
     stale (max lag above 0, or replay)."""
+    behavior_logprobs: Literal["full", "truncated"] = "full"
+    """The behaviour log-prob `log mu` the ratios and the behaviour weight divide by, when
+    `sampling.top_k` or `top_p` truncates the sampler (without them both are the same). `full`:
+    the recorded `log p` of the full temperature-scaled softmax, so `pi / mu` reads 1 on-policy
+    but is biased by `1 / Z` (Z: the kept mass). `truncated`: `log p - log Z`, the exact
+    log-prob of the truncated distribution the token was drawn from, so the weight is
+    unbiased; pair it with `proximal = "recompute"`, where `pi_prox / mu` is only a detached
+    weight: as the trust-region ratio (`none`, and `loglinear` for fresh tokens) it reads Z < 1
+    on-policy, which the clip then cuts (engine.sampling)."""
     eps_low: float | None = Field(None, ge=0.0)
     """PPO-family lower clip; None uses the loss's default."""
     eps_high: float | None = Field(None, ge=0.0)

@@ -106,7 +106,7 @@ class Completion:
 
     `logp[t]` is the behaviour log-prob of `tokens[t]` (temperature-scaled full softmax) under
     the weights of version `versions[t]`; `kept_logmass[t]` is log of the probability mass kept
-    by top-k / top-p (0 without them; see engine.sampling for its use).
+    by top-k / top-p (None for a request without them; see engine.sampling for its use).
     """
 
     request: Request
@@ -116,7 +116,7 @@ class Completion:
     finish_reason: FinishReason
     t_start: float
     t_end: float
-    kept_logmass: list[float] = field(default_factory=list)
+    kept_logmass: list[float] | None = None
 
 
 @dataclass
@@ -126,7 +126,7 @@ class _Slot:
     tokens: list[int] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    kept_logmass: list[float] = field(default_factory=list)
+    kept_logmass: list[float] | None = None  # a list for a request that filters, else None
 
     def completion(self, reason: FinishReason, now: float) -> Completion:
         r = self.request
@@ -392,7 +392,9 @@ class Engine:
         now = time.time()
         for i, s in enumerate(self.slots):  # lowest free slots first: keeps the live range dense
             if s is None and self.waiting:
-                self.slots[i] = _Slot(self.waiting.popleft(), t_start=now)
+                r = self.waiting.popleft()
+                mass: list[float] | None = [] if r.params.top_k > 0 or r.params.top_p < 1 else None
+                self.slots[i] = _Slot(r, t_start=now, kept_logmass=mass)
                 admitted.append(i)
         self._num_active += len(admitted)
         # one indexed write per tensor: a scalar write per slot and tensor costs ~5 us each
@@ -505,7 +507,8 @@ class Engine:
             s.tokens.append(tok)
             s.logp.append(logp[r])
             s.versions.append(version)
-            s.kept_logmass.append(mass[r] if mass is not None else 0.0)
+            if s.kept_logmass is not None and mass is not None:  # not None when it filters
+                s.kept_logmass.append(mass[r])
             end = None
             if tok in self.stop_ids or (
                 stop_seqs and any(tuple(s.tokens[-len(q) :]) == q for q in stop_seqs)

@@ -23,10 +23,11 @@ vLLM and `transformers`). The recorded log-prob stays `log p(a)`, so the ratio t
 `pi(a) / p(a)`, is the true importance ratio `pi(a) / mu(a)` divided by `Z`: it reads 1
 on-policy where the truth is `Z`, and it is biased upward by `1 / Z` off-policy. Tokens outside
 K have `mu = 0` and are never sampled, so no ratio corrects for them: the update follows the
-truncated policy. Each completion also records `log Z` per token (`kept_logmass`, 0 without
-filtering); the recorded log-prob minus it is `log mu(a)`, the exact behaviour log-prob, for
-a caller that wants the unbiased ratio. Defaults (top_k 0, top_p 1) give Z = 1: keep them for
-RL, or accept the bias knowingly.
+truncated policy. Each completion of a request that filters also records `log Z` per token
+(`Completion.kept_logmass`, `Sample.kept_logmass_T`; None without filtering); the recorded
+log-prob minus it is `log mu(a)`, the exact behaviour log-prob, which the trainer uses with
+`trainer.behavior_logprobs = "truncated"` for the unbiased ratio. Defaults (top_k 0, top_p 1)
+give Z = 1: keep them for RL, or choose between the bias and the exact weight knowingly.
 
 Greedy rows (temperature 0) take the argmax and record the log-prob at temperature 1; they are
 for evaluation, not for RL.

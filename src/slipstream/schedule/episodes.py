@@ -50,6 +50,7 @@ class Episode:
     model_mask: list[bool] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    kept_logmass: list[float] | None = None  # log Z per token when the turns filter (top-k/p)
     reward: float = 0.0
     stats: EpisodeStats = field(default_factory=EpisodeStats)
     error: str = ""
@@ -62,6 +63,10 @@ class Episode:
         return any(m and v <= version for v, m in zip(self.versions, self.model_mask))
 
     def add_turn(self, c: Completion) -> None:
+        if c.kept_logmass is not None and self.kept_logmass is None:  # 0 for what came before
+            self.kept_logmass = [0.0] * len(self.tokens)
+        if self.kept_logmass is not None:
+            self.kept_logmass += c.kept_logmass or [0.0] * len(c.tokens)
         self.tokens += c.tokens
         self.model_mask += [True] * len(c.tokens)
         self.logp += c.logp
@@ -75,6 +80,8 @@ class Episode:
         self.model_mask += [False] * n
         self.logp += [0.0] * n
         self.versions += [v] * n
+        if self.kept_logmass is not None:
+            self.kept_logmass += [0.0] * n
         self.stats.env_tokens += n
 
     def sample(self, sampler_id: int = 0, text: str = "") -> Sample:
@@ -95,6 +102,7 @@ class Episode:
             t_end=self.t_end,
             model_mask_T=self.model_mask,
             episode=self.stats,
+            kept_logmass_T=self.kept_logmass,
         )
 
 

@@ -30,6 +30,7 @@ def _copy(sample: Sample) -> Sample:
         completion_tokens=list(sample.completion_tokens),
         behavior_logp_T=list(sample.behavior_logp_T),
         versions_T=list(sample.versions_T),
+        kept_logmass_T=None if sample.kept_logmass_T is None else list(sample.kept_logmass_T),
     )
 
 

@@ -74,6 +74,7 @@ def score_group(
                 seed=c.request.seed,
                 t_start=c.t_start,
                 t_end=c.t_end,
+                kept_logmass_T=c.kept_logmass,
             )
         )
     return Group(prompt, samples)

@@ -8,12 +8,24 @@ import torch
 
 from slipstream.types import Batch, Sample
 
+BEHAVIOR_LOGPROBS = ("full", "truncated")
+
 
 def collate(
-    samples: Sequence[Sample], advantages: Sequence[float], group_ids: Sequence[int], pad_id: int
+    samples: Sequence[Sample],
+    advantages: Sequence[float],
+    group_ids: Sequence[int],
+    pad_id: int,
+    behavior: str = "full",
 ) -> Batch:
     """Right-padded `Batch` of prompt + completion rows; the loss mask covers completions only,
-    and of a multi-turn sample only its model tokens (`Sample.model_mask_T`)."""
+    and of a multi-turn sample only its model tokens (`Sample.model_mask_T`).
+
+    `behavior` (`trainer.behavior_logprobs`): `full` takes the recorded log-probs of the full
+    softmax; `truncated` subtracts each token's `kept_logmass_T` where a sample has one, giving
+    the exact log-prob of the top-k / top-p distribution it was drawn from."""
+    if behavior not in BEHAVIOR_LOGPROBS:
+        raise ValueError(f"behavior {behavior!r}; valid: {', '.join(BEHAVIOR_LOGPROBS)}")
     if not samples:
         raise ValueError("cannot collate an empty list of samples")
     # at least one target column: an episode that crashed before its first observation has
@@ -33,7 +45,7 @@ def collate(
         lead = max(p - 1, 0)  # 0 for a row without tokens
         tail = width - 1 - lead - c
         mask.append([False] * lead + keep + [False] * tail)
-        blogp.append([0.0] * lead + list(s.behavior_logp_T) + [0.0] * tail)
+        blogp.append([0.0] * lead + _behavior_logp(s, behavior) + [0.0] * tail)
         versions.append([-1] * lead + list(s.versions_T) + [-1] * tail)
     ids_t = torch.tensor(ids, dtype=torch.long)
     mask_t = torch.tensor(mask, dtype=torch.bool)
@@ -48,6 +60,14 @@ def collate(
         advantages=torch.tensor(list(advantages), dtype=torch.float32),
         group_ids=torch.tensor(list(group_ids), dtype=torch.long),
     )
+
+
+def _behavior_logp(s: Sample, behavior: str) -> list[float]:
+    """`[T]` behaviour log-probs of `s`: log p of the full softmax, or log p - log Z."""
+    z = s.kept_logmass_T
+    if behavior == "full" or z is None:
+        return list(s.behavior_logp_T)
+    return [lp - lz for lp, lz in zip(s.behavior_logp_T, z)]
 
 
 def token_logprobs(

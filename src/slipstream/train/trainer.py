@@ -110,7 +110,11 @@ class Trainer:
             rows += [(s, a, g) for s, a in zip(group.samples, group.advantages_G)]
         rows.sort(key=lambda r: len(r[0].prompt_tokens) + r[0].num_tokens)
         return collate(
-            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], self.pad_id
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            self.pad_id,
+            self.cfg.behavior_logprobs,
         )
 
     def lr_at(self, version: int) -> float:
