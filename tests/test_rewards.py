@@ -170,3 +170,14 @@ def test_part_means_per_step():
     )
     # a: (1 + 0) / 2 over the samples it applied to; b: 0 / 1
     assert part_means([g]) == {"reward/a": 0.5, "reward/b": 0.0}
+
+
+def test_a_trl_reward_with_a_ground_truth_column_is_called_as_trl():
+    # TRL's documented reference reward takes the dataset's `ground_truth` column by name:
+    # it is TRL's shape (completions), not verl's (solution_str, ground_truth)
+    def reward_func(completions, ground_truth, **kwargs):
+        return [float(c == gt) for c, gt in zip(completions, ground_truth)]
+
+    assert detect_shape(reward_func) == "trl"
+    row = Prompt("p2", "6*7=", "42", meta={"ground_truth": "42"})
+    assert adapt(reward_func, "auto")(row, "42") == 1.0

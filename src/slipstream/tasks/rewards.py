@@ -50,16 +50,18 @@ class RewardPart:
 
 
 def detect_shape(fn: Callable[..., Any]) -> Shape:
-    """`trl` for `prompts`/`completions` parameters, `verl` for `solution_str`/`data_source`,
-    else `slipstream`."""
+    """`trl` for `prompts`/`completions` parameters, else `verl` for `solution_str`/
+    `data_source`/`ground_truth`, else `slipstream`."""
     try:
         names = set(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin or C function: called as slipstream's
         return "slipstream"
-    if names & {"solution_str", "data_source", "ground_truth"}:
-        return "verl"
+    # `completions` first: TRL's own example reward is `fn(completions, ground_truth, **kwargs)`
+    # (a `ground_truth` column), and verl's `compute_score` has no `prompts`/`completions`
     if names & {"prompts", "completions"}:
         return "trl"
+    if names & {"solution_str", "data_source", "ground_truth"}:
+        return "verl"
     return "slipstream"
 
 
