@@ -181,3 +181,28 @@ def test_a_trl_reward_with_a_ground_truth_column_is_called_as_trl():
     assert detect_shape(reward_func) == "trl"
     row = Prompt("p2", "6*7=", "42", meta={"ground_truth": "42"})
     assert adapt(reward_func, "auto")(row, "42") == 1.0
+
+
+def test_numpy_and_tensor_rewards_count_as_numbers_when_combined():
+    import numpy as np
+    import torch
+
+    values = {"np32": np.float32(0.5), "np_int": np.int64(1), "tensor": torch.tensor(0.25)}
+
+    def trl_array(prompts, completions, **kw):  # TRL takes an array back as well as a list
+        return np.array([2.0], dtype=np.float32)
+
+    fns = [lambda p, c, v=v: v for v in values.values()]
+    parts = tuple(RewardPart(name, 1.0, name=name) for name in values)
+    r = CombinedReward(parts, _fns=fns)
+    # 0.5 + 1 + 0.25, each logged under its name
+    assert r(PLAIN, "x") == {
+        "score": 1.75,
+        "reward/np32": 0.5,
+        "reward/np_int": 1.0,
+        "reward/tensor": 0.25,
+    }
+    assert adapt(trl_array, "auto")(PLAIN, "x") == 2.0
+    assert math.isnan(
+        CombinedReward(parts[:1], _fns=[lambda p, c: torch.ones(2)])(PLAIN, "x")["score"]
+    )

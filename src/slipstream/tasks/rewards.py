@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +89,8 @@ def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
         completions=[[{"role": "assistant", "content": completion}] if chat else completion],
         **columns,
     )
+    if not isinstance(out, list | tuple) and callable(getattr(out, "tolist", None)):
+        out = out.tolist()  # a numpy array or a tensor, which TRL iterates as a list
     if not isinstance(out, list | tuple) or len(out) != 1:
         raise TypeError(f"returned {_short(out)}; a TRL reward returns one value per completion")
     return out[0]
@@ -150,18 +153,33 @@ class CombinedReward:
             if value is None:  # TRL: this function does not apply to the sample
                 continue
             if isinstance(value, dict):
-                extra = {k: v for k, v in value.items() if k != "score" and _is_number(v)}
-                out.update({f"reward/{part.label}/{k}": float(v) for k, v in extra.items()})
+                extra = {k: _number(v) for k, v in value.items() if k != "score"}
+                out.update(
+                    {f"reward/{part.label}/{k}": x for k, x in extra.items() if x is not None}
+                )
                 value = value.get("score")
-            if not _is_number(value) or not math.isfinite(float(value)):
+            x = _number(value)
+            if x is None or not math.isfinite(x):
                 return {"score": math.nan, f"reward/{part.label}": value}  # the guard: invalid
-            out[f"reward/{part.label}"] = float(value)
-            total += part.weight * float(value)
+            out[f"reward/{part.label}"] = x
+            total += part.weight * x
         return {"score": total, **out}
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+def _number(v: Any) -> float | None:
+    """`v` as a float when it is one number: an int, a float, a numpy scalar (np.float32 is no
+    Python float) or a 0-d tensor/array, as TRL's `torch.tensor(rewards)` takes them; None for
+    a bool and anything else."""
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):  # np.bool_ is no Real
+        return float(v)
+    item = getattr(v, "item", None)
+    if callable(item) and getattr(v, "ndim", None) == 0:  # torch.tensor(1.0), np.array(1.0)
+        try:
+            x = item()
+        except Exception:  # a user type's item() may raise anything
+            return None
+        return float(x) if isinstance(x, numbers.Real) and not isinstance(x, bool) else None
+    return None
 
 
 def resolve(target: Any) -> Callable[[Prompt, str], Any]:
