@@ -206,3 +206,29 @@ def test_numpy_and_tensor_rewards_count_as_numbers_when_combined():
     assert math.isnan(
         CombinedReward(parts[:1], _fns=[lambda p, c: torch.ones(2)])(PLAIN, "x")["score"]
     )
+
+
+def test_trl_completions_follow_the_rows_prompt_format_not_the_chat_template():
+    # TRL gives string completions for a string prompt (a standard dataset) and assistant
+    # messages for a conversation; rendering the string through the model's chat template
+    # does not make its reward a conversational one (`len(completion)` would be 1)
+    from slipstream.model.chat import ChatTemplate
+    from slipstream.tasks import RowFormat
+    from slipstream.tasks.datasets import Row
+
+    seen = []
+
+    def reward_len(prompts, completions, **kwargs):
+        seen.append((prompts, completions))
+        return [float(len(c)) for c in completions]
+
+    fmt = RowFormat(chat=ChatTemplate("{{ messages[0]['content'] }}!"), system_prompt="Be brief.")
+    plain = fmt.prompt(Row("d:1", {"prompt": "6*7?", "answer": "42"}), "0")
+    assert plain.messages is not None  # rendered by the template
+    assert adapt(reward_len, "auto")(plain, "42") == 2.0
+    assert seen[-1] == (["6*7?"], ["42"])
+    chat = fmt.prompt(
+        Row("d:2", {"messages": [{"role": "user", "content": "6*7?"}], "answer": 1}), "1"
+    )
+    assert adapt(reward_len, "auto")(chat, "42") == 1.0
+    assert seen[-1][1] == [[{"role": "assistant", "content": "42"}]]

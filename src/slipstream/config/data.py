@@ -32,7 +32,8 @@ class RewardEntry(_Section):
     """How it is called. `slipstream`: `fn(prompt: Prompt, completion: str) -> float`. `trl`:
     batched `fn(prompts, completions, **columns) -> list[float | None]`, called with one
     sample at a time (prompts as messages and completions as `[{"role": "assistant",
-    "content": ...}]` for chat prompts, else strings; every other column of the row by name).
+    "content": ...}]` for a conversation row, strings for a string prompt even when a chat
+    template renders it, as TRL; every other column of the row by name).
     `verl`: `fn(data_source, solution_str, ground_truth, extra_info) -> float | dict`, a dict's
     `score` being the reward and its other numbers logged as `reward/<name>/<key>`. `auto`: by
     the parameter names (`prompts`/`completions`: trl; `solution_str`/`data_source`: verl)."""

@@ -4,8 +4,8 @@
 - TRL: `fn(prompts, completions, **columns) -> list[float | None]`, batched, None where the
   function does not apply (TRL's GRPOTrainer convention). Called here with one sample at a
   time, by keyword as TRL calls it: `prompts=[messages]` and
-  `completions=[[{"role": "assistant", "content": text}]]` for a chat prompt, plain strings
-  otherwise, and every other column of the row as a one-element list under its own name. One
+  `completions=[[{"role": "assistant", "content": text}]]` for a row whose prompt is a
+  conversation, plain strings for a string prompt (even one a chat template renders), and every other column of the row as a one-element list under its own name. One
   sample per call keeps the reward guard's per-sample timeout (a hang costs one sample);
   `completion_ids` and `trainer_state` are not passed.
 - verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
@@ -82,10 +82,10 @@ def adapt(fn: Callable[..., Any], shape: Shape) -> Scorer:
 
 
 def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
-    chat = prompt.messages is not None
+    chat = prompt.messages is not None and prompt.plain_prompt is None  # TRL: a conversation
     columns = {k: [v] for k, v in prompt.meta.items() if k not in ("prompts", "completions")}
     out = fn(
-        prompts=[prompt.messages if chat else prompt.text],
+        prompts=[prompt.messages if chat else prompt.plain_prompt or prompt.text],
         completions=[[{"role": "assistant", "content": completion}] if chat else completion],
         **columns,
     )

@@ -55,11 +55,13 @@ class RowFormat:
         """The `Prompt` of one row; a bad row raises `TaskError` naming file, row and column."""
         where, data = row.where, row.data
         col, value = self._prompt_column(row)
+        plain = None
         if isinstance(value, str):
             if not value:
                 raise TaskError(f"{where}: column {col!r}: empty prompt")
             text = self.template.replace("{prompt}", value)
             messages = [{"role": "user", "content": text}] if self.chat is not None else None
+            plain = text if messages is not None else None
         else:
             messages = _messages(value, where, col)
             text = ""
@@ -73,7 +75,9 @@ class RowFormat:
                 f"{where}: a lone surrogate (\\ud800-\\udfff) is not text a tokenizer can take"
             )
         meta = {k: v for k, v in data.items() if k != col}
-        return Prompt(id=pid, text=text, answer=answer, meta=meta, messages=messages)
+        return Prompt(
+            id=pid, text=text, answer=answer, meta=meta, messages=messages, plain_prompt=plain
+        )
 
     def _prompt_column(self, row: Row) -> tuple[str, Any]:
         given = [self.columns[k] for k in ("messages", "prompt") if k in self.columns]
