@@ -30,6 +30,17 @@ ARCHITECTURES = {
 }
 
 
+def rope_kind(scaling: dict[str, Any] | None) -> str:
+    """`default` or `llama3`, the rope scalings implemented; anything else raises ValueError."""
+    scaling = scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    if kind not in ("default", "llama3"):
+        raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, llama3")
+    if kind == "llama3" and not isinstance(scaling.get("factor"), int | float):
+        raise ValueError("rope_scaling: llama3 scaling needs a numeric 'factor'")
+    return kind
+
+
 @dataclass
 class ModelConfig:
     """The shape of a decoder; field names follow Hugging Face's config.json."""
@@ -63,6 +74,7 @@ class ModelConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        rope_kind(self.rope_scaling)  # an unsupported scaling fails here, at the config check
 
     @property
     def qkv_bias(self) -> bool:
@@ -122,11 +134,8 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     assert dim is not None  # set by ModelConfig.__post_init__
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     scaling = cfg.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind in (None, "default"):
+    if rope_kind(scaling) == "default":
         return inv.float()
-    if kind != "llama3":
-        raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, llama3")
     factor = scaling["factor"]
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
     old_ctx = scaling.get("original_max_position_embeddings", 8192)
