@@ -241,3 +241,26 @@ def test_fuzzed_rows_fail_only_with_one_line_naming_the_row(tmp_path, rows, chat
             assert isinstance(p.text, str) and p.text and isinstance(p.answer, str)
             p.text.encode("utf-8")
             assert (p.messages is not None) == chat
+
+
+def test_a_reward_of_your_own_takes_an_answer_column_of_any_kind(tmp_path):
+    # only the built-in rewards compare with a string answer; a TRL/verl reward of your own gets
+    # the column as the row has it: accepted answers, test cases, an empty cell
+    rows = [
+        {"prompt": "a", "answer": ["4", "four"]},
+        {"prompt": "b", "answer": {"inputs": [1], "outputs": [2]}},
+        {"prompt": "c", "answer": None},
+        {"prompt": "d", "reward_model": {"ground_truth": [1, 2]}},
+    ]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = read_prompts(f, RowFormat(need_answer=False))
+    assert [p.answer for p in prompts] == [
+        ["4", "four"],
+        {"inputs": [1], "outputs": [2]},
+        None,
+        [1, 2],
+    ]
+    assert prompts[0].meta["answer"] == ["4", "four"]
+    with pytest.raises(TaskError, match="column 'answer': expected a string or a number"):
+        read_prompts(f, RowFormat(need_answer=True))

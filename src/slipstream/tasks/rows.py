@@ -109,15 +109,16 @@ class RowFormat:
         except ValueError as e:  # model.chat.ChatTemplateError: raise_exception() or a bug
             raise TaskError(f"{where}: column {col!r}: {e}") from None
 
-    def _answer(self, row: Row) -> str | None:
+    def _answer(self, row: Row) -> Any:
         data = row.data
         names = [self.columns["answer"]] if "answer" in self.columns else list(ANSWER_COLUMNS)
         for name in names:
             if name in data:
-                return _answer_text(data[name], row.where, name)
+                return _answer_text(data[name], row.where, name, self.need_answer)
         verl = data.get("reward_model")
         if "answer" not in self.columns and isinstance(verl, dict) and "ground_truth" in verl:
-            return _answer_text(verl["ground_truth"], row.where, "reward_model.ground_truth")
+            truth = verl["ground_truth"]
+            return _answer_text(truth, row.where, "reward_model.ground_truth", self.need_answer)
         if not self.need_answer:
             return None
         have = ", ".join(map(repr, data)) or "none"
@@ -127,12 +128,19 @@ class RowFormat:
         )
 
 
-def _answer_text(value: Any, where: str, col: str) -> str:
+def _answer_text(value: Any, where: str, col: str, strict: bool = True) -> Any:
+    """The answer as text. `strict` (a built-in reward compares with it): a string or a number;
+    else a value of another kind (a list of accepted answers, a dict of test cases, an empty
+    cell) is passed as it is, as TRL and verl pass the column to a reward of your own."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
+        if not strict:
+            return value
         raise TaskError(
             f"{where}: column {col!r}: expected a string or a number, got {type(value).__name__}"
         )
     if isinstance(value, float) and value != value:  # NaN: an empty CSV cell
+        if not strict:
+            return None
         raise TaskError(f"{where}: column {col!r}: empty")
     return str(value)
 
