@@ -58,7 +58,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v (and for Llama o) projections carry a bias
+    attention_bias: bool = False  # q/k/v (and for Llama and Qwen3 o) projections
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -81,8 +81,8 @@ class ModelConfig:
         return self.model_type == "qwen2" or self.attention_bias
 
     @property
-    def o_bias(self) -> bool:
-        return self.model_type == "llama" and self.attention_bias
+    def o_bias(self) -> bool:  # Llama's and Qwen3's `attention_bias` covers o_proj; Qwen2 has none
+        return self.model_type in ("llama", "qwen3") and self.attention_bias
 
     @property
     def qk_norm(self) -> bool:
