@@ -14,7 +14,7 @@ from chat_model import CHAT_TEMPLATE
 from slipstream.config import ConfigError, load_config
 from slipstream.model.chat import ChatTemplate
 from slipstream.tasks import DatasetTask, RowFormat, TaskError, read_prompts
-from slipstream.tasks.datasets import Row, read_table
+from slipstream.tasks.datasets import Row, read_table, split_files
 from slipstream.tasks.rows import heldout_split
 
 pa = pytest.importorskip("pyarrow")
@@ -66,6 +66,23 @@ def test_folder_splits(tmp_path):
     fmt = RowFormat(columns={"prompt": "problem"})
     task = DatasetTask(str(tmp_path), lambda p, c: 0.0, fmt=fmt, heldout_split="test")
     assert len(task.train_prompts()) == 2 and len(task.heldout_prompts()) == 1
+
+
+def test_a_save_to_disk_folder_is_its_arrow_shards(tmp_path):
+    # DatasetDict.save_to_disk's layout: the JSON files beside the shards are metadata, which
+    # were read as rows ("dataset_info.json: row 0: missing column 'messages' or 'prompt'")
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+        for name in ("data-00000-of-00001.arrow", "dataset_info.json", "state.json"):
+            (tmp_path / split / name).write_text("{}")
+    (tmp_path / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
+    got = [f.relative_to(tmp_path).as_posix() for f in split_files(tmp_path, "test")]
+    assert got == ["test/data-00000-of-00001.arrow"]
+    one = tmp_path / "train"  # Dataset.save_to_disk: one split, no split named in the path
+    assert [f.name for f in split_files(one, "train")] == ["data-00000-of-00001.arrow"]
+    (tmp_path / "rows").mkdir()  # without .arrow shards a state.json is a file of rows
+    (tmp_path / "rows" / "state.json").write_text("[]")
+    assert [f.name for f in split_files(tmp_path / "rows", "train")] == ["state.json"]
 
 
 def test_messages_rows_are_rendered_with_the_template_and_system_prompt(tmp_path):
