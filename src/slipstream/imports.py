@@ -30,14 +30,14 @@ def load_object(
         try:
             mod_spec.loader.exec_module(module)
         except Exception as e:  # the user's file raises as it runs: a SyntaxError, an import
-            raise error(f"{what}: running {file} raised {_describe(e)}") from None
+            raise error(f"{what}: loading it raised {_describe(e)}") from None
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
             raise error(f"{what}: cannot import {target!r} ({e})") from None
         except Exception as e:  # the module raises as it is imported
-            raise error(f"{what}: importing {target!r} raised {_describe(e)}") from None
+            raise error(f"{what}: loading it raised {_describe(e)}") from None
     obj = getattr(module, name, None)
     if obj is None or (noun == "function" and not callable(obj)):
         raise error(f"{what}: {target} has no {noun + ' ' if noun else ''}{name!r}")
