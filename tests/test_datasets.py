@@ -130,6 +130,9 @@ def test_heldout_split_has_its_own_seed(tmp_path):
     ids = lambda t: [p.id for p in t.heldout_prompts()]  # noqa: E731
     assert ids(a) == ids(b) and len(ids(a)) == 10 and ids(a) != ids(c)
     assert heldout_split(50, 0.2, 0) == heldout_split(50, 0.2, 0)
+    # 9 rows at the default 0.1 held none out, and evaluation reported 0 on no prompts
+    assert len(heldout_split(9, 0.1, 0)) == 1 and len(heldout_split(55, 0.1, 0)) == 5
+    assert heldout_split(9, 0.0, 0) == set() and heldout_split(1, 0.1, 0) == set()
     # run.seed does not move the split: setup passes task.heldout_seed
     cfg = load_config(None, [f"task.path={f}", "run.seed=5"])
     assert cfg.task.heldout_seed == 0

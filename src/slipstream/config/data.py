@@ -71,7 +71,8 @@ class TaskConfig(_Section):
     """The split of `path` (or of `heldout_path`) held out, e.g. `test` of a folder or hub
     dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`."""
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    """Share of `path` held out for evaluation when there is no `heldout_path`."""
+    """Share of `path` held out for evaluation when there is no `heldout_path` (above 0: at
+    least one row of a file of two or more)."""
     heldout_seed: int = 0
     """Seed of the held-out split, independent of `run.seed`: runs of different seeds are
     evaluated on the same prompts."""

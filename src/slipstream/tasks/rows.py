@@ -181,10 +181,14 @@ def read_rows(path: str | Path, template: str = "{prompt}") -> list[Prompt]:
 
 
 def heldout_split(n: int, fraction: float, seed: int) -> set[int]:
-    """Indices of the `int(n * fraction)` rows held out, drawn with their own seed."""
+    """Indices of the `int(n * fraction)` rows held out (at least one of two or more rows when
+    `fraction` > 0, so a small file is still evaluated), drawn with their own seed."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
-    return set(order[: int(n * fraction)])
+    k = int(n * fraction)
+    if fraction > 0 and n >= 2:
+        k = max(k, 1)
+    return set(order[:k])
 
 
 @dataclass
