@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from slipstream.engine import capacity
+from slipstream.engine.forward import SlotKV
 from slipstream.model.llama import ModelConfig
 from slipstream.types import Prompt
 
@@ -32,11 +33,26 @@ def test_cache_budget_from_tokens_or_memory():
 
 
 def test_slots_are_what_the_budget_holds():
+    """The cache has a scratch row of `max_len` beside its slots (engine.forward.SlotKV): the
+    budget pays for it too, so the cache never takes more tokens than it was given."""
     assert capacity.fit_slots(256, 4096, None) == 256  # no bound
-    assert capacity.fit_slots(256, 4096, 187245) == 45  # 187245 // 4096
+    assert capacity.fit_slots(256, 4096, 187245) == 44  # 187245 // 4096 = 45 rows, 1 scratch
     assert capacity.fit_slots(8, 4096, 187245) == 8  # never more than asked
-    with pytest.raises(ValueError, match="cannot hold one sequence of 4096"):
-        capacity.fit_slots(8, 4096, 4000)
+    assert capacity.fit_slots(8, 4096, 2 * 4096) == 1
+    for budget in (4000, 2 * 4096 - 1):
+        with pytest.raises(ValueError, match="cannot hold one sequence of 4096"):
+            capacity.fit_slots(8, 4096, budget)
+
+
+def test_the_cache_an_engine_allocates_stays_within_the_budget():
+    cfg = ModelConfig(
+        vocab_size=13, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    budget, max_len = 100, 24
+    kv = SlotKV(cfg, capacity.fit_slots(8, max_len, budget), max_len, torch.float32, "cpu")
+    held = sum(t.numel() * t.element_size() for t in kv.k + kv.v)
+    assert held <= budget * capacity.kv_bytes_per_token(cfg, torch.float32)
 
 
 def test_max_len_capped_by_setting_and_positions():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 
 import pytest
@@ -263,3 +264,34 @@ def test_the_router_remembers_what_is_in_flight_not_every_group_of_the_run():
     assert list(r.sent[0]) == [1002, 1003, 1004]
     # it dies having started 1003 requests in all: 1002 (and 1000, 1001, back already)
     assert r.down(0, started=1003) == ([1002], [1003, 1004])
+
+
+def test_kill_leaves_alone_the_pid_of_a_sampler_already_gone():
+    """A sampler's parent is the fork server, which reaps it as it exits: its pid may be
+    another process's by the time the trainer kills it (a chaos kill, a silent sampler).
+    `kill` sent SIGKILL to the raw pid whatever became of it."""
+    other = subprocess.Popen(["sleep", "30"])  # the process now holding the dead one's pid
+    rt = _runtime(1)
+    try:
+        gone = _Proc(exitcode=-9)
+        gone.pid = other.pid
+        rt.procs = [gone]
+        rt.kill(0)
+        time.sleep(0.05)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+        rt.shutdown()
+
+
+def test_kill_ends_a_live_sampler():
+    rt = _runtime(1)
+    try:
+        rt.start(StubbornWorker)
+        _ready(rt, 1)
+        rt.kill(0)
+        rt.procs[0].join(5.0)
+        assert rt.procs[0].exitcode == -signal.SIGKILL
+    finally:
+        rt.shutdown()

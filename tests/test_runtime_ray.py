@@ -21,6 +21,7 @@ import torch
 
 from slipstream.config import load_config
 from slipstream.model import load_pretrained
+from slipstream.runtime.channels import SamplerMessage
 from slipstream.runtime.ray import RayRuntime, RemoteTimeout
 from slipstream.schedule.launch import train_async
 
@@ -215,6 +216,38 @@ def test_a_stuck_actor_is_an_error_not_a_hang():
             while time.monotonic() - t0 < 10:
                 rt.check()
                 time.sleep(0.05)
+    finally:
+        rt.shutdown()
+
+
+class _FailsBehindAFullQueue:
+    """Fills the group queue (which nobody reads), then raises."""
+
+    def run(self, channels) -> None:
+        channels.groups.put(SamplerMessage("stats", 0), timeout=5)
+        channels.groups.push()
+        raise ValueError("injected failure")
+
+
+def _fails(i: int) -> _FailsBehindAFullQueue:
+    return _FailsBehindAFullQueue()
+
+
+def test_a_failing_sampler_actor_s_error_reaches_the_trainer_through_a_full_queue():
+    """Its `error` message finds no room (the trainer busy); `check` raises the traceback
+    that `run` returned. (It only marked the sampler exited: the error was lost, the
+    sampler never restarted, and the run waited on its requests until a stall timeout.)"""
+    params = {"w": torch.zeros(3)}
+    rt = RayRuntime(params, 1, 1, prompt_queue=2, group_queue=1, call_timeout_s=1.0)
+    try:
+        rt.channels.weights.publish(params, 0)
+        rt.start(_fails)
+        deadline = time.monotonic() + 30
+        with pytest.raises(RuntimeError, match=r"sampler 0 failed:\n(.|\n)*injected failure"):
+            while time.monotonic() < deadline:
+                rt.check()
+                time.sleep(0.1)
+        assert rt.channels.groups.depth() == 1  # the message that filled it, not the error
     finally:
         rt.shutdown()
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 
+from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import TrainerConfig
 from slipstream.model.builtin import init_builtin
 from slipstream.train.trainer import Trainer
@@ -78,3 +82,57 @@ def test_a_batch_without_a_trainable_token_is_a_skipped_step():
         [_group(tok, [1.0, -1.0]), Group(Prompt("q", "1=", "1"), [crashed], advantages_G=[0.0])]
     )
     assert metrics["train/skipped"] == 0.0 and metrics["tokens/trained"] == 4.0
+
+
+def test_lr_schedule_peaks_once_and_reaches_the_floor_on_the_last_step():
+    """Step s = version + 1 of T: warm-up `lr s / W` up to s = W, then cosine with progress
+    `(s - W) / (T - W)`, so step W is the only one at the peak and step T (the last, `run.steps`)
+    is at `lr * lr_min_ratio`. lr 0.5, W 2, T 6, floor 0.05, `c = 0.45 / 2`:
+    s=1: 0.25; s=2: 0.5; s=3: 0.05 + c (1 + cos(pi/4)) = 0.4340990; s=4: 0.05 + c = 0.275;
+    s=5: 0.05 + c (1 - cos(pi/4)) = 0.1159010; s=6: 0.05."""
+    model, tok = init_builtin(seed=0)
+    cfg = TrainerConfig(lr=0.5, warmup_steps=2, lr_min_ratio=0.1)
+    trainer = Trainer(model, cfg, temperature=1.0, pad_id=tok.pad_id, total_steps=6)
+    got = [trainer.lr_at(v) for v in range(6)]
+    want = [0.25, 0.5, 0.4340990, 0.275, 0.1159010, 0.05]
+    assert got == pytest.approx(want, abs=1e-6)
+    # no warm-up: the decay starts with the first step and still ends at the floor
+    flat = Trainer(model, cfg.model_copy(update={"warmup_steps": 0}), 1.0, tok.pad_id, 6)
+    assert flat.lr_at(5) == pytest.approx(0.05) and flat.lr_at(0) < 0.5
+
+
+def test_a_row_without_loss_tokens_is_not_a_sequence_of_the_ess_or_vcpo():
+    """The sequence ESS (and VCPO's learning-rate scale from it) is over the sequences in the
+    loss: an episode that crashed before the model spoke adds no weight `w = 1` to it."""
+    model, tok = init_builtin(seed=0)
+    cfg = TrainerConfig(vcpo=True, warmup_steps=0, lr_schedule="constant")
+    crashed = Sample("p", [], [], [], [], FinishReason.ABORTED)
+    empty = Group(Prompt("q", "1=", "1"), [crashed], advantages_G=[0.0])
+    alone = Trainer(copy.deepcopy(model), cfg, 1.0, tok.pad_id).step([_group(tok, [1.0, -1.0])])
+    both = Trainer(copy.deepcopy(model), cfg, 1.0, tok.pad_id).step(
+        [_group(tok, [1.0, -1.0]), empty]
+    )
+    assert alone["staleness/ess_seq"] < 0.99  # the two rows' weights differ: the ESS sees it
+    # equal up to float32 rounding (the padded row changes the forward's batch shape); with
+    # the empty row counted the ESS was 0.36 here
+    assert both["staleness/ess_seq"] == pytest.approx(alone["staleness/ess_seq"], rel=1e-6)
+    assert both["train/lr"] == pytest.approx(alone["train/lr"], rel=1e-6)
+
+
+def test_a_step_whose_tokens_the_correction_all_masks_is_skipped():
+    """Nothing left in the loss (here the rollout correction masks every token: its weight is
+    far above `high`) is a step without a trainable token: AdamW would still move the weights
+    through weight decay, so the step is skipped like an empty batch."""
+    model, tok = init_builtin(seed=0)
+    cfg = TrainerConfig(weight_decay=0.1, warmup_steps=0, lr_schedule="constant")
+    spec = CorrectionSpec(action="mask", high=2.0)
+    trainer = Trainer(model, cfg, 1.0, tok.pad_id, proximal="recompute", correction_spec=spec)
+    group = _group(tok, [1.0, -1.0])
+    for s in group.samples:
+        s.behavior_logp_T = [-50.0] * len(s.behavior_logp_T)  # w = pi_prox / mu ~ e^20
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = trainer.step([group])
+    assert metrics["correction/masked_frac"] == 1.0 and metrics["train/tokens"] == 0.0
+    assert metrics["train/skipped"] == 1.0 and trainer.skipped_steps == 1
+    assert not trainer.opt.state
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

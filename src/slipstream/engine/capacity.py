@@ -4,7 +4,8 @@ The KV cache is `[slots, max_len]` per layer (engine.forward.SlotKV). Its size f
 the memory the engine is given, never the other way round: `engine.max_tokens`, or
 `engine.memory_fraction` of the device's free memory once the model is on it, divided by
 the bytes one token takes (keys and values of every layer), is the cache's token budget;
-the slots are what that budget holds at `max_len` tokens each (at most the slots asked for).
+the slots are what that budget holds at `max_len` tokens each, less the cache's scratch row
+(at most the slots asked for).
 A prompt that cannot fit `max_len` with its completion is skipped before generation and
 counted, never an error in the middle of a run.
 """
@@ -44,17 +45,22 @@ def cache_tokens(
 def fit_slots(requested: int, max_len: int, budget_tokens: int | None) -> int:
     """Slots of `max_len` tokens within `budget_tokens` (at most `requested`, at least 1).
 
-    ValueError when the budget cannot hold even one sequence of `max_len`: the engine could
-    generate nothing, which a user must hear at start-up, not as a stall.
+    The cache holds one row of `max_len` beside the slots, the scratch row that free slots
+    riding in a decode step write to (engine.forward.SlotKV), and the budget pays for it:
+    `budget_tokens // max_len - 1` slots. ValueError when the budget cannot hold even one
+    sequence of `max_len` beside it: the engine could generate nothing, which a user must
+    hear at start-up, not as a stall.
     """
     if budget_tokens is None:
         return requested
-    if budget_tokens < max_len:
+    rows = budget_tokens // max_len
+    if rows < 2:
         raise ValueError(
             f"engine: a KV cache of {budget_tokens} tokens cannot hold one sequence of "
-            f"{max_len} tokens; raise engine.max_tokens / engine.memory_fraction or lower engine.max_len"
+            f"{max_len} tokens beside its scratch row ({2 * max_len} needed); raise "
+            f"engine.max_tokens / engine.memory_fraction or lower engine.max_len"
         )
-    return max(1, min(requested, budget_tokens // max_len))
+    return min(requested, rows - 1)
 
 
 def free_device_bytes(device: torch.device) -> int | None:

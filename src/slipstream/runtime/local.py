@@ -306,8 +306,11 @@ class LocalRuntime:
         return [p.pid for p in self.procs if p.pid is not None]
 
     def kill(self, i: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.procs[i].pid, signal.SIGKILL)
+        """SIGKILL sampler `i` unless it is gone: the fork server, its parent, reaps it as it
+        exits, and its pid may then be another process's (`exitcode` reads its status)."""
+        p = self.procs[i]
+        if p.exitcode is None:
+            p.kill()  # (multiprocessing's: no signal once the exit status is known)
 
     def check(self) -> list[int]:
         """Restart samplers that died; the ids restarted. A sampler that reported an error

@@ -36,8 +36,9 @@ The channels, as `channels.py` declares them:
   so the sampler's per-step polls of the stop flag and the weight version cost no remote call.
 
 Failures: each sampler actor has `max_restarts` (Ray restarts the process and reruns its
-constructor). `check()` polls the `run` calls: one that ended with `RayActorError` is a dead
-sampler; `check()` gives it a fresh inbox and calls `run` again with the latest weights (it
+constructor). `check()` polls the `run` calls: one that returned a sampler's traceback raises
+it (its `error` message may have found the group queue full); one that ended with
+`RayActorError` is a dead sampler; `check()` gives it a fresh inbox and calls `run` again with the latest weights (it
 starts as soon as Ray has restarted the process) and returns its id, so the orchestrator
 issues its requests again and counts them lost. Every remote call we wait on has a timeout:
 a queue call or weight fetch times out after its own timeout plus `call_timeout_s`; `check()`
@@ -158,17 +159,21 @@ class SamplerHost:
     def run(
         self, inbox: RayQueue, groups: RayQueue, version: int, box: list[Any], num_samplers: int
     ) -> str:
-        """The sampler loop until `stop`; 'error' after reporting a failure on `groups`."""
+        """The sampler loop until `stop` (then ''), or the traceback of its failure. That
+        is sent on `groups` too, but may find no room there (the trainer busy): the trainer
+        learns it from this result as well (`RayRuntime.check`)."""
         self.weights.offer(version, box)
         ch = Channels(inbox, groups, self.weights, _Stop(self.stopped), num_samplers)
         try:
             self.factory(self.id).run(ch)
         except Exception:
-            groups.put(SamplerMessage("error", self.id, error=traceback.format_exc()), 5.0)
-            return "error"
+            error = traceback.format_exc()
+            with contextlib.suppress(Exception):  # (a put refused earlier raises here)
+                groups.put(SamplerMessage("error", self.id, error=error), 5.0)
+            return error
         finally:
             groups.flush(5.0)
-        return "stopped"
+        return ""
 
     def offer(self, version: int, box: list[Any]) -> None:
         self.weights.offer(version, box)
@@ -289,7 +294,7 @@ class RayRuntime:
         self.actors: list[Any] = []
         self.runs: list[Any] = []
         self.restarts = [0] * num_samplers
-        self.exited: set[int] = set()  # returned after reporting an error: not restarted
+        self.exited: set[int] = set()  # `run` returned (stopped): not restarted
         self._pings: dict[int, tuple[Any, float]] = {}  # sampler -> (pending ping, sent at)
         self._back: dict[int, tuple[Any, float]] = {}  # restarting -> (pending ping, died at)
         self._pids: list[int] = [0] * num_samplers
@@ -368,7 +373,8 @@ class RayRuntime:
     def check(self) -> list[int]:
         """Ids of samplers whose actor died since the last call (each gets a fresh inbox and,
         once Ray has restarted it, a new `run`); raise on a spent restart budget, a failure
-        that escaped the sampler, or a sampler that stops answering (`RemoteTimeout`)."""
+        that escaped the sampler or that it reported, or a sampler that stops answering
+        (`RemoteTimeout`)."""
         now = time.monotonic()
         if self.stop.is_set() or now < self._next_check:
             return []
@@ -384,11 +390,14 @@ class RayRuntime:
                 self._ping(i)
                 continue
             try:
-                if get(ref, self.call_timeout_s, f"sampler {i} (run)") == "error":
-                    self.exited.add(i)  # its error message reaches the orchestrator
-                continue
+                error = get(ref, self.call_timeout_s, f"sampler {i} (run)")
             except RayActorError:
-                pass
+                error = None
+            if error:  # as the orchestrator says it on the `error` message, which may be lost
+                raise RuntimeError(f"sampler {i} failed:\n{error}")
+            if error is not None:  # stopped
+                self.exited.add(i)
+                continue
             if self.restarts[i] >= self.max_restarts:
                 raise RuntimeError(
                     f"sampler actor {i} died and was already restarted {self.restarts[i]} "

@@ -299,13 +299,14 @@ class Orchestrator:
             return
         assert msg.request is not None and msg.group is not None
         gid = msg.request.group_id
+        self.router.done(gid)  # a late copy too: a sampler that sent it holds it no more
         if gid in st.lost_ids or gid not in st.outstanding:  # its sampler was declared dead
             st.lost_ids.discard(gid)
             self.stats.late_groups += 1
             self._record(msg, "late")
             return
-        self.router.done(gid)
         req = st.outstanding.pop(gid)
+        st.unqueue(gid)  # back from a dead sampler before its resend went out: not sent again
         self.stats.delivered_group(msg.sampler_id, msg.group)
         self.learner.ledger.generated += 1
         self.learner.ledger.count_episodes(msg.group)
@@ -345,24 +346,34 @@ class Orchestrator:
         """Take back the requests of samplers the runtime restarted and issue them again."""
         if self.runtime is None:
             return
+        t_dead = time.perf_counter()  # before `check` starts any replacement (a local one)
         dead = self.runtime.check()
         if not dead:
             return
         # first every message already here (the dead one's last groups and counters among
         # them); a reader that prefetches (Ray) sees a message only once its outstanding get
-        # has brought it, so its gets wait `poll_s`
+        # has brought it, so its gets wait `poll_s`. A replacement's (ready after `t_dead`)
+        # wait until its predecessor is settled, else `sampler_lost` would mark it down
         wait = self.opts.poll_s if self.ch.groups.prefetch else 0.0
+        later: list[SamplerMessage] = []
         while (msg := self.ch.groups.get(wait)) is not None:
-            self.receive(msg)
+            r = msg.report
+            if msg.sampler_id in dead and r is not None and r.t_ready > t_dead:
+                later.append(msg)
+            else:
+                self.receive(msg)
         for i in dead:
-            self.sampler_lost(i)
+            self.sampler_lost(i, t_dead)
+        for msg in later:
+            self.receive(msg)
         self._close_ready_windows()
 
-    def sampler_lost(self, i: int) -> None:
-        """Sampler `i` died. Requests it had started generating are lost (ledger) and issued
-        again, each as a new request for the same prompt, seeds and batch; those it had not
-        started are sent again as they were."""
-        st, now = self.state, time.perf_counter()
+    def sampler_lost(self, i: int, at: float | None = None) -> None:
+        """Sampler `i` died (seen `at`, by default now). Requests it had started generating
+        are lost (ledger) and issued again, each as a new request for the same prompt, seeds
+        and batch; those it had not started are sent again as they were. From now on only
+        reports of an incarnation ready after `at` (its replacement's) count."""
+        st, now = self.state, time.perf_counter() if at is None else at
         st.ready.discard(i)
         st.heard.pop(i, None)
         report = self.stats.reports.get(i)
@@ -443,7 +454,7 @@ class Orchestrator:
                 alive = {g for g, _ in st.window} | set(st.outstanding)
                 st.issue_window = {g: w for g, w in st.issue_window.items() if g in alive}
             need = st.need or self.opts.batch_prompts
-            ripe = self._ripe()
+            ripe = pipeline_state.ripe(st, self.opts.min_lag)
             if len(ripe) < need:
                 return None
             taken = set(ripe[:need])
@@ -469,25 +480,17 @@ class Orchestrator:
             self.state.out_of_bound += 1  # its place in the admission bound is free again
         return True
 
-    def _ripe(self) -> list[int]:
-        """Indices into the continuous window of the groups a window may take, in the order it
-        takes them: all in arrival order, or with `min_lag` m those issued at least `min(m, w)`
-        windows ago (w the windows closed), earliest first. Windows, not versions: a window
-        that trains nothing (all filtered) does not move the version, and waiting on the
-        version would then wait forever."""
-        window, m = self.state.window, self.opts.min_lag
-        if not m:
-            return list(range(len(window)))
-        w, at = self.state.windows, self.state.issue_window
-        ripe = [i for i, (gid, _) in enumerate(window) if w - at.get(gid, 0) >= min(m, w)]
-        return sorted(ripe, key=lambda i: (at.get(window[i][0], 0), window[i][0]))
-
     def close_window(self, groups: list[Group]) -> None:
         """Settle `groups` (filters, advantages); with dynamic sampling, wait for replacements
         of filtered groups; then one optimizer step on the kept groups, publish, issue, record."""
         st, B = self.state, self.opts.batch_prompts
         st.step_groups += groups
-        st.kept += self.learner.settle(groups) if groups else []
+        filtered = self.learner.ledger.filtered.copy()
+        try:
+            st.kept += self.learner.settle(groups) if groups else []
+        except BaseException:  # none of them settled: back, not trained (in flight)
+            self.learner.ledger.filtered, st.unsettled = filtered, groups
+            raise
         if self.opts.dynamic_sampling and len(st.kept) < B and st.extra < self.opts.max_extra_draws:
             more = min(B - len(st.kept), self.opts.max_extra_draws - st.extra)
             st.extra += more
@@ -498,7 +501,7 @@ class Orchestrator:
                 st.need = more
             return
         groups, kept, extra = st.step_groups, st.kept, st.extra
-        st.step_groups, st.kept, st.extra = [], [], 0
+        st.step_groups, st.extra = [], 0  # `kept` stays until trained: in flight if it raises
         st.windows += 1
         if not kept:
             st.empty_in_row += 1
@@ -514,6 +517,7 @@ class Orchestrator:
         t0 = time.perf_counter()
         metrics = self.learner.train(kept)
         t1 = time.perf_counter()
+        st.kept = []
         self.learner.ledger.trained += len(kept)
         publish_s = self.learner.publish(self.ch)
         t2 = time.perf_counter()
@@ -558,7 +562,8 @@ class Orchestrator:
     def leftover(self) -> int:
         """Groups received but never trained or dropped (the end of the run cut them off)."""
         st = self.state
-        return len(st.window) + sum(len(v) for v in st.batches.values()) + len(st.kept)
+        held = len(st.window) + sum(len(v) for v in st.batches.values())
+        return held + len(st.kept) + len(st.unsettled)
 
     def settle_unfinished(self) -> int:
         """At the end of the run: count the requests samplers had started and not delivered
@@ -573,7 +578,7 @@ class Orchestrator:
         led.generated += led.unfinished
         tokens = sum(self.stats.undelivered_tokens(i) for i in self.stats.reports)
         received = [g for _, g in st.window] + [g for v in st.batches.values() for _, g in v]
-        return tokens + sum(g.num_tokens for g in received + st.kept)
+        return tokens + sum(g.num_tokens for g in received + st.kept + st.unsettled)
 
     def _waited(self, t0: float, t1: float) -> None:
         """Extend the trainer's open wait interval, or close it and open a new one."""

@@ -37,6 +37,7 @@ class OrchestratorState:
     step_groups: list[Group] = field(default_factory=list)
     kept: list[Group] = field(default_factory=list)
     extra: int = 0
+    unsettled: list[Group] = field(default_factory=list)  # settling them raised: in flight
     need: int = 0  # continuous: arrivals the open window still takes
     unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
     reissue: deque[list[PromptRequest]] = field(default_factory=deque)  # chunks to send again
@@ -44,6 +45,26 @@ class OrchestratorState:
     heard: dict[int, float] = field(default_factory=dict)  # sampler id -> last message time
     ready: set[int] = field(default_factory=set)
     t_last_msg: float = 0.0
+
+    def unqueue(self, group_id: int) -> None:
+        """Take request `group_id` out of the chunks to send again (its group is back)."""
+        if any(r.group_id == group_id for c in self.reissue for r in c):
+            chunks = ([r for r in c if r.group_id != group_id] for c in self.reissue)
+            self.reissue = deque(c for c in chunks if c)
+
+
+def ripe(st: OrchestratorState, min_lag: int) -> list[int]:
+    """Indices into the continuous window of the groups a window may take, in the order it
+    takes them: all in arrival order, or with `min_lag` m those issued at least `min(m, w)`
+    windows ago (w the windows closed), earliest first. Windows, not versions: a window that
+    trains nothing (all filtered) does not move the version, and waiting on the version would
+    then wait forever."""
+    window, m = st.window, min_lag
+    if not m:
+        return list(range(len(window)))
+    w, at = st.windows, st.issue_window
+    ready = [i for i, (gid, _) in enumerate(window) if w - at.get(gid, 0) >= min(m, w)]
+    return sorted(ready, key=lambda i: (at.get(window[i][0], 0), window[i][0]))
 
 
 def to_json(st: OrchestratorState, lengths: LengthModel) -> dict[str, Any]:

@@ -114,14 +114,18 @@ class Trainer:
         )
 
     def lr_at(self, version: int) -> float:
-        """Learning rate of the step that produces `version + 1`: warm-up, then the schedule."""
+        """Learning rate of step `s = version + 1` (the step that produces `s`) of
+        `T = total_steps`: warm-up `lr s / W` up to `s = W`, then the schedule, with cosine
+        progress `(s - W) / (T - W)`. Both pieces count steps from 1, so step W alone is at
+        the peak and step T, the last, at `lr * lr_min_ratio`."""
         cfg = self.cfg
-        if cfg.warmup_steps and version < cfg.warmup_steps:
-            return cfg.lr * (version + 1) / cfg.warmup_steps
+        step = version + 1
+        if cfg.warmup_steps and step <= cfg.warmup_steps:
+            return cfg.lr * step / cfg.warmup_steps
         span = self.total_steps - cfg.warmup_steps
         if cfg.lr_schedule == "constant" or span <= 0:
             return cfg.lr
-        progress = min(1.0, (version - cfg.warmup_steps) / span)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
         floor = cfg.lr * cfg.lr_min_ratio
         return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
@@ -136,8 +140,9 @@ class Trainer:
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """Train on `groups`; bump the version. Skips (and counts) a non-finite step, and a
-        step without a trainable token (every episode crashed before the model spoke): AdamW
-        would move the weights on zero gradients through its moments and weight decay."""
+        step without a trainable token (every episode crashed before the model spoke, or the
+        rollout correction masked every token): AdamW would move the weights on zero
+        gradients through its moments and weight decay."""
         self.model.train()
         full = to_device(self.batch(groups), self.device)
         agg = self.cfg.agg or losses.METHODS[self.cfg.loss].agg
@@ -170,7 +175,11 @@ class Trainer:
             parts.append(out.metrics)
             ent_sum += (entropy.detach() * batch.loss_mask).sum()
             prox = logp.detach() if old_logp is None else old_logp
-            seq_lr.append(staleness.seq_log_ratio(prox, batch.behavior_logp, batch.loss_mask))
+            # a row without loss tokens (an episode that crashed before the model spoke) is no
+            # sequence of the batch: its w = 1 would pull the sequence ESS and VCPO's scale
+            rows_in = batch.loss_mask.any(dim=1)
+            seq = staleness.seq_log_ratio(prox, batch.behavior_logp, batch.loss_mask)
+            seq_lr.append(seq[rows_in])
             tok_lr.append((logp.detach() - batch.behavior_logp)[batch.loss_mask])
         merged = losses.merge_metrics(parts)
         norm = losses.normaliser(
@@ -184,7 +193,8 @@ class Trainer:
         lr = self.lr_at(self.version)
         lr_scale = staleness.vcpo_lr_scale(torch.cat(seq_lr)) if self.cfg.vcpo else 1.0
         finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
-        stepped = finite and bool(full.loss_mask.any())
+        # no token left in the loss (none sampled, all non-finite or masked by the correction)
+        stepped = finite and bool(merged["tokens"] > 0)
         if stepped:
             for g in self.opt.param_groups:
                 g["lr"] = lr * lr_scale * self.lr_scale
