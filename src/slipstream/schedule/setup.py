@@ -424,11 +424,16 @@ def build_task(cfg: Config) -> GuardedTask:
         t.heldout_path,
         t.heldout_fraction,
         seed=t.heldout_seed,
-        fmt=row_format(cfg, need_answer=any(p.spec in BUILTIN_REWARDS for p in reward.parts)),
+        fmt=row_format(cfg, need_answer=needs_answer(cfg)),
         split=t.split,
         heldout_split=t.heldout_split,
     )
     return GuardedTask(task, guard)
+
+
+def needs_answer(cfg: Config) -> bool:
+    """Whether a built-in reward compares with the rows' answer, which must then be text."""
+    return any(e.fn in BUILTIN_REWARDS for e in cfg.task.reward_entries())
 
 
 def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
@@ -447,7 +452,7 @@ def eval_sets(cfg: Config) -> dict[str, list[Prompt]]:
     """The named held-out sets of `eval.sets`, read and rendered as the task's rows are."""
     if not cfg.eval.sets:
         return {}
-    fmt = row_format(cfg, need_answer=False)
+    fmt = row_format(cfg, need_answer=needs_answer(cfg))
     return {
         name: read_prompts(path, fmt, cfg.task.split)[: cfg.eval.num_prompts]
         for name, path in cfg.eval.sets.items()
