@@ -31,6 +31,10 @@ def test_a_missing_model_folder(capsys, tmp_path):
 
 
 CONFIG = json.dumps({"model_type": "llama", "vocab_size": 8, "hidden_size": 4})
+# Qwen2.5's documented long-context setting: a scaling the decoder does not implement
+YARN = json.dumps(
+    {"model_type": "qwen2", "rope_scaling": {"type": "yarn", "factor": 4.0}, "hidden_size": 8}
+)
 
 
 @pytest.mark.parametrize(
@@ -42,6 +46,7 @@ CONFIG = json.dumps({"model_type": "llama", "vocab_size": 8, "hidden_size": 4})
         ({"config.json": CONFIG}, "no *.safetensors"),
         ({"config.json": CONFIG, "model.safetensors": ""}, "no tokenizer.json"),
         ({"config.json": CONFIG, "model.safetensors.index.json": "{}"}, "safetensors index"),
+        ({"config.json": YARN}, "unsupported rope_scaling type 'yarn'"),
     ],
 )
 def test_a_malformed_model_folder(capsys, tmp_path, files, said):

@@ -92,6 +92,14 @@ def test_bad_file_syntax_is_one_line(tmp_path):
     f.write_text("[trainer\nlr = 1")
     with pytest.raises(ConfigError, match=r"run.toml: not valid TOML"):
         load_config(f)
+    j = (
+        tmp_path / "run.json"
+    )  # valid JSON, but configs are TOML or YAML ("not valid JSON" was wrong)
+    j.write_text('{"trainer": {"lr": 0.001}}')
+    with pytest.raises(
+        ConfigError, match=r"run.json: not valid TOML \(a config file is TOML or YAML\)"
+    ):
+        load_config(j)
 
 
 def test_unknown_key_in_file(tmp_path):

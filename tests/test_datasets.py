@@ -14,7 +14,7 @@ from chat_model import CHAT_TEMPLATE
 from slipstream.config import ConfigError, load_config
 from slipstream.model.chat import ChatTemplate
 from slipstream.tasks import DatasetTask, RowFormat, TaskError, read_prompts
-from slipstream.tasks.datasets import Row, read_table
+from slipstream.tasks.datasets import Row, read_table, split_files
 from slipstream.tasks.rows import heldout_split
 
 pa = pytest.importorskip("pyarrow")
@@ -68,6 +68,23 @@ def test_folder_splits(tmp_path):
     assert len(task.train_prompts()) == 2 and len(task.heldout_prompts()) == 1
 
 
+def test_a_save_to_disk_folder_is_its_arrow_shards(tmp_path):
+    # DatasetDict.save_to_disk's layout: the JSON files beside the shards are metadata, which
+    # were read as rows ("dataset_info.json: row 0: missing column 'messages' or 'prompt'")
+    for split in ("train", "test"):
+        (tmp_path / split).mkdir()
+        for name in ("data-00000-of-00001.arrow", "dataset_info.json", "state.json"):
+            (tmp_path / split / name).write_text("{}")
+    (tmp_path / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
+    got = [f.relative_to(tmp_path).as_posix() for f in split_files(tmp_path, "test")]
+    assert got == ["test/data-00000-of-00001.arrow"]
+    one = tmp_path / "train"  # Dataset.save_to_disk: one split, no split named in the path
+    assert [f.name for f in split_files(one, "train")] == ["data-00000-of-00001.arrow"]
+    (tmp_path / "rows").mkdir()  # without .arrow shards a state.json is a file of rows
+    (tmp_path / "rows" / "state.json").write_text("[]")
+    assert [f.name for f in split_files(tmp_path / "rows", "train")] == ["state.json"]
+
+
 def test_messages_rows_are_rendered_with_the_template_and_system_prompt(tmp_path):
     f = _parquet(
         tmp_path / "m.parquet",
@@ -113,6 +130,9 @@ def test_heldout_split_has_its_own_seed(tmp_path):
     ids = lambda t: [p.id for p in t.heldout_prompts()]  # noqa: E731
     assert ids(a) == ids(b) and len(ids(a)) == 10 and ids(a) != ids(c)
     assert heldout_split(50, 0.2, 0) == heldout_split(50, 0.2, 0)
+    # 9 rows at the default 0.1 held none out, and evaluation reported 0 on no prompts
+    assert len(heldout_split(9, 0.1, 0)) == 1 and len(heldout_split(55, 0.1, 0)) == 5
+    assert heldout_split(9, 0.0, 0) == set() and heldout_split(1, 0.1, 0) == set()
     # run.seed does not move the split: setup passes task.heldout_seed
     cfg = load_config(None, [f"task.path={f}", "run.seed=5"])
     assert cfg.task.heldout_seed == 0
@@ -241,3 +261,26 @@ def test_fuzzed_rows_fail_only_with_one_line_naming_the_row(tmp_path, rows, chat
             assert isinstance(p.text, str) and p.text and isinstance(p.answer, str)
             p.text.encode("utf-8")
             assert (p.messages is not None) == chat
+
+
+def test_a_reward_of_your_own_takes_an_answer_column_of_any_kind(tmp_path):
+    # only the built-in rewards compare with a string answer; a TRL/verl reward of your own gets
+    # the column as the row has it: accepted answers, test cases, an empty cell
+    rows = [
+        {"prompt": "a", "answer": ["4", "four"]},
+        {"prompt": "b", "answer": {"inputs": [1], "outputs": [2]}},
+        {"prompt": "c", "answer": None},
+        {"prompt": "d", "reward_model": {"ground_truth": [1, 2]}},
+    ]
+    f = tmp_path / "d.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = read_prompts(f, RowFormat(need_answer=False))
+    assert [p.answer for p in prompts] == [
+        ["4", "four"],
+        {"inputs": [1], "outputs": [2]},
+        None,
+        [1, 2],
+    ]
+    assert prompts[0].meta["answer"] == ["4", "four"]
+    with pytest.raises(TaskError, match="column 'answer': expected a string or a number"):
+        read_prompts(f, RowFormat(need_answer=True))

@@ -61,3 +61,21 @@ def test_eval_config():
         load_config(None, ["eval.samples_per_prompt=4"])
     with pytest.raises(ConfigError, match=r"eval\.sets: a set name"):
         load_config(None, ['eval.sets={"a/b"="x.jsonl"}'])
+
+
+def test_eval_sets_answers_are_text_for_a_builtin_reward_only(tmp_path):
+    import json
+
+    from slipstream.schedule.setup import eval_sets
+    from slipstream.tasks import TaskError
+
+    f = tmp_path / "e.jsonl"
+    f.write_text(json.dumps({"prompt": "2+2", "answer": ["4", "four"]}) + "\n")
+    rw = tmp_path / "rw.py"
+    rw.write_text("def score(prompt, completion):\n    return 0.0\n")
+    base = [f"task.path={f}", f'eval.sets={{e="{f}"}}']
+    # exact would compare with str(['4', 'four']): the set is rejected as the task's rows are
+    with pytest.raises(TaskError, match="column 'answer': expected a string or a number"):
+        eval_sets(load_config(None, [*base, 'task.reward="exact"']))
+    [p] = eval_sets(load_config(None, [*base, f'task.reward="{rw}:score"']))["e"]
+    assert p.answer == ["4", "four"]  # a reward of your own gets the column as it is

@@ -64,6 +64,7 @@ CASES = [
     ("qwen2", {}),
     ("qwen2", {"tie_word_embeddings": True}),
     ("qwen3", {}),
+    ("qwen3", {"attention_bias": True}),  # Qwen3's bias covers o_proj too, unlike Qwen2's
 ]
 
 

@@ -170,3 +170,65 @@ def test_part_means_per_step():
     )
     # a: (1 + 0) / 2 over the samples it applied to; b: 0 / 1
     assert part_means([g]) == {"reward/a": 0.5, "reward/b": 0.0}
+
+
+def test_a_trl_reward_with_a_ground_truth_column_is_called_as_trl():
+    # TRL's documented reference reward takes the dataset's `ground_truth` column by name:
+    # it is TRL's shape (completions), not verl's (solution_str, ground_truth)
+    def reward_func(completions, ground_truth, **kwargs):
+        return [float(c == gt) for c, gt in zip(completions, ground_truth)]
+
+    assert detect_shape(reward_func) == "trl"
+    row = Prompt("p2", "6*7=", "42", meta={"ground_truth": "42"})
+    assert adapt(reward_func, "auto")(row, "42") == 1.0
+
+
+def test_numpy_and_tensor_rewards_count_as_numbers_when_combined():
+    import numpy as np
+    import torch
+
+    values = {"np32": np.float32(0.5), "np_int": np.int64(1), "tensor": torch.tensor(0.25)}
+
+    def trl_array(prompts, completions, **kw):  # TRL takes an array back as well as a list
+        return np.array([2.0], dtype=np.float32)
+
+    fns = [lambda p, c, v=v: v for v in values.values()]
+    parts = tuple(RewardPart(name, 1.0, name=name) for name in values)
+    r = CombinedReward(parts, _fns=fns)
+    # 0.5 + 1 + 0.25, each logged under its name
+    assert r(PLAIN, "x") == {
+        "score": 1.75,
+        "reward/np32": 0.5,
+        "reward/np_int": 1.0,
+        "reward/tensor": 0.25,
+    }
+    assert adapt(trl_array, "auto")(PLAIN, "x") == 2.0
+    assert math.isnan(
+        CombinedReward(parts[:1], _fns=[lambda p, c: torch.ones(2)])(PLAIN, "x")["score"]
+    )
+
+
+def test_trl_completions_follow_the_rows_prompt_format_not_the_chat_template():
+    # TRL gives string completions for a string prompt (a standard dataset) and assistant
+    # messages for a conversation; rendering the string through the model's chat template
+    # does not make its reward a conversational one (`len(completion)` would be 1)
+    from slipstream.model.chat import ChatTemplate
+    from slipstream.tasks import RowFormat
+    from slipstream.tasks.datasets import Row
+
+    seen = []
+
+    def reward_len(prompts, completions, **kwargs):
+        seen.append((prompts, completions))
+        return [float(len(c)) for c in completions]
+
+    fmt = RowFormat(chat=ChatTemplate("{{ messages[0]['content'] }}!"), system_prompt="Be brief.")
+    plain = fmt.prompt(Row("d:1", {"prompt": "6*7?", "answer": "42"}), "0")
+    assert plain.messages is not None  # rendered by the template
+    assert adapt(reward_len, "auto")(plain, "42") == 2.0
+    assert seen[-1] == (["6*7?"], ["42"])
+    chat = fmt.prompt(
+        Row("d:2", {"messages": [{"role": "user", "content": "6*7?"}], "answer": 1}), "1"
+    )
+    assert adapt(reward_len, "auto")(chat, "42") == 1.0
+    assert seen[-1][1] == [[{"role": "assistant", "content": "42"}]]

@@ -98,6 +98,16 @@ def test_reward_plugin_from_file_and_errors(tmp_path):
         load_reward(f"{f}:nope")
     with pytest.raises(TaskError, match="cannot import"):
         load_reward("no_such_module_x:f")
+    # a file that raises as it runs (task.reward_isolation = "inline" loads it in the run)
+    bad = tmp_path / "bad.py"
+    bad.write_text("import no_such_module_x\n")
+    with pytest.raises(
+        TaskError, match=r"bad.py:score': loading it raised ModuleNotFoundError: No module"
+    ):
+        load_reward(f"{bad}:score")
+    bad.write_text("def score(prompt, completion)\n    return 1.0\n")
+    with pytest.raises(TaskError, match=r"raised SyntaxError: expected ':' \(bad.py, line 1\)"):
+        load_reward(f"{bad}:score")
     with pytest.raises(TaskError, match="expected math_verify, exact"):
         load_reward("bogus")
 

@@ -27,13 +27,24 @@ def load_object(
         mod_spec = importlib.util.spec_from_file_location(file.stem, file)
         assert mod_spec is not None and mod_spec.loader is not None
         module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as e:  # the user's file raises as it runs: a SyntaxError, an import
+            raise error(f"{what}: loading it raised {_describe(e)}") from None
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
             raise error(f"{what}: cannot import {target!r} ({e})") from None
+        except Exception as e:  # the module raises as it is imported
+            raise error(f"{what}: loading it raised {_describe(e)}") from None
     obj = getattr(module, name, None)
     if obj is None or (noun == "function" and not callable(obj)):
         raise error(f"{what}: {target} has no {noun + ' ' if noun else ''}{name!r}")
     return obj
+
+
+def _describe(e: BaseException) -> str:
+    """`SyntaxError: invalid syntax (rewards.py, line 3)`: the exception in one line."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__

@@ -36,6 +36,10 @@ class Prompt:
     # which holds its own special tokens; None: `text` is plain text, encoded with the
     # tokenizer's BOS/EOS (model.tokenizer)
     messages: list[dict[str, Any]] | None = None
+    # a string row's prompt (after `task.prompt_template`) that the chat template rendered as
+    # the one user turn: TRL-style rewards get it and string completions, as TRL does for a
+    # standard (not conversational) dataset; None: the row was a conversation, or plain text
+    plain_prompt: str | None = None
 
 
 @dataclass

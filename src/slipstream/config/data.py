@@ -32,7 +32,8 @@ class RewardEntry(_Section):
     """How it is called. `slipstream`: `fn(prompt: Prompt, completion: str) -> float`. `trl`:
     batched `fn(prompts, completions, **columns) -> list[float | None]`, called with one
     sample at a time (prompts as messages and completions as `[{"role": "assistant",
-    "content": ...}]` for chat prompts, else strings; every other column of the row by name).
+    "content": ...}]` for a conversation row, strings for a string prompt even when a chat
+    template renders it, as TRL; every other column of the row by name).
     `verl`: `fn(data_source, solution_str, ground_truth, extra_info) -> float | dict`, a dict's
     `score` being the reward and its other numbers logged as `reward/<name>/<key>`. `auto`: by
     the parameter names (`prompts`/`completions`: trl; `solution_str`/`data_source`: verl)."""
@@ -70,7 +71,8 @@ class TaskConfig(_Section):
     """The split of `path` (or of `heldout_path`) held out, e.g. `test` of a folder or hub
     dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`."""
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    """Share of `path` held out for evaluation when there is no `heldout_path`."""
+    """Share of `path` held out for evaluation when there is no `heldout_path` (above 0: at
+    least one row of a file of two or more)."""
     heldout_seed: int = 0
     """Seed of the held-out split, independent of `run.seed`: runs of different seeds are
     evaluated on the same prompts."""

@@ -175,15 +175,14 @@ def read_file(path: str | Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     text = read_text(path, ConfigError)
+    yml = path.suffix in (".yaml", ".yml")
     try:
-        if path.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            data = tomllib.loads(text)
+        data = (yaml.safe_load(text) or {}) if yml else tomllib.loads(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(
-            f"{path}: not valid {path.suffix.lstrip('.').upper() or 'TOML'}: {str(e).splitlines()[0]}"
-        ) from None
+        kind = "YAML" if yml else "TOML"
+        if path.suffix not in ("", ".toml", ".yaml", ".yml"):  # run.json is read as TOML
+            kind += " (a config file is TOML or YAML)"
+        raise ConfigError(f"{path}: not valid {kind}: {str(e).splitlines()[0]}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to parse") from None
     if not isinstance(data, dict):

@@ -30,6 +30,17 @@ ARCHITECTURES = {
 }
 
 
+def rope_kind(scaling: dict[str, Any] | None) -> str:
+    """`default` or `llama3`, the rope scalings implemented; anything else raises ValueError."""
+    scaling = scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    if kind not in ("default", "llama3"):
+        raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, llama3")
+    if kind == "llama3" and not isinstance(scaling.get("factor"), int | float):
+        raise ValueError("rope_scaling: llama3 scaling needs a numeric 'factor'")
+    return kind
+
+
 @dataclass
 class ModelConfig:
     """The shape of a decoder; field names follow Hugging Face's config.json."""
@@ -47,7 +58,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v (and for Llama o) projections carry a bias
+    attention_bias: bool = False  # q/k/v (and for Llama and Qwen3 o) projections
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -63,14 +74,15 @@ class ModelConfig:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        rope_kind(self.rope_scaling)  # an unsupported scaling fails here, at the config check
 
     @property
     def qkv_bias(self) -> bool:
         return self.model_type == "qwen2" or self.attention_bias
 
     @property
-    def o_bias(self) -> bool:
-        return self.model_type == "llama" and self.attention_bias
+    def o_bias(self) -> bool:  # Llama's and Qwen3's `attention_bias` covers o_proj; Qwen2 has none
+        return self.model_type in ("llama", "qwen3") and self.attention_bias
 
     @property
     def qk_norm(self) -> bool:
@@ -122,11 +134,8 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     assert dim is not None  # set by ModelConfig.__post_init__
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
     scaling = cfg.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind in (None, "default"):
+    if rope_kind(scaling) == "default":
         return inv.float()
-    if kind != "llama3":
-        raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, llama3")
     factor = scaling["factor"]
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
     old_ctx = scaling.get("original_max_position_embeddings", 8192)

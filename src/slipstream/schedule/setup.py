@@ -233,6 +233,18 @@ class Run:
             self.env_workers.close()
             self.env_workers = None
 
+    def close_observers(self) -> None:
+        """Stop the live view (the terminal restored: cursor shown, bar left on its last
+        frame) and close the metrics sinks and the timeline. Every loop calls it at its end
+        and when it raises; the records written so far stay (each write is flushed)."""
+        self.view.close()
+        self.sink.close()
+        self.timeline.close()
+
+    def write_ledger(self) -> None:
+        """`ledger.json`: at the end of a run, and of one that stopped on an error."""
+        (self.dir / "ledger.json").write_text(json.dumps(self.ledger.as_dict(), indent=2))
+
     def rollout(self, prompts: list[Prompt]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
         sizes = self.group_sizes(prompts)
@@ -412,11 +424,16 @@ def build_task(cfg: Config) -> GuardedTask:
         t.heldout_path,
         t.heldout_fraction,
         seed=t.heldout_seed,
-        fmt=row_format(cfg, need_answer=any(p.spec in BUILTIN_REWARDS for p in reward.parts)),
+        fmt=row_format(cfg, need_answer=needs_answer(cfg)),
         split=t.split,
         heldout_split=t.heldout_split,
     )
     return GuardedTask(task, guard)
+
+
+def needs_answer(cfg: Config) -> bool:
+    """Whether a built-in reward compares with the rows' answer, which must then be text."""
+    return any(e.fn in BUILTIN_REWARDS for e in cfg.task.reward_entries())
 
 
 def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
@@ -435,7 +452,7 @@ def eval_sets(cfg: Config) -> dict[str, list[Prompt]]:
     """The named held-out sets of `eval.sets`, read and rendered as the task's rows are."""
     if not cfg.eval.sets:
         return {}
-    fmt = row_format(cfg, need_answer=False)
+    fmt = row_format(cfg, need_answer=needs_answer(cfg))
     return {
         name: read_prompts(path, fmt, cfg.task.split)[: cfg.eval.num_prompts]
         for name, path in cfg.eval.sets.items()

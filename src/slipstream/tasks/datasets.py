@@ -5,7 +5,8 @@
 are read here, line-exact and without any optional package; Parquet, CSV and Arrow files and
 hub dataset ids go through the `datasets` library (`pip install 'slipstream[data]'`).
 
-A folder holds files of one or several splits: files whose path names the split (`train.jsonl`,
+A folder holds files of one or several splits (a `save_to_disk` folder of `datasets` too, its
+metadata JSON files left out): files whose path names the split (`train.jsonl`,
 `data/train-00000-of-00001.parquet`, `test/part0.csv`) are that split's; with no file naming
 any split, every file is the `train` split.
 """
@@ -25,6 +26,8 @@ JSON_SUFFIXES = (".jsonl", ".json")
 ARROW_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".arrow": "arrow"}
 SUFFIXES = (*JSON_SUFFIXES, *ARROW_SUFFIXES)
 SPLIT_NAMES = ("train", "test", "validation", "valid", "dev", "eval")
+# what `datasets`' save_to_disk writes beside its .arrow shards: metadata, not rows
+SAVE_TO_DISK_META = ("dataset_info.json", "state.json", "dataset_dict.json")
 INSTALL = "pip install 'slipstream[data]'"
 
 
@@ -52,6 +55,8 @@ def split_files(folder: Path, split: str) -> list[Path]:
     """The data files of `folder` that belong to `split` (module docstring), sorted."""
     files = sorted(f for f in folder.rglob("*") if f.is_file() and f.suffix in SUFFIXES)
     files = [f for f in files if not any(part.startswith(".") for part in f.parts)]
+    if any(f.suffix == ".arrow" for f in files):  # a save_to_disk folder (load_from_disk's)
+        files = [f for f in files if f.name not in SAVE_TO_DISK_META]
     if not files:
         raise TaskError(f"{folder}: no {', '.join(SUFFIXES)} files in this folder")
 

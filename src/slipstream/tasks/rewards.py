@@ -4,8 +4,8 @@
 - TRL: `fn(prompts, completions, **columns) -> list[float | None]`, batched, None where the
   function does not apply (TRL's GRPOTrainer convention). Called here with one sample at a
   time, by keyword as TRL calls it: `prompts=[messages]` and
-  `completions=[[{"role": "assistant", "content": text}]]` for a chat prompt, plain strings
-  otherwise, and every other column of the row as a one-element list under its own name. One
+  `completions=[[{"role": "assistant", "content": text}]]` for a row whose prompt is a
+  conversation, plain strings for a string prompt (even one a chat template renders), and every other column of the row as a one-element list under its own name. One
   sample per call keeps the reward guard's per-sample timeout (a hang costs one sample);
   `completion_ids` and `trainer_state` are not passed.
 - verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,16 +51,18 @@ class RewardPart:
 
 
 def detect_shape(fn: Callable[..., Any]) -> Shape:
-    """`trl` for `prompts`/`completions` parameters, `verl` for `solution_str`/`data_source`,
-    else `slipstream`."""
+    """`trl` for `prompts`/`completions` parameters, else `verl` for `solution_str`/
+    `data_source`/`ground_truth`, else `slipstream`."""
     try:
         names = set(inspect.signature(fn).parameters)
     except (TypeError, ValueError):  # a builtin or C function: called as slipstream's
         return "slipstream"
-    if names & {"solution_str", "data_source", "ground_truth"}:
-        return "verl"
+    # `completions` first: TRL's own example reward is `fn(completions, ground_truth, **kwargs)`
+    # (a `ground_truth` column), and verl's `compute_score` has no `prompts`/`completions`
     if names & {"prompts", "completions"}:
         return "trl"
+    if names & {"solution_str", "data_source", "ground_truth"}:
+        return "verl"
     return "slipstream"
 
 
@@ -79,13 +82,15 @@ def adapt(fn: Callable[..., Any], shape: Shape) -> Scorer:
 
 
 def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
-    chat = prompt.messages is not None
+    chat = prompt.messages is not None and prompt.plain_prompt is None  # TRL: a conversation
     columns = {k: [v] for k, v in prompt.meta.items() if k not in ("prompts", "completions")}
     out = fn(
-        prompts=[prompt.messages if chat else prompt.text],
+        prompts=[prompt.messages if chat else prompt.plain_prompt or prompt.text],
         completions=[[{"role": "assistant", "content": completion}] if chat else completion],
         **columns,
     )
+    if not isinstance(out, list | tuple) and callable(getattr(out, "tolist", None)):
+        out = out.tolist()  # a numpy array or a tensor, which TRL iterates as a list
     if not isinstance(out, list | tuple) or len(out) != 1:
         raise TypeError(f"returned {_short(out)}; a TRL reward returns one value per completion")
     return out[0]
@@ -148,18 +153,33 @@ class CombinedReward:
             if value is None:  # TRL: this function does not apply to the sample
                 continue
             if isinstance(value, dict):
-                extra = {k: v for k, v in value.items() if k != "score" and _is_number(v)}
-                out.update({f"reward/{part.label}/{k}": float(v) for k, v in extra.items()})
+                extra = {k: _number(v) for k, v in value.items() if k != "score"}
+                out.update(
+                    {f"reward/{part.label}/{k}": x for k, x in extra.items() if x is not None}
+                )
                 value = value.get("score")
-            if not _is_number(value) or not math.isfinite(float(value)):
+            x = _number(value)
+            if x is None or not math.isfinite(x):
                 return {"score": math.nan, f"reward/{part.label}": value}  # the guard: invalid
-            out[f"reward/{part.label}"] = float(value)
-            total += part.weight * float(value)
+            out[f"reward/{part.label}"] = x
+            total += part.weight * x
         return {"score": total, **out}
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+def _number(v: Any) -> float | None:
+    """`v` as a float when it is one number: an int, a float, a numpy scalar (np.float32 is no
+    Python float) or a 0-d tensor/array, as TRL's `torch.tensor(rewards)` takes them; None for
+    a bool and anything else."""
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):  # np.bool_ is no Real
+        return float(v)
+    item = getattr(v, "item", None)
+    if callable(item) and getattr(v, "ndim", None) == 0:  # torch.tensor(1.0), np.array(1.0)
+        try:
+            x = item()
+        except Exception:  # a user type's item() may raise anything
+            return None
+        return float(x) if isinstance(x, numbers.Real) and not isinstance(x, bool) else None
+    return None
 
 
 def resolve(target: Any) -> Callable[[Prompt, str], Any]:

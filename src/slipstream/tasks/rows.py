@@ -55,11 +55,13 @@ class RowFormat:
         """The `Prompt` of one row; a bad row raises `TaskError` naming file, row and column."""
         where, data = row.where, row.data
         col, value = self._prompt_column(row)
+        plain = None
         if isinstance(value, str):
             if not value:
                 raise TaskError(f"{where}: column {col!r}: empty prompt")
             text = self.template.replace("{prompt}", value)
             messages = [{"role": "user", "content": text}] if self.chat is not None else None
+            plain = text if messages is not None else None
         else:
             messages = _messages(value, where, col)
             text = ""
@@ -73,7 +75,9 @@ class RowFormat:
                 f"{where}: a lone surrogate (\\ud800-\\udfff) is not text a tokenizer can take"
             )
         meta = {k: v for k, v in data.items() if k != col}
-        return Prompt(id=pid, text=text, answer=answer, meta=meta, messages=messages)
+        return Prompt(
+            id=pid, text=text, answer=answer, meta=meta, messages=messages, plain_prompt=plain
+        )
 
     def _prompt_column(self, row: Row) -> tuple[str, Any]:
         given = [self.columns[k] for k in ("messages", "prompt") if k in self.columns]
@@ -105,15 +109,16 @@ class RowFormat:
         except ValueError as e:  # model.chat.ChatTemplateError: raise_exception() or a bug
             raise TaskError(f"{where}: column {col!r}: {e}") from None
 
-    def _answer(self, row: Row) -> str | None:
+    def _answer(self, row: Row) -> Any:
         data = row.data
         names = [self.columns["answer"]] if "answer" in self.columns else list(ANSWER_COLUMNS)
         for name in names:
             if name in data:
-                return _answer_text(data[name], row.where, name)
+                return _answer_text(data[name], row.where, name, self.need_answer)
         verl = data.get("reward_model")
         if "answer" not in self.columns and isinstance(verl, dict) and "ground_truth" in verl:
-            return _answer_text(verl["ground_truth"], row.where, "reward_model.ground_truth")
+            truth = verl["ground_truth"]
+            return _answer_text(truth, row.where, "reward_model.ground_truth", self.need_answer)
         if not self.need_answer:
             return None
         have = ", ".join(map(repr, data)) or "none"
@@ -123,12 +128,19 @@ class RowFormat:
         )
 
 
-def _answer_text(value: Any, where: str, col: str) -> str:
+def _answer_text(value: Any, where: str, col: str, strict: bool = True) -> Any:
+    """The answer as text. `strict` (a built-in reward compares with it): a string or a number;
+    else a value of another kind (a list of accepted answers, a dict of test cases, an empty
+    cell) is passed as it is, as TRL and verl pass the column to a reward of your own."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
+        if not strict:
+            return value
         raise TaskError(
             f"{where}: column {col!r}: expected a string or a number, got {type(value).__name__}"
         )
     if isinstance(value, float) and value != value:  # NaN: an empty CSV cell
+        if not strict:
+            return None
         raise TaskError(f"{where}: column {col!r}: empty")
     return str(value)
 
@@ -169,10 +181,14 @@ def read_rows(path: str | Path, template: str = "{prompt}") -> list[Prompt]:
 
 
 def heldout_split(n: int, fraction: float, seed: int) -> set[int]:
-    """Indices of the `int(n * fraction)` rows held out, drawn with their own seed."""
+    """Indices of the `int(n * fraction)` rows held out (at least one of two or more rows when
+    `fraction` > 0, so a small file is still evaluated), drawn with their own seed."""
     order = list(range(n))
     random.Random(seed).shuffle(order)
-    return set(order[: int(n * fraction)])
+    k = int(n * fraction)
+    if fraction > 0 and n >= 2:
+        k = max(k, 1)
+    return set(order[:k])
 
 
 @dataclass
