@@ -436,6 +436,17 @@ def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
     return RowFormat(t.columns, t.prompt_template, chat, t.system_prompt, need_answer)
 
 
+def run_tokenizer(cfg: Config, tok: Tokenizer) -> Tokenizer:
+    """`tok` as checkpoints save it: with `task.chat_template`'s file as its template when the
+    run renders with one, so `AutoTokenizer.from_pretrained(checkpoint)` renders what was
+    trained. `task.system_prompt` is per-row data, not template: it stays in the run's
+    config.toml, not in the checkpoint."""
+    setting = cfg.task.chat_template
+    if setting in ("auto", "none"):
+        return tok
+    return tok.with_chat_template(Path(setting).read_text(encoding="utf-8"))
+
+
 def eval_sets(cfg: Config) -> dict[str, list[Prompt]]:
     """The named held-out sets of `eval.sets`, read and rendered as the task's rows are."""
     if not cfg.eval.sets:
@@ -455,7 +466,8 @@ def build_model(
     onto `device` (no random initialisation)."""
     if cfg.model.path:
         model = load_pretrained(cfg.model.path, device=device)
-        return model, load_tokenizer(cfg.model.path).with_stop_strings(cfg.sampling.stop), {}
+        tok = run_tokenizer(cfg, load_tokenizer(cfg.model.path))
+        return model, tok.with_stop_strings(cfg.sampling.stop), {}
     if cfg.task.kind == "builtin_tools":
         model, tok, info = warm_start_tools(cfg, task, view)
         return model.to(device), tok, info
