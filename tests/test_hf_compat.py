@@ -41,3 +41,45 @@ def test_checkpoint_tokenizer_keeps_the_models_own_template_under_auto(tmp_path)
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "ckpt"))
     text = hf.apply_chat_template(USER, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nYou are a tiny assistant.")
+
+
+# Qwen3's switch, as its template has it: an empty think block when thinking is off
+THINKING = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and "
+    "enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_training_and_evaluation_prompts(tmp_path):
+    import pickle
+
+    from slipstream.schedule.setup import eval_sets, row_format
+    from slipstream.tasks.rows import read_prompts
+
+    folder = qwen2_tokenizer(tmp_path / "m", chat_template=THINKING)
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "What is 2+3?", "answer": "5"}\n')
+    cfg = load_config(None, [
+        f"model.path={folder}", f"task.path={data}", f'eval.sets={{extra="{data}"}}',
+        "task.chat_template_kwargs={enable_thinking=false}",
+    ])  # fmt: skip
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    want = hf.apply_chat_template(
+        USER, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert want.endswith("<think>\n\n</think>\n\n")
+    fmt = pickle.loads(pickle.dumps(row_format(cfg)))  # samplers get it pickled
+    assert read_prompts(str(data), fmt, "train")[0].text == want
+    assert eval_sets(cfg)["extra"][0].text == want
+
+
+def test_chat_template_kwargs_errors_name_the_key(tmp_path):
+    from slipstream.config import ConfigError
+
+    base = [f"task.path={tmp_path / 'x.jsonl'}"]
+    with pytest.raises(ConfigError, match=r"task\.chat_template_kwargs: 'tools' is set by"):
+        load_config(None, [*base, "task.chat_template_kwargs={tools=1}"])
+    with pytest.raises(ConfigError, match=r"task\.chat_template_kwargs: needs a chat template"):
+        load_config(None, [*base, "task.chat_template=none", "task.chat_template_kwargs={a=1}"])

@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from slipstream.config.base import _Section
 
+# the chat template's variables slipstream sets itself on every rendering
+RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt")
+
 
 class ModelSection(_Section):
     path: str | None = None
@@ -61,7 +64,14 @@ class TaskConfig(_Section):
     chat_template: str = "auto"
     """`auto`: render prompts with the model's own chat template when it has one (as
     `apply_chat_template(..., add_generation_prompt=True)`), plain text otherwise. `none`: plain
-    text (`prompt_template`). Or a path to a Jinja template file."""
+    text (`prompt_template`). Or a path to a Jinja template file, which checkpoints then save
+    as their tokenizer_config.json's `chat_template`."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Variables passed to every rendering of the chat template, training and evaluation
+    prompts alike, as `apply_chat_template(..., **kwargs)` and TRL's / vLLM's
+    `chat_template_kwargs`: `{enable_thinking = false}` for Qwen3 (needs a chat template; not
+    `messages`, `tools`, `documents` or `add_generation_prompt`). Not saved in checkpoints:
+    pass the same ones when you prompt a checkpoint."""
     system_prompt: str | None = None
     """A system turn put first in every conversation that has none (needs a chat template)."""
     heldout_path: str | None = None
@@ -117,6 +127,16 @@ class TaskConfig(_Section):
                 )
             raw = {**raw, "kind": raw.get("kind", "dataset")}
         return raw
+
+    @model_validator(mode="after")
+    def _template_kwargs(self) -> TaskConfig:
+        taken = sorted(set(self.chat_template_kwargs) & set(RENDER_ARGUMENTS))
+        if taken:
+            raise ValueError(
+                f"task.chat_template_kwargs: {taken[0]!r} is set by slipstream itself "
+                f"(not one of {', '.join(RENDER_ARGUMENTS)})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_reward_setting(self) -> TaskConfig:

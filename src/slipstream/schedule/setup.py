@@ -428,11 +428,13 @@ def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
     """How `cfg`'s dataset rows become prompts: columns, template, the model's chat template."""
     t = cfg.task
     try:
-        chat = load_chat_template(t.chat_template, cfg.model.path)
+        chat = load_chat_template(t.chat_template, cfg.model.path, t.chat_template_kwargs)
     except ChatTemplateError as e:
         raise TaskError(str(e)) from None
     if t.system_prompt and chat is None:
         raise TaskError("task.system_prompt: needs a chat template, and the model has none")
+    if t.chat_template_kwargs and chat is None:
+        raise TaskError("task.chat_template_kwargs: needs a chat template, and the model has none")
     return RowFormat(t.columns, t.prompt_template, chat, t.system_prompt, need_answer)
 
 
