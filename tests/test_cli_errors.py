@@ -103,3 +103,24 @@ def test_the_cli_makes_openmp_threads_sleep_unless_the_user_chose():
         for e in (env, {**env, "OMP_WAIT_POLICY": "ACTIVE"})
     ]
     assert got == ["PASSIVE", "ACTIVE"]
+
+
+@pytest.mark.parametrize(
+    "name, text, said",
+    [
+        ("tokenizer_config.json", "{not json", "tokenizer_config.json: not valid JSON"),
+        ("generation_config.json", '{"eos_token_id": 1,}', "generation_config.json: not valid"),
+        ("special_tokens_map.json", "[]", "special_tokens_map.json: expected a JSON object"),
+        ("tokenizer.json", '{"version": "1.0"}', "tokenizer.json: not a tokenizer"),
+    ],
+)
+def test_a_malformed_tokenizer_file_names_the_file(capsys, tmp_path, name, text, said):
+    from chat_model import qwen2_tokenizer
+
+    d = qwen2_tokenizer(tmp_path / "model")
+    (d / "config.json").write_text(CONFIG)
+    (d / "model.safetensors").write_text("")
+    (d / name).write_text(text)
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
+    assert rc == 2
+    _one_line(err, said)

@@ -2,8 +2,8 @@
 missing or malformed, and an optional library a setting needs but that is not installed, are
 a `ConfigError` naming the setting (and the install command), not a traceback minutes in.
 
-Only what is cheap is checked (files, JSON, whether a package can be found); the weights
-themselves are read when the run loads them.
+Only what is cheap is checked (files, JSON, the tokenizer, whether a package can be found);
+the weights themselves are read when the run loads them.
 """
 
 from __future__ import annotations
@@ -82,3 +82,35 @@ def check_model_folder(path: Path) -> None:
         )
     if not (path / "tokenizer.json").is_file():
         raise ConfigError(f"{key} has no tokenizer.json ({FOLDER})")
+    check_tokenizer_files(path)
+
+
+# the JSON files beside tokenizer.json that the tokenizer and the chat template read
+TOKENIZER_JSON = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.json",
+)
+
+
+def check_tokenizer_files(path: Path) -> None:
+    """tokenizer.json parses as a tokenizer, and each of `TOKENIZER_JSON` present is a JSON
+    object: one line naming the file, not a traceback when the run loads them."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as e:  # the Rust parser's own error type
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{path / 'tokenizer.json'}: not a tokenizer ({first})") from None
+    for name in TOKENIZER_JSON:
+        f = path / name
+        if not f.exists():
+            continue
+        try:
+            raw = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{f}: not valid JSON ({str(e).splitlines()[0]})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{f}: expected a JSON object")
