@@ -83,3 +83,21 @@ def test_chat_template_kwargs_errors_name_the_key(tmp_path):
         load_config(None, [*base, "task.chat_template_kwargs={tools=1}"])
     with pytest.raises(ConfigError, match=r"task\.chat_template_kwargs: needs a chat template"):
         load_config(None, [*base, "task.chat_template=none", "task.chat_template_kwargs={a=1}"])
+
+
+def test_a_heldout_split_equal_to_the_training_split_is_an_error(tmp_path):
+    from slipstream.config import ConfigError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    with pytest.raises(ConfigError, match=r"task\.heldout_split: 'train' is task\.split"):
+        load_config(None, [f"task.path={data}", "task.heldout_split=train"])
+    with pytest.raises(ConfigError, match=r"task\.heldout_split: 'train' is task\.split"):
+        load_config(
+            None, [f"task.path={data}", f"task.heldout_path={data}/.", "task.heldout_split=train"]
+        )
+    load_config(None, [f"task.path={data}", "task.heldout_split=test"])  # another split
+    other = tmp_path / "val"  # the train split of another folder
+    load_config(
+        None, [f"task.path={data}", f"task.heldout_path={other}", "task.heldout_split=train"]
+    )

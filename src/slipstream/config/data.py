@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -10,6 +12,14 @@ from slipstream.config.base import _Section
 
 # the chat template's variables slipstream sets itself on every rendering
 RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt")
+
+
+def _same_data(a: str, b: str) -> bool:
+    """Whether two `task.path`-style values name the same file, folder or hub id."""
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return os.path.normpath(a) == os.path.normpath(b)
 
 
 class ModelSection(_Section):
@@ -79,7 +89,8 @@ class TaskConfig(_Section):
     `heldout_fraction` of `path`."""
     heldout_split: str | None = None
     """The split of `path` (or of `heldout_path`) held out, e.g. `test` of a folder or hub
-    dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`."""
+    dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`.
+    `split` itself of the same data is an error (those rows are trained on)."""
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of `path` held out for evaluation when there is no `heldout_path` (above 0: at
     least one row of a file of two or more)."""
@@ -135,6 +146,19 @@ class TaskConfig(_Section):
             raise ValueError(
                 f"task.chat_template_kwargs: {taken[0]!r} is set by slipstream itself "
                 f"(not one of {', '.join(RENDER_ARGUMENTS)})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _heldout_not_trained_on(self) -> TaskConfig:
+        """A held-out split that is the training split of the same data is trained on."""
+        if self.heldout_split != self.split or self.path is None:
+            return self
+        if self.heldout_path is None or _same_data(self.heldout_path, self.path):
+            raise ValueError(
+                f"task.heldout_split: {self.split!r} is task.split of the same data, so the "
+                "held-out rows would be trained on; name another split, or to score the "
+                f'training rows use eval.sets={{train="{self.path}"}}'
             )
         return self
 
