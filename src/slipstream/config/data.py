@@ -93,7 +93,8 @@ class TaskConfig(_Section):
     `split` itself of the same data is an error (those rows are trained on)."""
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of `path` held out for evaluation when there is no `heldout_path` (above 0: at
-    least one row of a file of two or more)."""
+    least one row of a file of two or more). 0: no held-out rows, and no held-out metric
+    (`heldout_acc`); `eval.sets` are still scored."""
     heldout_seed: int = 0
     """Seed of the held-out split, independent of `run.seed`: runs of different seeds are
     evaluated on the same prompts."""
