@@ -8,7 +8,6 @@ side in a trainer actor (`runtime.trainer_actor`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -133,14 +132,12 @@ def _drive(
         close_record(True)
     except BaseException:
         close_record(False)
-        run.view.close()  # leave the terminal clean; metrics written so far stay
-        run.sink.close()
-        run.timeline.close()
+        run.close_observers()  # leave the terminal clean; metrics written so far stay
         raise
     finally:
         rt.shutdown()
         run.info["tokens_unfinished"] = orch.settle_unfinished()
-        (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
+        run.write_ledger()
     learner.evaluate_deferred()
     curve = sorted(learner.curve, key=lambda c: c["step"])
     run.info.update(

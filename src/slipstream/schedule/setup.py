@@ -233,6 +233,18 @@ class Run:
             self.env_workers.close()
             self.env_workers = None
 
+    def close_observers(self) -> None:
+        """Stop the live view (the terminal restored: cursor shown, bar left on its last
+        frame) and close the metrics sinks and the timeline. Every loop calls it at its end
+        and when it raises; the records written so far stay (each write is flushed)."""
+        self.view.close()
+        self.sink.close()
+        self.timeline.close()
+
+    def write_ledger(self) -> None:
+        """`ledger.json`: at the end of a run, and of one that stopped on an error."""
+        (self.dir / "ledger.json").write_text(json.dumps(self.ledger.as_dict(), indent=2))
+
     def rollout(self, prompts: list[Prompt]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
         sizes = self.group_sizes(prompts)

@@ -44,6 +44,12 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
     run = setup(cfg)
     try:
         return _train_steps(cfg, run, ckpt)
+    except BaseException:  # an error or Ctrl-C: what `train_async` leaves, the same way
+        run.close_observers()  # the terminal restored; metrics and timeline up to the last step
+        # every group generated and neither trained nor filtered was back, not trained
+        run.ledger.in_flight = run.ledger.generated - run.ledger.settled()
+        run.write_ledger()
+        raise
     finally:  # also when it raises: an in-process caller (a notebook) keeps no worker processes
         run.close_workers()
 
@@ -320,9 +326,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
     run.close_workers()
-    run.view.close()
-    run.sink.close()
-    run.timeline.close()
+    run.close_observers()
     samplers = run.info.get("samplers", 0)
     records = read_records(run.dir / "metrics.jsonl")
     info = run.info
@@ -347,7 +351,7 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
         **good,
     }
     (run.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (run.dir / "ledger.json").write_text(json.dumps(run.ledger.as_dict(), indent=2))
+    run.write_ledger()
     lost = (
         f", {run.ledger.lost} groups ({good['tokens_lost']} tokens) lost to failures"
         if run.ledger.lost
