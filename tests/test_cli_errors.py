@@ -103,3 +103,85 @@ def test_the_cli_makes_openmp_threads_sleep_unless_the_user_chose():
         for e in (env, {**env, "OMP_WAIT_POLICY": "ACTIVE"})
     ]
     assert got == ["PASSIVE", "ACTIVE"]
+
+
+@pytest.mark.parametrize(
+    "name, text, said",
+    [
+        ("tokenizer_config.json", "{not json", "tokenizer_config.json: not valid JSON"),
+        ("generation_config.json", '{"eos_token_id": 1,}', "generation_config.json: not valid"),
+        ("special_tokens_map.json", "[]", "special_tokens_map.json: expected a JSON object"),
+        ("tokenizer.json", '{"version": "1.0"}', "tokenizer.json: not a tokenizer"),
+    ],
+)
+def test_a_malformed_tokenizer_file_names_the_file(capsys, tmp_path, name, text, said):
+    from chat_model import qwen2_tokenizer
+
+    d = qwen2_tokenizer(tmp_path / "model")
+    (d / "config.json").write_text(CONFIG)
+    (d / "model.safetensors").write_text("")
+    (d / name).write_text(text)
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
+    assert rc == 2
+    _one_line(err, said)
+
+
+def _windowed(tmp_path, **config):
+    from chat_model import qwen2_tokenizer
+
+    d = qwen2_tokenizer(tmp_path / "model")
+    raw = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 2}
+    (d / "config.json").write_text(json.dumps({**raw, **config}))
+    (d / "model.safetensors").write_text("")
+    return d
+
+
+# Qwen2's sliding window on layer 1 of 2 (max_window_layers = 1), of 16 tokens
+WINDOW = {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
+
+
+@pytest.mark.parametrize(
+    "config, overrides",
+    [
+        (WINDOW, ["sampling.max_new_tokens=16"]),  # 16 new + a prompt token exceed 16
+        (WINDOW, ["engine.max_len=17", "sampling.max_new_tokens=4"]),
+        ({**WINDOW, "max_window_layers": 28, "layer_types": ["full_attention", "sliding_attention"]}, ["sampling.max_new_tokens=16"]),
+    ],
+)  # fmt: skip
+def test_a_sliding_window_the_run_exceeds_is_an_error(capsys, tmp_path, config, overrides):
+    d = _windowed(tmp_path, **config)
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"', *overrides)
+    assert rc == 2
+    _one_line(
+        err, "config.json: use_sliding_window with sliding_window = 16", "engine.max_len <= 16"
+    )
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {**WINDOW, "use_sliding_window": False},
+        {**WINDOW, "max_window_layers": 2},  # no layer is windowed
+        {**WINDOW, "sliding_window": 4096},
+    ],
+)
+def test_a_sliding_window_that_cannot_matter_passes_the_check(tmp_path, config):
+    from slipstream.config import load_config
+    from slipstream.schedule.preflight import preflight
+
+    d = _windowed(tmp_path, **config)
+    preflight(load_config(None, [f'model.path="{d}"', "sampling.max_new_tokens=16"]))
+
+
+def test_the_engine_checks_the_measured_length_against_the_window(tmp_path):
+    from slipstream.config import ConfigError, load_config
+    from slipstream.model.hf import config_from_dict
+    from slipstream.model.llama import CausalLM
+    from slipstream.schedule.components import engine_shape
+
+    raw = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 2}
+    model = CausalLM(config_from_dict({**raw, **WINDOW, "num_attention_heads": 2}))
+    cfg = load_config(None, ["sampling.max_new_tokens=8"])
+    assert engine_shape(cfg, model, [8], 2)[1] == 16  # 8 + 8 fits the window
+    with pytest.raises(ConfigError, match="sequences reach 17 tokens"):
+        engine_shape(cfg, model, [9], 2)

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from slipstream.config.base import _Section
+
+# the chat template's variables slipstream sets itself on every rendering
+RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt")
+
+
+def _same_data(a: str, b: str) -> bool:
+    """Whether two `task.path`-style values name the same file, folder or hub id."""
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return os.path.normpath(a) == os.path.normpath(b)
 
 
 class ModelSection(_Section):
@@ -61,7 +74,14 @@ class TaskConfig(_Section):
     chat_template: str = "auto"
     """`auto`: render prompts with the model's own chat template when it has one (as
     `apply_chat_template(..., add_generation_prompt=True)`), plain text otherwise. `none`: plain
-    text (`prompt_template`). Or a path to a Jinja template file."""
+    text (`prompt_template`). Or a path to a Jinja template file, which checkpoints then save
+    as their tokenizer_config.json's `chat_template`."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Variables passed to every rendering of the chat template, training and evaluation
+    prompts alike, as `apply_chat_template(..., **kwargs)` and TRL's / vLLM's
+    `chat_template_kwargs`: `{enable_thinking = false}` for Qwen3 (needs a chat template; not
+    `messages`, `tools`, `documents` or `add_generation_prompt`). Not saved in checkpoints:
+    pass the same ones when you prompt a checkpoint."""
     system_prompt: str | None = None
     """A system turn put first in every conversation that has none (needs a chat template)."""
     heldout_path: str | None = None
@@ -69,10 +89,12 @@ class TaskConfig(_Section):
     `heldout_fraction` of `path`."""
     heldout_split: str | None = None
     """The split of `path` (or of `heldout_path`) held out, e.g. `test` of a folder or hub
-    dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`."""
+    dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`.
+    `split` itself of the same data is an error (those rows are trained on)."""
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of `path` held out for evaluation when there is no `heldout_path` (above 0: at
-    least one row of a file of two or more)."""
+    least one row of a file of two or more). 0: no held-out rows, and no held-out metric
+    (`heldout_acc`); `eval.sets` are still scored."""
     heldout_seed: int = 0
     """Seed of the held-out split, independent of `run.seed`: runs of different seeds are
     evaluated on the same prompts."""
@@ -117,6 +139,29 @@ class TaskConfig(_Section):
                 )
             raw = {**raw, "kind": raw.get("kind", "dataset")}
         return raw
+
+    @model_validator(mode="after")
+    def _template_kwargs(self) -> TaskConfig:
+        taken = sorted(set(self.chat_template_kwargs) & set(RENDER_ARGUMENTS))
+        if taken:
+            raise ValueError(
+                f"task.chat_template_kwargs: {taken[0]!r} is set by slipstream itself "
+                f"(not one of {', '.join(RENDER_ARGUMENTS)})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _heldout_not_trained_on(self) -> TaskConfig:
+        """A held-out split that is the training split of the same data is trained on."""
+        if self.heldout_split != self.split or self.path is None:
+            return self
+        if self.heldout_path is None or _same_data(self.heldout_path, self.path):
+            raise ValueError(
+                f"task.heldout_split: {self.split!r} is task.split of the same data, so the "
+                "held-out rows would be trained on; name another split, or to score the "
+                f'training rows use eval.sets={{train="{self.path}"}}'
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_reward_setting(self) -> TaskConfig:

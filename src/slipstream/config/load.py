@@ -59,6 +59,10 @@ class Config(_Section):
     def _consistent(self) -> Config:
         if self.task.system_prompt and self.task.chat_template == "none":
             raise ValueError("task.system_prompt: needs a chat template (task.chat_template)")
+        if self.task.chat_template_kwargs and self.task.chat_template == "none":
+            raise ValueError(
+                "task.chat_template_kwargs: needs a chat template (task.chat_template)"
+            )
         if self.task.kind == "builtin_tools" and (self.env.tools or self.env.factory):
             key = "env.tools" if self.env.tools else "env.factory"
             raise ValueError(f"{key}: task.kind = 'builtin_tools' brings its own calculator")

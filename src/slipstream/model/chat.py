@@ -11,6 +11,8 @@ internals.
 Where the template comes from (`task.chat_template`): `auto` is the model folder's own
 (`chat_template.jinja`, `chat_template.json`, or tokenizer_config.json's `chat_template`,
 in the order transformers reads them), `none` renders nothing, and a path reads a template file.
+Template variables (`task.chat_template_kwargs`, e.g. Qwen3's `enable_thinking`) are passed to
+every rendering, as `apply_chat_template(..., **kwargs)` passes them (over the special tokens).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class ChatTemplate:
     source: str
     origin: str = "chat template"  # where it was read from, for messages
     special_tokens: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)  # template variables, every render
 
     def __post_init__(self) -> None:
         try:
@@ -49,7 +52,8 @@ class ChatTemplate:
             raise ChatTemplateError(f"{self.origin}: not a valid Jinja template ({e})") from None
 
     def __getstate__(self) -> dict[str, Any]:  # the compiled template is rebuilt after pickling
-        return {"source": self.source, "origin": self.origin, "special_tokens": self.special_tokens}
+        keep = ("source", "origin", "special_tokens", "kwargs")
+        return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -69,7 +73,7 @@ class ChatTemplate:
                 tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
-                **self.special_tokens,
+                **{**self.special_tokens, **self.kwargs},
             )
         except Exception as e:  # raise_exception() in the template, or a template bug
             raise ChatTemplateError(f"{self.origin}: rendering failed ({e})") from None
@@ -191,16 +195,19 @@ def _folder_template(folder: Path) -> tuple[str, str] | None:
     return None
 
 
-def load_chat_template(setting: str, model_path: str | None) -> ChatTemplate | None:
-    """The template `task.chat_template` selects (`auto` | `none` | a file), or None."""
+def load_chat_template(
+    setting: str, model_path: str | None, kwargs: dict[str, Any] | None = None
+) -> ChatTemplate | None:
+    """The template `task.chat_template` selects (`auto` | `none` | a file), or None; `kwargs`:
+    the variables every rendering gets (`task.chat_template_kwargs`)."""
     if setting == "none":
         return None
     folder = Path(model_path) if model_path else None
     specials = _special_tokens(folder) if folder is not None else {}
     if setting == "auto":
         found = _folder_template(folder) if folder is not None else None
-        return ChatTemplate(found[0], found[1], specials) if found else None
+        return ChatTemplate(found[0], found[1], specials, dict(kwargs or {})) if found else None
     f = Path(setting)
     if not f.is_file():
         raise ChatTemplateError(f"task.chat_template: no such file {f} (or 'auto', 'none')")
-    return ChatTemplate(f.read_text(encoding="utf-8"), str(f), specials)
+    return ChatTemplate(f.read_text(encoding="utf-8"), str(f), specials, dict(kwargs or {}))

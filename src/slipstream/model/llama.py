@@ -41,6 +41,38 @@ def rope_kind(scaling: dict[str, Any] | None) -> str:
     return kind
 
 
+def sliding_window(extra: dict[str, Any], num_layers: int) -> int | None:
+    """The attention window of a Qwen2/Qwen3 config.json (`extra`: its other keys) when some
+    layer has one, else None. As transformers reads it: `sliding_window` counts only with
+    `use_sliding_window`, on the layers `layer_types` marks `sliding_attention`, or else on
+    layers `max_window_layers` and above (default 28). A query then sees its last
+    `sliding_window` keys only, so a sequence of at most that many tokens is unaffected; this
+    decoder attends to the whole sequence, so longer ones would differ."""
+    window = extra.get("sliding_window")
+    if not extra.get("use_sliding_window") or not isinstance(window, int):
+        return None
+    types = extra.get("layer_types")
+    if isinstance(types, list):
+        windowed = "sliding_attention" in types[:num_layers]
+    else:
+        first = extra.get("max_window_layers", 28)
+        windowed = isinstance(first, int) and first < num_layers
+    return window if windowed else None
+
+
+def window_error(cfg: ModelConfig, max_len: int, setting: str) -> str | None:
+    """One line when `cfg`'s sliding window (`sliding_window`) could change sequences of
+    `max_len` tokens, which this decoder does not implement; None when it cannot matter."""
+    window = sliding_window(cfg.extra, cfg.num_hidden_layers)
+    if window is None or max_len <= window:
+        return None
+    return (
+        f"config.json: use_sliding_window with sliding_window = {window} is not implemented "
+        f"(full attention on every layer), and the run's sequences reach {max_len} tokens "
+        f"({setting}); at most {window} tokens it cannot matter: set engine.max_len <= {window}"
+    )
+
+
 @dataclass
 class ModelConfig:
     """The shape of a decoder; field names follow Hugging Face's config.json."""

@@ -14,11 +14,15 @@ What `transformers` does with the same folder is the reference (tests/test_token
   one token; longer stop strings are `stop_sequences` of ids.
 
 The folder's tokenizer files are kept verbatim (`files`) and `save` writes them back, so a
-checkpoint carries the chat template and the generation config of the model it came from.
+checkpoint carries the chat template and the generation config of the model it came from;
+`with_chat_template` replaces that template by the one a run rendered its prompts with
+(`task.chat_template` a file), written as tokenizer_config.json's `chat_template`, as
+`save_pretrained` of transformers writes a template set on the tokenizer.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -39,6 +43,7 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 class Tokenizer:
@@ -130,6 +135,18 @@ class Tokenizer:
             self.files,
             seqs,
         )
+
+    def with_chat_template(self, source: str) -> Tokenizer:
+        """A copy whose saved files render `source` (Jinja): tokenizer_config.json's
+        `chat_template`, with the folder's chat_template.jinja / .json dropped, since
+        transformers reads those before tokenizer_config.json."""
+        files = {k: v for k, v in self.files.items() if k not in CHAT_TEMPLATE_FILES}
+        files["tokenizer_config.json"] = json.dumps(
+            {**self.config, "chat_template": source}, indent=2, ensure_ascii=False
+        )
+        out = copy.copy(self)
+        out.files = files
+        return out
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the tokenizer files: the source folder's verbatim, else generated ones."""

@@ -185,7 +185,9 @@ def tool_renderer(cfg: Config, tok: Tokenizer) -> tuple[ToolFormat, Renderer]:
     model's chat template where it renders tools, else `plain`."""
     fmt = cfg.env.tool_format
     try:  # (the template the rows are rendered with: plain calls render a row's chat too)
-        template = load_chat_template(cfg.task.chat_template, cfg.model.path)
+        template = load_chat_template(
+            cfg.task.chat_template, cfg.model.path, cfg.task.chat_template_kwargs
+        )
     except ChatTemplateError as e:
         raise ConfigError(str(e)) from None
     if fmt != "plain" and template is not None and supports_tools(template):

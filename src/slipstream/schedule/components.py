@@ -7,6 +7,7 @@ from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, ConfigError
 from slipstream.engine import capacity
 from slipstream.model import CausalLM
+from slipstream.model.llama import window_error
 from slipstream.runtime import placement
 from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.presets import preset
@@ -47,6 +48,10 @@ def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -
     (engine.capacity). ConfigError when no prompt fits or the budget holds no sequence."""
     e, new = cfg.engine, cfg.sampling.max_new_tokens
     max_len = capacity.engine_max_len(max(lengths), new, model.config, e.max_len)
+    said = f"engine.max_len = {e.max_len}" if e.max_len else "longest prompt + max_new_tokens"
+    too_long = window_error(model.config, max_len, said)
+    if too_long:
+        raise ConfigError(f"model.path {too_long}")
     if not any(capacity.fits(n, new, max_len) for n in lengths):
         raise ConfigError(
             f"engine.max_len: {max_len} tokens hold no prompt with sampling.max_new_tokens = {new} "

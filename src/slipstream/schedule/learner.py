@@ -110,7 +110,8 @@ class RunLearner:
         if step % cfg.eval.every == 0 or step == cfg.run.steps:
             acc = self.evaluate(step)
             if acc is not None:
-                record["heldout_acc"] = acc
+                if run.heldout:  # no held-out rows: no heldout_acc (eval.sets still scored)
+                    record["heldout_acc"] = acc
                 record.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         observe_step(run, self.watchdog, record, groups)
         if ends_on_restored_weights(run, record):

@@ -2,8 +2,8 @@
 missing or malformed, and an optional library a setting needs but that is not installed, are
 a `ConfigError` naming the setting (and the install command), not a traceback minutes in.
 
-Only what is cheap is checked (files, JSON, whether a package can be found); the weights
-themselves are read when the run loads them.
+Only what is cheap is checked (files, JSON, the tokenizer, whether a package can be found);
+the weights themselves are read when the run loads them.
 """
 
 from __future__ import annotations
@@ -11,8 +11,12 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slipstream.config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from slipstream.model.llama import ModelConfig
 
 # setting -> (package to find, what to install)
 EXTRAS = {"ray": "ray", "tensorboard": "tensorboard", "wandb": "wandb"}
@@ -27,7 +31,21 @@ def preflight(cfg: Config) -> None:
         if sink in EXTRAS:
             _need(sink, f"run.sinks includes {sink!r}")
     if cfg.model.path is not None:
-        check_model_folder(Path(cfg.model.path))
+        model = check_model_folder(Path(cfg.model.path))
+        check_window(cfg, model)
+
+
+def check_window(cfg: Config, model: ModelConfig) -> None:
+    """A sliding window the run's sequences certainly exceed (engine.max_len, else at least
+    one prompt token + max_new_tokens) stops here; the engine checks the measured length."""
+    from slipstream.model.llama import window_error
+
+    e = cfg.engine
+    longest = e.max_len or cfg.sampling.max_new_tokens + 1
+    said = f"engine.max_len = {e.max_len}" if e.max_len else "sampling.max_new_tokens + a prompt"
+    too_long = window_error(model, min(longest, model.max_position_embeddings), said)
+    if too_long:
+        raise ConfigError(f"model.path {too_long}")
 
 
 def importable(name: str) -> bool:
@@ -46,9 +64,9 @@ def _need(package: str, setting: str) -> None:
         )
 
 
-def check_model_folder(path: Path) -> None:
+def check_model_folder(path: Path) -> ModelConfig:
     """`model.path` names a folder with a readable config.json, safetensors weights and a
-    tokenizer.json."""
+    tokenizer.json; its model config."""
     key = f"model.path: {path}"
     if not path.exists():
         raise ConfigError(f"{key} does not exist ({FOLDER})")
@@ -66,7 +84,7 @@ def check_model_folder(path: Path) -> None:
     from slipstream.model.hf import config_from_dict
 
     try:
-        config_from_dict(raw)
+        model = config_from_dict(raw)
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{cfg_file}: not a model config slipstream can load ({e})") from None
     index = path / "model.safetensors.index.json"
@@ -82,3 +100,36 @@ def check_model_folder(path: Path) -> None:
         )
     if not (path / "tokenizer.json").is_file():
         raise ConfigError(f"{key} has no tokenizer.json ({FOLDER})")
+    check_tokenizer_files(path)
+    return model
+
+
+# the JSON files beside tokenizer.json that the tokenizer and the chat template read
+TOKENIZER_JSON = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.json",
+)
+
+
+def check_tokenizer_files(path: Path) -> None:
+    """tokenizer.json parses as a tokenizer, and each of `TOKENIZER_JSON` present is a JSON
+    object: one line naming the file, not a traceback when the run loads them."""
+    from tokenizers import Tokenizer
+
+    try:
+        Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as e:  # the Rust parser's own error type
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{path / 'tokenizer.json'}: not a tokenizer ({first})") from None
+    for name in TOKENIZER_JSON:
+        f = path / name
+        if not f.exists():
+            continue
+        try:
+            raw = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"{f}: not valid JSON ({str(e).splitlines()[0]})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{f}: expected a JSON object")

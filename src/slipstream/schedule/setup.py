@@ -440,12 +440,25 @@ def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
     """How `cfg`'s dataset rows become prompts: columns, template, the model's chat template."""
     t = cfg.task
     try:
-        chat = load_chat_template(t.chat_template, cfg.model.path)
+        chat = load_chat_template(t.chat_template, cfg.model.path, t.chat_template_kwargs)
     except ChatTemplateError as e:
         raise TaskError(str(e)) from None
     if t.system_prompt and chat is None:
         raise TaskError("task.system_prompt: needs a chat template, and the model has none")
+    if t.chat_template_kwargs and chat is None:
+        raise TaskError("task.chat_template_kwargs: needs a chat template, and the model has none")
     return RowFormat(t.columns, t.prompt_template, chat, t.system_prompt, need_answer)
+
+
+def run_tokenizer(cfg: Config, tok: Tokenizer) -> Tokenizer:
+    """`tok` as checkpoints save it: with `task.chat_template`'s file as its template when the
+    run renders with one, so `AutoTokenizer.from_pretrained(checkpoint)` renders what was
+    trained. `task.system_prompt` is per-row data, not template: it stays in the run's
+    config.toml, not in the checkpoint."""
+    setting = cfg.task.chat_template
+    if setting in ("auto", "none"):
+        return tok
+    return tok.with_chat_template(Path(setting).read_text(encoding="utf-8"))
 
 
 def eval_sets(cfg: Config) -> dict[str, list[Prompt]]:
@@ -467,7 +480,8 @@ def build_model(
     onto `device` (no random initialisation)."""
     if cfg.model.path:
         model = load_pretrained(cfg.model.path, device=device)
-        return model, load_tokenizer(cfg.model.path).with_stop_strings(cfg.sampling.stop), {}
+        tok = run_tokenizer(cfg, load_tokenizer(cfg.model.path))
+        return model, tok.with_stop_strings(cfg.sampling.stop), {}
     if cfg.task.kind == "builtin_tools":
         model, tok, info = warm_start_tools(cfg, task, view)
         return model.to(device), tok, info

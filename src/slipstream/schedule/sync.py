@@ -66,7 +66,8 @@ def _train_steps(cfg: Config, run: Run, ckpt: Path | None) -> dict[str, Any]:
     if acc_start is None:
         acc_start = run.evaluate()
     acc = saved.get("heldout_acc", acc_start)
-    run.view.log(f"run folder {run.dir}; held-out accuracy at start {acc_start:.3f}")
+    held = f"; held-out accuracy at start {acc_start:.3f}" if run.heldout else "; no held-out rows"
+    run.view.log(f"run folder {run.dir}{held}")
     empty_draws = 0
     mark, groups = marks(run), []  # counters at the last step record, groups generated since
     while run.trainer.version < cfg.run.steps:
@@ -100,7 +101,9 @@ def _train_steps(cfg: Config, run: Run, ckpt: Path | None) -> dict[str, Any]:
         t_step = time.perf_counter() - t0  # evaluation is not part of the step's time
         if step % cfg.eval.every == 0 or step == cfg.run.steps:
             with run.timeline.span("trainer", "eval"):
-                acc = metrics["heldout_acc"] = run.evaluate()
+                acc = run.evaluate()
+                if run.heldout:  # no held-out rows: no heldout_acc (eval.sets still scored)
+                    metrics["heldout_acc"] = acc
                 metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
         observe_step(run, wd, record, groups)
@@ -337,8 +340,8 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
         totals,
     )
     summary = {
-        "heldout_acc_start": acc_start,
-        "heldout_acc_end": acc_end,
+        "heldout_acc_start": acc_start if run.heldout else None,  # None: no held-out rows
+        "heldout_acc_end": acc_end if run.heldout else None,
         "wall_s": wall,
         "steps": run.trainer.version,
         "skipped_steps": run.trainer.skipped_steps,

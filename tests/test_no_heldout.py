@@ -1,0 +1,33 @@
+"""A run with no held-out rows (`task.heldout_fraction=0`, no held-out path or split) logs no
+held-out metric: no `heldout_acc` of 0.0 over an empty set, in either loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slipstream.config import load_config
+from slipstream.schedule.launch import train_async
+from slipstream.schedule.sync import train_sync
+from tiny import read_jsonl, write_assets
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["sync", "async"])
+def test_no_heldout_rows_means_no_heldout_metric(tmp_path, loop):
+    folder = write_assets(tmp_path, "def reward(p, c):\n    return float(len(c) % 2)\n")
+    cfg = load_config(None, [
+        f'run.dir="{tmp_path / "run"}"', "run.steps=2", "run.quiet=true", "run.threads=1",
+        "trainer.batch_prompts=2", "sampling.group_size=2", "sampling.max_new_tokens=4",
+        "filters.zero_variance=false", "eval.every=1", f'model.path="{folder / "model"}"',
+        f'task.path="{folder / "rows.jsonl"}"', f'task.reward="{folder / "reward.py"}:reward"',
+        "task.heldout_fraction=0", "task.max_train_prompts=8",
+        *(["schedule.name=async"] if loop == "async" else []),
+    ])  # fmt: skip
+    summary = (train_sync if loop == "sync" else train_async)(cfg)
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert len(records) == 2 and not any("heldout_acc" in r for r in records)
+    assert summary["heldout_acc_start"] is None and summary["heldout_acc_end"] is None
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["heldout_acc_start"] is None
