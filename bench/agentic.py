@@ -13,7 +13,8 @@ Run: python bench/agentic.py [--tails 1,10,30] [--seeds 0,1,2] [--target 0.3] [k
 
 Prints a table and ends with one JSON line: `pipeline_speedup_vs_sync` (median over seeds of
 sync's time to target over pipeline's, at the largest tail), `speedup_by_tail` ({tail: that
-median}), `async_speedup_vs_sync`, `engine_busy` ({schedule: median}), `final_acc`.
+median}), `async_speedup_vs_sync`, `engine_busy` ({schedule: median over seeds at the largest
+tail}), `engine_busy_by_tail` ({tail: {schedule: median}}), `final_acc` (and `_by_tail`), `ess_token`.
 A speedup is None where a run never reached the target.
 """
 
@@ -113,6 +114,21 @@ def speedup(
     return statistics.median(ratios) if ratios else None
 
 
+def by_schedule(rows: list[dict[str, Any]], key: str, tail: float) -> dict[str, float | None]:
+    """{schedule: median over the seeds of `key` at `tail`} (runs lacking it left out; None:
+    no run): one tail's runs, never the tails pooled (their busy shares differ by design)."""
+    return {
+        s: _median(
+            [
+                r[key]
+                for r in rows
+                if r["schedule"] == s and r["tail"] == tail and r[key] is not None
+            ]
+        )
+        for s in SCHEDULES
+    }
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="key=value config overrides (every run)")
@@ -172,16 +188,11 @@ def main(argv: list[str]) -> int:
         "lag_counts": {
             s: _sum_counts(r["lag_counts"] for r in rows if r["schedule"] == s) for s in SCHEDULES
         },
-        "engine_busy": {
-            s: _median([r["engine_busy"] or 0.0 for r in rows if r["schedule"] == s])
-            for s in SCHEDULES
-        },
-        "final_acc": {
-            s: _median([r["final_acc"] for r in rows if r["schedule"] == s]) for s in SCHEDULES
-        },
-        "ess_token": {
-            s: _median([r["ess_token"] for r in rows if r["schedule"] == s]) for s in SCHEDULES
-        },
+        "engine_busy": by_schedule(rows, "engine_busy", top),
+        "engine_busy_by_tail": {f"{t:g}": by_schedule(rows, "engine_busy", t) for t in tails},
+        "final_acc": by_schedule(rows, "final_acc", top),
+        "final_acc_by_tail": {f"{t:g}": by_schedule(rows, "final_acc", t) for t in tails},
+        "ess_token": by_schedule(rows, "ess_token", top),
         "sizes": {"median_s": args.median, "overrides": extra, "seeds": seeds, "tails": tails},
         "target": args.target,
         "tiny": args.tiny,

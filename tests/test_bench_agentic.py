@@ -25,3 +25,19 @@ def test_paired_difference_and_its_standard_error():
     assert out["acc_a"] == out["acc_b"] == 0.5 and out["diff"] == 0.0
     assert abs(out["paired_se"] - (2 / 3 / 4) ** 0.5) < 1e-12
     assert (out["b_only"], out["a_only"]) == (1, 1)
+
+
+def test_engine_busy_is_a_median_over_seeds_at_one_tail():
+    # sync at tail 30, seeds 0-2: 0.20, 0.25, 0.30 (median 0.25); at tails 10 and 1, seed 0:
+    # 0.8, 0.9. Pooling the five would give 0.30, a mix of tails.
+    rows = [
+        {"tail": 30.0, "seed": 0, "schedule": "sync", "engine_busy": 0.20},
+        {"tail": 30.0, "seed": 1, "schedule": "sync", "engine_busy": 0.25},
+        {"tail": 30.0, "seed": 2, "schedule": "sync", "engine_busy": 0.30},
+        {"tail": 10.0, "seed": 0, "schedule": "sync", "engine_busy": 0.8},
+        {"tail": 1.0, "seed": 0, "schedule": "sync", "engine_busy": 0.9},
+        {"tail": 1.0, "seed": 0, "schedule": "pipeline", "engine_busy": None},
+    ]
+    at30 = bench.by_schedule(rows, "engine_busy", 30.0)
+    assert at30 == {"sync": 0.25, "pipeline": None, "async": None}
+    assert bench.by_schedule(rows, "engine_busy", 1.0)["sync"] == 0.9
