@@ -1,0 +1,32 @@
+"""bench/beyond.py's auto-vs-fixed ratio says when a median "time to target" is in fact the
+wall time of a run that never reached the target."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import beyond as bench
+
+
+def _run(t: float, reached: bool, acc: float = 0.2) -> dict:
+    return {"time_to_target": t, "reached": reached, "acc": acc, "ess_mean": 1.0}
+
+
+def test_a_median_that_is_an_unreached_runs_wall_time_is_flagged():
+    # auto: 5.5 reached, 21.8 and 30.0 not (wall times): its median, 21.8, is a budget's wall
+    # time. K=8: 4.9 and 20.0 reached, 27.4 not: its median, 20.0, is a time to target.
+    res = {
+        "K=8": [_run(4.9, True), _run(20.0, True), _run(27.4, False)],
+        "auto": [_run(5.5, True), _run(21.8, False), _run(30.0, False)],
+    }
+    _, ratio = bench.auto_table(res, 0.25)
+    assert ratio["best_fixed_time"] == "K=8"
+    assert ratio["time_ratio"] == 21.8 / 20.0
+    assert ratio["time_median_reached"] == {"auto": False, "K=8": True}
+
+
+def test_median_reached_with_an_even_count_needs_both_middle_runs():
+    assert bench.median_reached([_run(1, True), _run(2, True), _run(3, True), _run(4, False)])
+    assert not bench.median_reached([_run(1, True), _run(2, False), _run(3, True), _run(4, True)])
