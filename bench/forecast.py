@@ -72,8 +72,10 @@ def score_run(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
     total, end = int(rows[-1]["step"]), float(rows[-1]["wall_s"])
     by_step = {int(r["step"]): r for r in rows}
     out = []
+    logged = sorted(k for k, r in by_step.items() if "forecast/remaining_s" in r)
     for frac in CHECKPOINTS:
-        k = max(3, round(frac * total))
+        # the first step at or after the checkpoint that logged a forecast (none before the 4th)
+        k = next(s for s in logged if s >= round(frac * total))
         r = by_step[k]
         actual = end - float(r["wall_s"])
         first = by_step[min(by_step)]
