@@ -84,17 +84,25 @@ def mttf() -> dict[str, dict[str, float]]:
     return fig
 
 
+def goodput_lines(fig: dict[str, dict[str, float]]) -> list[str]:
+    """The goodput table: a header, then one row per strategy, column for column."""
+    lines = [
+        f"   {'strategy':12} {'recovery':>9} {'goodput':>8} {'MC mean':>8} {'p10-p90':>13} "
+        f"{'wasted':>7} {'spares':>7}"
+    ]
+    for name, r in fig.items():
+        p10_90 = f"{r['goodput_p10']:.1%}-{r['goodput_p90']:.1%}"
+        lines.append(
+            f"   {name:12} {r['recovery_h']:8.2f}h {r['goodput']:8.1%} {r['goodput_mc']:8.1%} "
+            f"{p10_90:>13} {r['wasted_musd']:6.1f}M {r['spares_musd']:6.1f}M"
+        )
+    return lines
+
+
 def goodput() -> dict[str, dict[str, float]]:
     fig = goodput_figure()
     print("\n4. Goodput, 1 failure/day, 50 days on 4,000 GPUs ($54M) (consistency check)")
-    print(
-        f"   {'strategy':12} {'recovery':>9} {'goodput':>8} {'MC mean':>8} {'p10-p90':>13} {'wasted':>7}"
-    )
-    for name, r in fig.items():
-        print(
-            f"   {name:12} {r['recovery_h']:8.2f}h {r['goodput']:8.1%} {r['goodput_mc']:8.1%} "
-            f"{r['goodput_p10']:6.1%}-{r['goodput_p90']:.1%} {r['wasted_musd']:5.1f}M {r['spares_musd']:5.1f}M"
-        )
+    print("\n".join(goodput_lines(fig)))
     return fig
 
 
