@@ -30,3 +30,16 @@ def test_a_median_that_is_an_unreached_runs_wall_time_is_flagged():
 def test_median_reached_with_an_even_count_needs_both_middle_runs():
     assert bench.median_reached([_run(1, True), _run(2, True), _run(3, True), _run(4, False)])
     assert not bench.median_reached([_run(1, True), _run(2, False), _run(3, True), _run(4, True)])
+
+
+def test_a_stopped_run_is_counted_not_medianed():
+    stopped = {"time_to_target": None, "reached": False, "acc": None, "ess_mean": None}
+    res = {
+        "K=8": [_run(4.0, True), _run(6.0, True), dict(stopped)],
+        "auto": [_run(5.0, True), _run(7.0, True), _run(9.0, True)],
+    }
+    text, ratio = bench.auto_table(res, 0.25)
+    assert "| K=8 | 5.0 (4.0-6.0) | 2/3, 1 stopped |" in text
+    assert ratio["time_ratio"] == 7.0 / 5.0
+    _, none = bench.auto_table({"K=8": [dict(stopped)], "auto": [_run(5.0, True)]}, 0.25)
+    assert none["time_ratio"] is None
