@@ -157,3 +157,16 @@ def test_bench_scores_the_logged_forecasts_against_the_end() -> None:
     assert line["forecast_error_at_25pct"] == pytest.approx(0.1)
     assert line["pace_error_at_25pct"] == pytest.approx(0.0)
     assert line["forecast_coverage"] == 1.0 and line["runs"] == 2
+
+
+def test_resumed_run_first_row_is_not_an_evaluation() -> None:
+    # resumed at step 50: wall_s goes on from the saved clock (~59 s, plus 30 s of restart), so
+    # the first row's wall beyond its step is the run so far, not an evaluation at the start
+    rows = rows_of([1.0] * 60, eval_every=20, eval_s=2.0)[50:]
+    for r in rows:
+        r["wall_s"] += 30.0
+    assert eval_cost(rows, 20) == (pytest.approx(2.0), pytest.approx(0.1))
+    assert eval_cost(rows[:5], 20) == (0.0, pytest.approx(0.1))  # no evaluation seen yet
+    f = forecast(RunRecord(Path("."), {}, {}, rows), total_steps=100, eval_every=20, ratio=1.0)
+    # 40 steps of 1 s + 40 x 0.1 s overhead + evaluations at 80 and 100 of 2 s = 48 s
+    assert f is not None and f.remaining_s == pytest.approx(48.0)

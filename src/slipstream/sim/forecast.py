@@ -111,8 +111,9 @@ def eval_cost(rows: list[dict[str, Any]], eval_every: int) -> tuple[float, float
     """(seconds of one evaluation, per-step overhead) from wall_s increments (module doc, 4).
     The evaluation after step e lands in the increment of step e (the sync loop times its
     record after evaluating) or of step e + 1 (the async learner, before): the larger of the two
-    counts; the first row's wall clock beyond its step is the evaluation at the start. Steps
-    next to no evaluation give the overhead."""
+    counts; the first row's wall clock beyond its step is the evaluation at the start when that
+    row is step 1 (a resumed run's first row holds the clock of the steps before it and no
+    evaluation: it is left out). Steps next to no evaluation give the overhead."""
     over = {int(rows[0]["step"]): float(rows[0]["wall_s"]) - float(rows[0]["step_time_s"])}
     for prev, row in itertools.pairwise(rows):
         step = int(row["step"])
@@ -120,9 +121,12 @@ def eval_cost(rows: list[dict[str, Any]], eval_every: int) -> tuple[float, float
     first = int(rows[0]["step"])
     plain = [v for s, v in over.items() if s != first and s % eval_every not in (0, 1)]
     overhead = max(float(np.median(plain)), 0.0) if plain else 0.0
-    evals = [over[first]] + [
+    evals = [over[first]] if first == 1 else []
+    evals += [
         max(v, over.get(s + 1, v)) for s, v in over.items() if s % eval_every == 0 and s != first
     ]
+    if not evals:
+        return 0.0, overhead
     return max(float(np.median(evals)) - overhead, 0.0), overhead
 
 
