@@ -25,13 +25,7 @@ EOS = 1
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from threads, and on a busy machine spinning threads cost 10x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(seed: int = 0, **over) -> CausalLM:

@@ -19,13 +19,7 @@ from slipstream.train.trainer import Trainer
 from slipstream.types import FinishReason, Group, Prompt, Sample
 from test_engine import GREEDY, _engine, _model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_completions_carry_kept_logmass_only_when_they_filter():

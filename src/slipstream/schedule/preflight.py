@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slipstream.config import Config, ConfigError
 
@@ -75,12 +75,7 @@ def check_model_folder(path: Path) -> ModelConfig:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ConfigError(f"{key} has no config.json ({FOLDER})")
-    try:
-        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{cfg_file}: not valid JSON ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{cfg_file}: expected a JSON object of model settings")
+    raw = json_object(cfg_file, "a JSON object of model settings")
     from slipstream.model.hf import config_from_dict
 
     try:
@@ -127,9 +122,16 @@ def check_tokenizer_files(path: Path) -> None:
         f = path / name
         if not f.exists():
             continue
-        try:
-            raw = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{f}: not valid JSON ({str(e).splitlines()[0]})") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{f}: expected a JSON object")
+        json_object(f, "a JSON object")
+
+
+def json_object(f: Path, what: str) -> dict[str, Any]:
+    """The JSON object in file `f`; a one-line `ConfigError` naming it if it is not valid JSON
+    or not `what` (an object)."""
+    try:
+        raw = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{f}: not valid JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{f}: expected {what}")
+    return raw
