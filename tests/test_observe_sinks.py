@@ -174,3 +174,25 @@ def test_jsonl_lines_are_complete_after_each_write(tmp_path: Path) -> None:
     lines = (tmp_path / "m.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     sink.close()
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # what a strict reader (jq, JavaScript) refuses
+
+
+def test_jsonl_lists_and_arrays_stay_valid_json(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path / "m.jsonl")
+    # a list holding NaN/inf, a numpy array and a 1-d tensor: each a whole, valid line
+    np = pytest.importorskip("numpy")
+    sink.write(
+        {
+            "step": 1,
+            "x": [1.0, math.nan, -math.inf],
+            "arr": np.array([0.5, np.nan]),
+            "t": torch.tensor([1.0, 2.0]),
+        }
+    )
+    sink.close()
+    line = (tmp_path / "m.jsonl").read_text()
+    row = json.loads(line, parse_constant=_no_constants)
+    assert row == {"step": 1, "x": [1.0, None, -1e308], "arr": [0.5, None], "t": [1.0, 2.0]}

@@ -157,3 +157,32 @@ def test_bench_scores_the_logged_forecasts_against_the_end() -> None:
     assert line["forecast_error_at_25pct"] == pytest.approx(0.1)
     assert line["pace_error_at_25pct"] == pytest.approx(0.0)
     assert line["forecast_coverage"] == 1.0 and line["runs"] == 2
+
+
+def test_resumed_run_first_row_is_not_an_evaluation() -> None:
+    # resumed at step 50: wall_s goes on from the saved clock (~59 s, plus 30 s of restart), so
+    # the first row's wall beyond its step is the run so far, not an evaluation at the start
+    rows = rows_of([1.0] * 60, eval_every=20, eval_s=2.0)[50:]
+    for r in rows:
+        r["wall_s"] += 30.0
+    assert eval_cost(rows, 20) == (pytest.approx(2.0), pytest.approx(0.1))
+    assert eval_cost(rows[:5], 20) == (0.0, pytest.approx(0.1))  # no evaluation seen yet
+    f = forecast(RunRecord(Path("."), {}, {}, rows), total_steps=100, eval_every=20, ratio=1.0)
+    # 40 steps of 1 s + 40 x 0.1 s overhead + evaluations at 80 and 100 of 2 s = 48 s
+    assert f is not None and f.remaining_s == pytest.approx(48.0)
+
+
+def test_checkpoints_still_due_are_counted() -> None:
+    # the sync loop: evaluation (2 s) in the increment of step e, every 5; checkpoint (1.5 s)
+    # saved after step c's record, so in the increment of step c + 1, every 4
+    rows = rows_of([1.0] * 12, eval_every=5, eval_s=2.0)
+    rows[0]["wall_s"] += 2.0  # the evaluation at the start
+    for r in rows:
+        r["wall_s"] += 1.5 * ((r["step"] - 1) // 4)  # checkpoints after steps 4 and 8
+    # the one after 4 shares step 5's increment with an evaluation: measured on the one after 8
+    assert eval_cost(rows, 5, 4) == (pytest.approx(2.0), pytest.approx(0.1))
+    run = RunRecord(Path("."), {}, {}, rows)
+    f = forecast(run, total_steps=30, eval_every=5, ratio=1.0, ckpt_every=4)
+    # 18 steps of 1.1 s + evaluations at 15, 20, 25, 30 of 2 s + checkpoints after 12, 16,
+    # 20, 24, 28 of 1.5 s = 19.8 + 8 + 7.5 = 35.3 s
+    assert f is not None and f.remaining_s == pytest.approx(35.3)

@@ -10,6 +10,7 @@ import pytest
 
 from slipstream.sim.cli import plan_main, sim_main
 from slipstream.sim.cost import model_shape
+from slipstream.sim.failures import RECOVERY, SOURCES, fit_reliability_constant, goodput
 from slipstream.sim.forecast import MODEL_ERROR
 from slipstream.sim.hardware import hardware
 from slipstream.sim.lengths import Lognormal
@@ -127,3 +128,20 @@ def test_bad_input_exits_2_with_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_plan_duration_counts_failures(capsys: pytest.CaptureFixture[str]) -> None:
+    # the simulated steps hold no failure: with failures modelled the run takes its
+    # failure-free time over the long-run goodput (sim.failures.goodput, MTTF = c / N)
+    args = ["--gpus", "16", "--model", "0.5b", "--batch-prompts", "16", "--group-size", "4"]
+    args += ["--lengths", "lognormal:median=800,sigma=0.9,max=8192", "--prompt-len", "128"]
+    args += ["--schedules", "sync", "--plot", "", "--json", "--steps", "4"]
+    assert plan_main(args) == 0
+    plain = json.loads(capsys.readouterr().out)["run_duration"]
+    assert plan_main([*args, "--failures", "cluster_study", "--recovery", "manual"]) == 0
+    failing = json.loads(capsys.readouterr().out)["run_duration"]
+    c = fit_reliability_constant(SOURCES["cluster_study"].points)
+    g = goodput(16 / c, RECOVERY["manual"])
+    assert g < 0.999
+    for k in ("expected_s", "lo_s", "hi_s"):
+        assert failing[k] == pytest.approx(plain[k] / g)

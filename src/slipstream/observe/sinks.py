@@ -26,17 +26,24 @@ class Sink(Protocol):
 
 
 def _clean(v: Any) -> Any:
+    """`v` with NaN as null and infinities as +-1e308, inside lists too: json.dumps writes
+    them as NaN/Infinity, which is not JSON (jq, JavaScript and pandas' strict mode refuse)."""
     if isinstance(v, float) and not math.isfinite(v):
         return None if math.isnan(v) else (1e308 if v > 0 else -1e308)
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
     return v
 
 
 def _json_default(v: Any) -> Any:
-    # A stray 0-d tensor or numpy scalar must not cost the whole JSONL log.
+    # A stray tensor or numpy value must not cost the whole JSONL log: a scalar (0-d or
+    # numpy scalar) becomes a number, an array a (nested) list.
+    if hasattr(v, "tolist") and getattr(v, "ndim", 0) > 0:
+        return _clean(v.tolist())
     if hasattr(v, "item"):
         return _clean(v.item())
     if hasattr(v, "tolist"):
-        return v.tolist()
+        return _clean(v.tolist())
     return str(v)
 
 

@@ -582,6 +582,10 @@ def setup(cfg: Config) -> Run:
         max_len=skip_len,
         # the forecast's simulations (~0.1 s) are redone every 5 steps or 20 times a run
         forecast=OnlineForecast(
-            run_dir, cfg.run.steps, cfg.eval.every, max(5, cfg.run.steps // 20)
+            run_dir,
+            cfg.run.steps,
+            cfg.eval.every,
+            max(5, cfg.run.steps // 20),
+            ckpt_every=cfg.checkpoint.every,
         ),
     )

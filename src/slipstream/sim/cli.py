@@ -10,13 +10,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
 from slipstream.schedule.presets import PRESETS, preset
 from slipstream.sim.calibrate import fit_profile, load_calibration, predict, save_calibration
 from slipstream.sim.cost import model_shape
-from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel
+from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel, goodput
 from slipstream.sim.forecast import MODEL_ERROR, Forecast, plan_forecast
 from slipstream.sim.hardware import HARDWARE, Hardware, hardware
 from slipstream.sim.lengths import parse_lengths
@@ -255,7 +256,13 @@ def _run_forecast(req: PlanRequest, r: Candidate, args: argparse.Namespace) -> F
     """The recommended configuration's duration for --run-steps steps, with its interval."""
     cluster = Cluster(req.hardware, req.model, req.n_gpus, r.sampler_gpus)
     cfg = SimConfig(cluster, req.workload, preset(r.schedule, r.max_lag), 2, req.seed)
-    return plan_forecast(cfg, max(1, args.run_steps), args.model_error)
+    f = plan_forecast(cfg, max(1, args.run_steps), args.model_error)
+    if req.failures is None:
+        return f
+    # the simulated steps hold no failure: the run's wall time is its work over the
+    # long-run goodput of its recovery at MTTF = c / N (sim.failures)
+    g = goodput(req.n_gpus / req.failures.c_gpu_hours, req.failures.recovery)
+    return replace(f, remaining_s=f.remaining_s / g, lo_s=f.lo_s / g, hi_s=f.hi_s / g)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -306,7 +313,8 @@ def _plan(args: argparse.Namespace) -> int:
     print(
         f"a run of {args.run_steps} steps: {fmt_duration(f.remaining_s)} expected, 90 % interval "
         f"{fmt_duration(f.lo_s)} to {fmt_duration(f.hi_s)} (length draws, and the simulator's "
-        f"{args.model_error:.0%} error measured out of sample)"
+        f"{args.model_error:.0%} error measured out of sample"
+        + (f"; failures from {args.failures}, {args.recovery} recovery)" if args.failures else ")")
     )
     if args.plot:
         print(f"plot: {args.plot}")

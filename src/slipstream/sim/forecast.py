@@ -14,8 +14,9 @@ At step k of N, from the step records written so far (the rows of metrics.jsonl)
    for the newer lengths; its absolute error, e.g. from processes sharing cores, cancels);
 4. add the wall time a step record holds besides its step: the evaluations still due (every
    `eval.every` steps and at the last, at the measured duration of one, the one at the start
-   included) and the per-step overhead (median of `wall_s` increments minus `step_time_s` on
-   steps without evaluation).
+   included), the checkpoints still due before the last step (every `checkpoint.every`
+   steps, at the measured duration of one) and the per-step overhead (median of `wall_s`
+   increments minus `step_time_s` on steps without evaluation or checkpoint).
 
 The interval: step times are not independent (a busy machine slows a stretch of steps), so
 log step times (rows after the first) are modelled as AR(1): variance and lag-1 correlation
@@ -107,23 +108,62 @@ def log_ar1(x: np.ndarray) -> tuple[float, float]:
     return var, rho
 
 
-def eval_cost(rows: list[dict[str, Any]], eval_every: int) -> tuple[float, float]:
-    """(seconds of one evaluation, per-step overhead) from wall_s increments (module doc, 4).
-    The evaluation after step e lands in the increment of step e (the sync loop times its
-    record after evaluating) or of step e + 1 (the async learner, before): the larger of the two
-    counts; the first row's wall clock beyond its step is the evaluation at the start. Steps
-    next to no evaluation give the overhead."""
+def increments(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Step -> wall_s increment beyond the step's own time (the first row: its wall clock)."""
     over = {int(rows[0]["step"]): float(rows[0]["wall_s"]) - float(rows[0]["step_time_s"])}
     for prev, row in itertools.pairwise(rows):
         step = int(row["step"])
         over[step] = float(row["wall_s"]) - float(prev["wall_s"]) - float(row["step_time_s"])
-    first = int(rows[0]["step"])
-    plain = [v for s, v in over.items() if s != first and s % eval_every not in (0, 1)]
-    overhead = max(float(np.median(plain)), 0.0) if plain else 0.0
-    evals = [over[first]] + [
-        max(v, over.get(s + 1, v)) for s, v in over.items() if s % eval_every == 0 and s != first
+    return over
+
+
+def _near(s: int, every: int) -> bool:
+    """Step s's increment may hold the work done after step s - 1 or s every `every` steps."""
+    return every > 0 and s % every in (0, 1 % every)
+
+
+def eval_cost(
+    rows: list[dict[str, Any]], eval_every: int, ckpt_every: int = 0
+) -> tuple[float, float]:
+    """(seconds of one evaluation, per-step overhead) from wall_s increments (module doc, 4).
+    The evaluation after step e lands in the increment of step e (the sync loop times its
+    record after evaluating) or of step e + 1 (the async learner, before): the larger of the two
+    counts; the first row's wall clock beyond its step is the evaluation at the start when that
+    row is step 1 (a resumed run's first row holds the clock of the steps before it and no
+    evaluation: it is left out). Steps next to no evaluation and no checkpoint (every
+    `ckpt_every` steps, 0: none) give the overhead; evaluations away from checkpoints are
+    measured when there are any."""
+    over, first = increments(rows), int(rows[0]["step"])
+    plain = [
+        v
+        for s, v in over.items()
+        if s != first and not _near(s, eval_every) and not _near(s, ckpt_every)
     ]
+    overhead = max(float(np.median(plain)), 0.0) if plain else 0.0
+    at = [s for s in over if s % eval_every == 0 and s != first]
+    alone = [s for s in at if not _near(s, ckpt_every)]  # no checkpoint after s - 1 or s
+    evals = [over[first]] if first == 1 else []
+    evals += [max(over[s], over.get(s + 1, over[s])) for s in (alone or at)]
+    if not evals:
+        return 0.0, overhead
     return max(float(np.median(evals)) - overhead, 0.0), overhead
+
+
+def ckpt_cost(rows: list[dict[str, Any]], ckpt_every: int, eval_every: int) -> float:
+    """Seconds of one checkpoint: the loops save after writing step c's record, so it lands in
+    the increment of step c + 1; median over the checkpoints away from evaluations (one next to
+    an evaluation is in that evaluation's increment), less the overhead; 0 when none seen."""
+    if ckpt_every <= 0:
+        return 0.0
+    over, first = increments(rows), int(rows[0]["step"])
+    _, overhead = eval_cost(rows, eval_every, ckpt_every)
+    seen = [
+        over[c + 1]
+        for c in over
+        if c % ckpt_every == 0 and c + 1 in over and c + 1 != first
+        if not (_near(c, eval_every) or _near(c + 1, eval_every))
+    ]
+    return max(float(np.median(seen)) - overhead, 0.0) if seen else 0.0
 
 
 def sim_step_s(run: RunRecord, lens: list[list[int]], steps: int, seeds: int) -> float:
@@ -148,11 +188,17 @@ def length_ratio(run: RunRecord, sim_steps: int = 40, seeds: int = 2) -> float:
 
 
 def forecast(
-    run: RunRecord, total_steps: int, eval_every: int, ratio: float | None = None
+    run: RunRecord,
+    total_steps: int,
+    eval_every: int,
+    ratio: float | None = None,
+    ckpt_every: int = 0,
 ) -> Forecast | None:
     """The forecast after the rows of `run` (module doc); None before four steps (three
     after the warm-up: the least that gives the spread a degree of freedom). `ratio`:
-    a `length_ratio` computed earlier (the simulations are the costly part)."""
+    a `length_ratio` computed earlier (the simulations are the costly part). `ckpt_every`:
+    the run's `checkpoint.every` (0: no checkpoints); those still due before the last step
+    are added at their measured cost."""
     rows = run.metrics
     step = int(rows[-1]["step"])
     left = max(total_steps - step, 0)
@@ -161,14 +207,17 @@ def forecast(
         return None
     x = np.array([float(r["step_time_s"]) for r in body])
     step_s = float(x.mean()) * (length_ratio(run) if ratio is None else ratio)
-    evaluation, overhead = eval_cost(rows, eval_every)
+    evaluation, overhead = eval_cost(rows, eval_every, ckpt_every)
     evals_left = sum(1 for s in range(step + 1, total_steps + 1) if s % eval_every == 0)
     evals_left += int(total_steps % eval_every != 0 and left > 0)  # the last step evaluates
+    # saved after the record of step c, so within the time left for c in [step, last)
+    ckpts_left = sum(1 for c in range(step, total_steps) if ckpt_every and c % ckpt_every == 0)
     var, rho = log_ar1(x)
     rel_sd = math.sqrt(var_of_mean(var, rho, len(x)) + var_of_mean(var, rho, left)) if left else 0.0
     q = t95(len(x) - 2) * rel_sd
     steps_part = left * step_s
     fixed = evals_left * evaluation + left * overhead
+    fixed += ckpts_left * ckpt_cost(rows, ckpt_every, eval_every)
     return Forecast(
         steps_part + fixed,
         steps_part * math.exp(-q) + fixed,
@@ -194,9 +243,12 @@ class OnlineForecast:
     `run_dir` is the run's folder: its config.toml and model_info.json (written before the
     first step) describe the run to the simulator, as for `slipstream sim --calibrate`."""
 
-    def __init__(self, run_dir: Path, total_steps: int, eval_every: int, every: int) -> None:
+    def __init__(
+        self, run_dir: Path, total_steps: int, eval_every: int, every: int, ckpt_every: int = 0
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.total, self.eval_every, self.every = total_steps, eval_every, max(1, every)
+        self.ckpt_every = ckpt_every
         self.rows: list[dict[str, Any]] = []
         self.ratio: float | None = None
         self._head: tuple[dict[str, Any], dict[str, Any]] | None = None
@@ -218,7 +270,7 @@ class OnlineForecast:
             run = self._run()
             if self.ratio is None or int(record["step"]) % self.every == 0:
                 self.ratio = length_ratio(run)
-            result = forecast(run, self.total, self.eval_every, self.ratio)
+            result = forecast(run, self.total, self.eval_every, self.ratio, self.ckpt_every)
         except (OSError, ValueError, KeyError, TypeError, np.linalg.LinAlgError):
             # RunError is a ValueError. A forecast never stops a run: this step has none.
             return {}
