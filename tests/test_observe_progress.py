@@ -73,6 +73,8 @@ def test_fields_read_the_sync_loop_names_and_skip_what_is_absent() -> None:
 
 def test_fmt_duration() -> None:
     assert [fmt_duration(s) for s in (5, 65, 3725)] == ["5s", "1m05s", "1h02m"]
+    # a non-finite value (a NaN forecast) is shown as unknown; round() would raise on it
+    assert [fmt_duration(x) for x in (float("nan"), float("inf"))] == ["?", "?"]
 
 
 def test_eta_runs_at_the_pace_since_the_first_update() -> None:

@@ -7,6 +7,7 @@ names the sync loop writes (`reward_mean`, `heldout_acc`, `sampler_busy`) are re
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +30,10 @@ def _num(record: Mapping[str, Any], *keys: str) -> float | None:
 
 
 def fmt_duration(seconds: float) -> str:
+    """`1h02m`, `3m05s`, `42s`; `?` for a value that is not a finite number (the live view
+    must not stop a run on a NaN forecast)."""
+    if not math.isfinite(seconds):
+        return "?"
     s = round(seconds)
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
