@@ -46,7 +46,9 @@ in brackets; n/a: never reached the target; tokens and accuracy at step 80):
   640 (8)        mean  48.0 %                 33.7 %
   1280 (8), 160 steps  0  38.6 % [38.3 %]     34.5 % [33.6 %]        -33 % hard, -23 % soft
 
-The 160-step setting over 16 seeds (`--steps 160 --pool 1280 --seeds 0,1,...,15`, each seed's
+The 160-step setting over 16 seeds, measured on an earlier version of the code (the sampler and
+trainer changed since; the rerun on the current code, partial, is in the README's Algorithms
+section) (`--steps 160 --pool 1280 --seeds 0,1,...,15`, each seed's
 runs made one seed at a time with `--seed S --runs-dir RUNS/seedS` (seeds 0 and 1 in other
 folders, moved there) and read back with `--reuse`): savings against no_filters, smoothed (raw
 in brackets); "never": the filtered run did not reach the unfiltered run's final accuracy in
