@@ -150,7 +150,9 @@ def test_bench_scores_the_logged_forecasts_against_the_end() -> None:
         r |= {"forecast/remaining_s": 1.1 * left * 1.1}  # 10 % high
         r |= {"forecast/remaining_lo_s": 1.1 * left, "forecast/remaining_hi_s": 1.1 * left * 1.2}
     pts = bench.score_run(rows)
-    assert [p["step"] for p in pts] == [3, 5, 10]  # 10 % of 20 is 2: the third step at least
+    # 10 % of 20 is 2: every row logged a forecast, so step 2 is scored (a run logs its first
+    # forecast at its 4th step; the first step at or after the point with one is scored)
+    assert [p["step"] for p in pts] == [2, 5, 10]
     assert pts[1]["actual_s"] == pytest.approx(1.1 * 15)
     assert pts[1]["pace_s"] == pytest.approx(1.1 * 15)  # the pace since step 1 is exact here
     line = bench.measure_rows({"a": rows, "b": rows})["line"]
