@@ -194,11 +194,16 @@ def tokens_to_reach(
 
 
 def finished(cfg: Config) -> dict[str, Any] | None:
-    """The summary of a finished run in `cfg.run.dir` whose config equals `cfg`, else None."""
+    """The summary of a finished run in `cfg.run.dir` whose config equals `cfg` but for
+    `run.dir` (a folder named by a relative or an absolute path, or moved, is the same run),
+    else None."""
     folder = Path(cfg.run.dir or "")
     if not (folder / "summary.json").is_file() or not (folder / "config.toml").is_file():
         return None
-    if load_config(folder / "config.toml").model_dump() != cfg.model_dump():
+    saved = load_config(folder / "config.toml").model_dump()
+    want = cfg.model_dump()
+    saved["run"].pop("dir", None), want["run"].pop("dir", None)
+    if saved != want:
         return None
     return json.loads((folder / "summary.json").read_text())
 
