@@ -46,47 +46,8 @@ in brackets; n/a: never reached the target; tokens and accuracy at step 80):
   640 (8)        mean  48.0 %                 33.7 %
   1280 (8), 160 steps  0  38.6 % [38.3 %]     34.5 % [33.6 %]        -33 % hard, -23 % soft
 
-The 160-step setting over 16 seeds, measured on an earlier version of the code (the sampler and
-trainer changed since; the rerun on the current code, partial, is in the README's Algorithms
-section) (`--steps 160 --pool 1280 --seeds 0,1,...,15`, each seed's
-runs made one seed at a time with `--seed S --runs-dir RUNS/seedS` (seeds 0 and 1 in other
-folders, moved there) and read back with `--reuse`): savings against no_filters, smoothed (raw
-in brackets); "never": the filtered run did not reach the unfiltered run's final accuracy in
-the same steps or the same tokens.
-
-  seed   no_filters final acc   hard band              soft band
-  0      0.398                  38.6 % [38.3 %]        34.5 % [33.6 %]
-  1      0.445                  never                  15.4 % [15.4 %]
-  2      0.406                  48.5 % [47.7 %]        42.9 % [34.1 %]
-  3      0.250                  never                  21.1 % [26.5 %]
-  4      0.387                  45.0 % [51.2 %]        34.7 % [36.2 %]
-  5      0.395                  47.6 % [41.0 %]        30.3 % [31.9 %]
-  6      0.480                  never [30.3 %]         32.0 % [31.7 %]
-  7      0.312                  61.7 % [63.0 %]        52.4 % [47.9 %]
-  8      0.207                  26.5 % [35.3 %]        26.6 % [26.2 %]
-  9      0.383                  never                  12.0 % [22.6 %]
-  10     0.262                  29.7 % [29.2 %]        33.5 % [24.3 %]
-  11     0.301                  45.5 % [44.5 %]        31.3 % [27.7 %]
-  12     0.363                  52.8 % [56.3 %]        46.3 % [46.9 %]
-  13     0.336                  49.9 % [51.8 %]        52.1 % [52.3 %]
-  14     0.281                  53.8 % [49.2 %]        45.4 % [38.5 %]
-  15     0.375                  36.3 % [45.6 %]        35.5 % [35.0 %]
-  mean curves of 16 seeds       43.7 % [44.4 %]        33.9 % [32.1 %]
-  bootstrap over seeds, 90 %    28.8 .. 49.1 %         28.3 .. 41.9 %
-  resamples at or above 30 %    94 %                   88 %
-  per-seed median (never = 0)   41.8 %                 34.0 %
-  per-seed mean (never = 0)     33.5 %                 34.1 %
-
-Tokens at step 160: -33 % (hard) and -23 % (soft) on every seed. The bootstrap resamples the
-16 seeds with replacement 1000 times and takes the headline (mean curves) of each resample.
-The headline estimate moved as seeds were added: 22.7 % on 4 seeds, 23.7 % on 6, 41.5 % on 8,
-34.4 % on 10, 36.1 % on 12, 43.7 % on 16 for the hard band (28.4 % on 10, 30.4 % on 12,
-33.9 % on 16 for the soft one). The unfiltered mean curve is flat near its end, so a point of
-accuracy moves the crossing by 10 to 20 % of the tokens. The hard band never reaches the
-unfiltered accuracy on 4 seeds of 16 (prompts it excludes stay excluded); the soft band always
-does, within 12 to 52 %. So: at least 30 % by every estimator on 16 seeds (33.5 to 43.7 % hard,
-33.9 to 34.1 % soft), with a seed-to-seed spread that puts the lower end of the 90 % bootstrap
-interval just under it (28.8 %).
+The 160-step setting over 16 seeds, on an earlier version of the code: its per-seed table is in
+docs/filter_savings.md; the rerun on the current code is in the README's Algorithms section.
 
 So the filters reliably cut generation per step, more the more epochs they get to act on, and
 cost some accuracy per step. At 80 steps the saving at equal accuracy is within the noise of

@@ -166,7 +166,7 @@ class CombinedReward:
         return {"score": total, **out}
 
 
-def _number(v: Any) -> float | None:
+def _number(v: object) -> float | None:
     """`v` as a float when it is one number: an int, a float, a numpy scalar (np.float32 is no
     Python float) or a 0-d tensor/array, as TRL's `torch.tensor(rewards)` takes them; None for
     a bool and anything else."""

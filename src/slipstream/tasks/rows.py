@@ -109,7 +109,7 @@ class RowFormat:
         except ValueError as e:  # model.chat.ChatTemplateError: raise_exception() or a bug
             raise TaskError(f"{where}: column {col!r}: {e}") from None
 
-    def _answer(self, row: Row) -> Any:
+    def _answer(self, row: Row) -> object:
         data = row.data
         names = [self.columns["answer"]] if "answer" in self.columns else list(ANSWER_COLUMNS)
         for name in names:
@@ -128,7 +128,7 @@ class RowFormat:
         )
 
 
-def _answer_text(value: Any, where: str, col: str, strict: bool = True) -> Any:
+def _answer_text(value: object, where: str, col: str, strict: bool = True) -> object:
     """The answer as text. `strict` (a built-in reward compares with it): a string or a number;
     else a value of another kind (a list of accepted answers, a dict of test cases, an empty
     cell) is passed as it is, as TRL and verl pass the column to a reward of your own."""
