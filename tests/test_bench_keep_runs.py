@@ -1,0 +1,69 @@
+"""bench/keep_runs.py: the kept copy of a run folder reads back in bench/algorithms.py as the
+original does (its curve and its `--reuse` match), without the keys and files it drops."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from slipstream.config import load_config
+from slipstream.config.load import dump_config
+
+
+def _load(name: str) -> ModuleType:
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[f"bench_{name}"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _fake_run(folder: Path) -> None:
+    folder.mkdir(parents=True)
+    cfg = load_config(None, [f'run.dir="{folder}"', "run.steps=3"])
+    (folder / "config.toml").write_text(dump_config(cfg))
+    (folder / "summary.json").write_text(json.dumps({"steps": 3, "heldout_acc_start": 0.1}))
+    records = [
+        {"step": 1, "tokens/generated": 100, "loss": 0.5, "wall_s": 1.0},
+        {"step": 2, "tokens/generated": 90, "loss": 0.4, "wall_s": 2.0, "heldout_acc": 0.2},
+        {"step": 3, "tokens/generated": 80, "loss": 0.3, "wall_s": 3.0, "heldout_acc": 0.3},
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "checkpoints").mkdir()
+    (folder / "checkpoints" / "big.bin").write_bytes(b"x" * 1000)
+
+
+def test_the_kept_copy_reads_back_as_the_original(tmp_path, monkeypatch):
+    keep, algorithms = _load("keep_runs"), _load("algorithms")
+    src, dst = tmp_path / "runs", tmp_path / "kept"
+    _fake_run(src / "seed0" / "no_filters")
+    _fake_run(src / "seed0" / "zv+soft_band")
+    (src / "seed0" / "unfinished").mkdir()  # no summary.json: not a finished run
+    kept = keep.keep(src, dst)
+    assert sorted(p.name for p in kept) == ["no_filters", "zv+soft_band"]
+    original, copy = src / "seed0" / "no_filters", dst / "seed0" / "no_filters"
+    assert (
+        algorithms.curve(copy, 0.1)
+        == algorithms.curve(original, 0.1)
+        == [
+            (0, 0.1),
+            (190, 0.2),
+            (270, 0.3),
+        ]
+    )
+    assert not (copy / "checkpoints").exists()
+    assert "loss" not in (copy / "metrics.jsonl").read_text()
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ['run.dir="kept/seed0/no_filters"', "run.steps=3"])
+    assert algorithms.finished(cfg) == {"steps": 3, "heldout_acc_start": 0.1}
+
+
+def test_trim_keeps_the_order_and_leaves_absent_keys_absent():
+    keep = _load("keep_runs")
+    text = '{"b": 2, "a": 1, "c": 3}\n\n{"c": 4}\n'
+    assert keep.trim_metrics(text, ("a", "b")) == '{"a": 1, "b": 2}\n{}\n'
