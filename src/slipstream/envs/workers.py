@@ -19,7 +19,9 @@ each worker exits at its next read (the pipe closes), or at once if it is inside
 kernel kills it with its parent, the sampler's fork server). Each worker's temporary files
 (`tempfile`, `TMPDIR`: the `python` sandbox's working directories among them) live in a folder
 of its own, removed when the worker is replaced or closed, so a worker killed in the middle of
-a call leaves none behind (its own `finally` never ran).
+a call leaves none behind (its own `finally` never ran). The workers' folders are inside one
+folder of the pool (envs.scratch), which a janitor process removes when the pool's owner
+closes it or dies, SIGKILLed included, so a killed sampler leaves none behind either.
 
 `ThreadWorkers` (`env.isolation = "thread"`): steps run in threads of the caller's process;
 nothing is pickled (tests that inspect their environments use it), a step past the limit is
@@ -48,6 +50,7 @@ from multiprocessing.process import BaseProcess
 from typing import Literal, Protocol
 
 from slipstream.envs.base import Env, EnvFactory, Observation, StepResult, resolve
+from slipstream.envs.scratch import ScratchRoot
 from slipstream.runtime import processes
 from slipstream.types import Prompt
 
@@ -288,6 +291,7 @@ class ProcessWorkers:
     def __init__(self, factory: EnvFactory, n: int) -> None:
         self.factory = factory
         self.ctx = processes.context()
+        self.scratch = ScratchRoot()  # the workers' folders (module docstring)
         self.workers = [self._spawn() for _ in range(n)]
         self.home: dict[Hashable, int] = {}  # episode -> index of the worker holding its env
         self.lost: dict[Hashable, str] = {}  # episodes whose worker died: why
@@ -296,8 +300,7 @@ class ProcessWorkers:
 
     def _spawn(self) -> _Worker:
         ours, theirs = self.ctx.Pipe(duplex=True)
-        scratch = tempfile.mkdtemp(prefix="slipstream-env-worker-")
-        os.chmod(scratch, 0o711)  # a sandbox run as another user (SandboxLimits.uid) gets in
+        scratch = self.scratch.folder()
         args = (theirs, self.factory, scratch)
         proc = self.ctx.Process(target=_worker_main, args=args, name="slipstream-env", daemon=True)
         # a sampler is a daemonic process, which multiprocessing forbids children lest they
@@ -384,6 +387,7 @@ class ProcessWorkers:
             for op in [*w.queue, *([w.running] if w.running else [])]:
                 if not op.future.done():
                     op.future.set_exception(WorkerDied("the environment workers were closed"))
+        self.scratch.close()
 
     # ---- internals ------------------------------------------------------------------------
     def _load(self, i: int) -> tuple[int, int]:
