@@ -26,7 +26,9 @@ closes it or dies, SIGKILLed included, so a killed sampler leaves none behind ei
 `ThreadWorkers` (`env.isolation = "thread"`): steps run in threads of the caller's process;
 nothing is pickled (tests that inspect their environments use it), a step past the limit is
 abandoned (its thread cannot be killed: it runs on, and a fresh thread takes its place among
-the `n`) and a crash of native code takes the sampler down.
+the `n`) and a crash of native code takes the sampler down. Each async environment runs on an
+event loop of its own (envs.base `EnvLoop`, closed when its episode ends or is abandoned), so
+one that blocks inside a coroutine delays no other environment's step.
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Literal, Protocol
 
-from slipstream.envs.base import Env, EnvFactory, Observation, StepResult, resolve
+from slipstream.envs.base import (
+    Env,
+    EnvFactory,
+    EnvLoop,
+    Observation,
+    StepResult,
+    resolve,
+    using_loop,
+)
 from slipstream.envs.scratch import ScratchRoot
 from slipstream.runtime import processes
 from slipstream.types import Prompt
@@ -132,6 +142,7 @@ class ThreadWorkers:
     def __init__(self, factory: EnvFactory, n: int) -> None:
         self.factory, self.n = factory, n
         self.envs: dict[Hashable, Env] = {}
+        self.loops: dict[Hashable, EnvLoop] = {}  # each environment's event loop
         self.t_start: dict[Hashable, float] = {}
         self.futures: dict[Hashable, cf.Future[Outcome]] = {}
         self.ops: dict[Hashable, _ThreadOp] = {}  # each episode's current operation
@@ -167,15 +178,24 @@ class ThreadWorkers:
     def _run(self, item: _ThreadOp, t0: float) -> None:
         built: dict[Hashable, Env] = {}
         envs = self.envs if item.op == "step" else built
+        with self.lock:  # a step runs on its environment's loop; a first observation on a new
+            own = self.loops.get(item.key) if item.op == "step" else None
+        loop, kept, old = own or EnvLoop(), own is not None, None
         try:
-            out = _run_op(envs, self.factory, item.op, item.key, item.arg)
+            with using_loop(loop):
+                out = _run_op(envs, self.factory, item.op, item.key, item.arg)
             with self.lock:  # (an abandoned first observation keeps no environment)
-                if self.ops.get(item.key) is item:
+                if self.ops.get(item.key) is item and item.op == "first":
                     self.envs.update(built)
+                    old, self.loops[item.key], kept = self.loops.get(item.key), loop, True
+            if old is not None:  # (a key used again before its end: the old environment's)
+                old.close()
             item.future.set_result((out, time.monotonic() - t0))
         except BaseException as e:  # (SystemExit too: the future must resolve)
             item.future.set_exception(EnvError(f"{type(e).__name__}: {e}"[:500]))
         finally:
+            if not kept:
+                loop.close()
             with self.lock:
                 self.running.discard(item)
             self._start()
@@ -203,6 +223,9 @@ class ThreadWorkers:
             self.envs.pop(key, None)
             self.t_start.pop(key, None)
             self.futures.pop(key, None)
+            loop = self.loops.pop(key, None)
+        if loop is not None:  # (an abandoned step awaiting on it is cancelled)
+            loop.close()
 
     def pump(self, timeout: float) -> None:
         running = [f for f in list(self.futures.values()) if not f.done()]
@@ -213,8 +236,11 @@ class ThreadWorkers:
         with self.lock:
             self.closed = True
             queued, self.queue = list(self.queue), deque()
+            loops, self.loops = list(self.loops.values()), {}
         for item in queued:
             item.future.cancel()
+        for loop in loops:
+            loop.close()
 
 
 # ---- processes --------------------------------------------------------------------------------
