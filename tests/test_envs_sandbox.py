@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import signal
@@ -75,14 +76,16 @@ def test_output_cut_to_the_limit_keeping_head_and_tail() -> None:
     assert "bytes cut" in big.output
 
 
-def _sandboxes_in(folder: Path) -> list[int]:
-    """Live (not zombie) processes whose working directory is under `folder`."""
+def _sandboxes_in(folder: Path, leaders: bool = False) -> list[int]:
+    """Live (not zombie) processes whose working directory is under `folder` (`leaders`:
+    only those that lead a session)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            live = (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            live = fields[0] != "Z" and (not leaders or fields[3] == d.name)
             if live and os.readlink(d / "cwd").startswith(str(folder)):
                 out.append(int(d.name))
         except OSError:
@@ -90,32 +93,89 @@ def _sandboxes_in(folder: Path) -> list[int]:
     return out
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a live process (not gone, not a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+# forks a child that leaves for a session of its own (out of reach of a `killpg`) and forks a
+# grandchild there; both sleep, and the code prints their pids once they exist
+ESCAPES = """
+import os, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, b"%d " % os.getpid())
+        time.sleep(60)
+        os._exit(0)
+    os.write(w, b"%d " % os.getpid())
+    time.sleep(60)
+    os._exit(0)
+os.close(w)
+got = b""
+while got.count(b" ") < 2:
+    got += os.read(r, 64)
+print(got.decode(), flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper: Linux")
+@pytest.mark.parametrize(("then", "error"), [("", ""), ("time.sleep(60)", "timeout")])
+def test_processes_that_leave_the_sandbox_session_die_when_the_call_returns(
+    then: str, error: str
+) -> None:
+    """The code's child calls `setsid()` and forks a grandchild in its new session, and the
+    code exits (or runs past its wall limit): before, the final `killpg` of the code's process
+    group reached neither, and both slept on after the call returned. The sandbox's supervisor
+    is a child subreaper: whatever the code started reparents to it and is killed (and
+    reaped) before the call returns."""
+    r = run_python(ESCAPES + then, LIM)
+    pids = [int(p) for p in r.output.split()]
+    try:
+        assert (r.error.split(" ")[0], len(pids)) == (error, 2), r
+        left = [p for p in pids if _alive(p)]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    assert not left, f"{left} outlived the call"
+
+
 @pytest.mark.slow  # ~5 s: a helper interpreter that imports slipstream
 def test_the_sandboxed_process_dies_with_the_process_that_runs_it(tmp_path: Path) -> None:
     """An environment worker SIGKILLed in the middle of a `python` call (its step timed out):
     the code it was running dies with it (before, started in its own session, it ran on,
-    unbounded when it only sleeps, since the wall limit was the dead worker's to enforce)."""
-    code = "import time\ntime.sleep(60)"
+    unbounded when it only sleeps, since the wall limit was the dead worker's to enforce), and
+    so does the child it moved to a session of its own (before, it slept on), and the call's
+    working directory is removed (before, it was left in the temporary folder)."""
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\ntime.sleep(60)"
     helper = subprocess.Popen(
         [sys.executable, "-c", f"from slipstream.envs import run_python; run_python({code!r})"],
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     try:
         deadline = time.monotonic() + 60
-        while not _sandboxes_in(tmp_path) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _sandboxes_in(tmp_path), "the sandbox never started"
+        while len(_sandboxes_in(tmp_path, leaders=True)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the call's session, and its child's
+        assert len(_sandboxes_in(tmp_path, leaders=True)) == 2, "the sandbox never forked"
         helper.kill()
         helper.wait()
         deadline = time.monotonic() + 5
         while _sandboxes_in(tmp_path) and time.monotonic() < deadline:
             time.sleep(0.05)
         left = _sandboxes_in(tmp_path)
+        while list(tmp_path.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         helper.kill()
         for pid in _sandboxes_in(tmp_path):
             os.kill(pid, signal.SIGKILL)
-    assert not left, "the sandboxed code outlived the process that ran it"
+    assert not left, "the sandboxed code (or its child) outlived the process that ran it"
+    assert not list(tmp_path.iterdir()), "its working directory was left behind"
 
 
 def test_non_ascii_code_runs_under_an_ascii_locale() -> None:

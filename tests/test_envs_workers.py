@@ -3,6 +3,7 @@ the episodes they hold (each episode once, with its reason), and a run that goes
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import os
@@ -18,7 +19,7 @@ from scripted_env import ByMode
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Engine, SamplingParams
 from slipstream.engine.parking import KVPark
-from slipstream.envs import StepResult
+from slipstream.envs import Observation, StepResult
 from slipstream.envs.workers import (
     START_FAILURES,
     EnvError,
@@ -318,6 +319,92 @@ def test_a_first_observation_queued_on_a_killed_worker_runs_on_its_replacement()
         assert step.exception() is None
     finally:
         workers.close()
+
+
+class _Blocks:
+    """An async environment whose step blocks its thread for `sleep_s` (`time.sleep`, a sync
+    client inside a coroutine); it checks that its loop, and the task it started in its first
+    observation, are still there."""
+
+    def __init__(self, row: Prompt) -> None:
+        self.sleep_s = float(row.meta.get("sleep_s", 0.0))
+
+    async def initial_observation(self) -> Observation:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.create_task(asyncio.sleep(0, result=1.0))
+        return Observation([2, 3])
+
+    async def step(self, action_tokens: list[int]) -> StepResult:
+        assert asyncio.get_running_loop() is self.loop
+        time.sleep(self.sleep_s)
+        return StepResult(await self.task, True)
+
+
+def test_thread_workers_an_async_step_that_blocks_stalls_no_other_environment() -> None:
+    """Two async environments in thread workers; one's step blocks for 0.7 s: the other's step
+    finishes at once (before, every async environment of the process ran on one event loop,
+    so it waited for the blocking call: a step of a healthy episode could time out because
+    of another's). Each environment's loop is closed when its episode ends."""
+    workers = ThreadWorkers(_Blocks, 2)
+    (b, kb, _), (a, ka, _) = _rows({"blocks": "ok", "a": "ok"})
+    b.meta["sleep_s"] = 0.7
+    try:
+        _wait(workers.first(kb, b))
+        _wait(workers.first(ka, a))
+        blocked = workers.step(kb, [5])
+        time.sleep(0.05)
+        step = workers.step(ka, [5])
+        _wait(step, 0.3)
+        assert step.done() and not blocked.done(), "it waited for the other's blocking call"
+        assert step.result()[0] == StepResult(1.0, True)
+        _wait(blocked, 2.0)
+        assert blocked.result()[0] == StepResult(1.0, True)
+        loops = [workers.loops[k] for k in (ka, kb)]
+        workers.end(ka)
+        workers.end(kb)
+        assert not workers.loops and all(loop.closed(timeout=1.0) for loop in loops)
+    finally:
+        workers.close()
+
+
+class _Awaits:
+    """An async environment whose step awaits for a minute."""
+
+    def __init__(self, row: Prompt) -> None:
+        pass
+
+    async def initial_observation(self) -> Observation:
+        return Observation([2, 3])
+
+    async def step(self, action_tokens: list[int]) -> StepResult:
+        await asyncio.sleep(60)
+        return StepResult(1.0, True)
+
+
+def test_thread_workers_an_abandoned_async_step_is_cancelled_with_its_loop() -> None:
+    """A step past its limit, awaiting: abandoning it closes its environment's loop, which
+    cancels it, and its thread ends (before, it awaited on the process's shared loop for as
+    long as it would, its thread waiting with it)."""
+    workers = ThreadWorkers(_Awaits, 1)
+    ((row, key, _),) = _rows({"e": "ok"})
+    before = _loop_threads()
+    try:
+        _wait(workers.first(key, row))
+        step = workers.step(key, [5])
+        time.sleep(0.05)
+        workers.abandon(key)  # (as the runner does past env.step_timeout_s)
+        _wait(step, 1.0)
+        assert step.done() and "CancelledError" in str(step.exception())
+        deadline = time.monotonic() + 1.0
+        while _loop_threads() > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _loop_threads() == before, "its loop's thread runs on"
+    finally:
+        workers.close()
+
+
+def _loop_threads() -> int:
+    return sum(t.name == "slipstream-env-loop" for t in threading.enumerate())
 
 
 def test_a_thread_step_that_raises_a_base_exception_is_an_error() -> None:

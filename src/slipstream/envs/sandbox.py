@@ -2,9 +2,16 @@
 
 What bounds a run (`SandboxLimits`):
 
-- a wall-time limit: the process group is SIGKILLed at `wall_s` (and always at the end, so
-  children it forked do not outlive it); the process is SIGKILLed too if the one running it
-  dies first (an environment worker killed for its step's time limit; Linux);
+- a wall-time limit, and nothing the code started outlives the call: the interpreter is a
+  supervisor that forks the process running the code and, on Linux, is a child subreaper
+  (`PR_SET_CHILD_SUBREAPER`), so whatever the code starts and leaves behind reparents to it,
+  also from a session of its own (`setsid()`, a double fork). When the code exits, at
+  `wall_s` (the caller SIGTERMs the supervisor), or when the process running the call dies
+  (an environment worker killed for its step's time limit; the supervisor's parent-death
+  signal, Linux), it SIGKILLs and reaps its children until none is left, the code's process
+  first; in the last case it also removes the call's working directory. The caller then
+  SIGKILLs the process group as a backstop (the code may kill its supervisor: what it moved
+  to another session is then out of reach);
 - rlimits set in the child before it starts: CPU seconds (`RLIMIT_CPU`), address space
   (`RLIMIT_AS`, so a memory hog gets MemoryError), processes (`RLIMIT_NPROC`: those its user
   runs now plus `max_procs`, so a fork bomb's forks fail), file size (`RLIMIT_FSIZE`), no core.
@@ -25,10 +32,11 @@ The code sees the standard library only: the interpreter runs with `-S`, so its 
 (numpy and the like) do not import; `SandboxLimits(site_packages=True)` drops `-S` (the
 interpreter is this process's, `sys.executable`: its virtual environment's packages import).
 
-This is isolation against accidents of model-written code (loops, hogs, stray writes), NOT a
-security boundary against a determined attacker: audit hooks can be bypassed from Python
-(ctypes), there is no filesystem or syscall isolation beyond rlimits and the network namespace,
-and the code runs as your user and reads what you can. For untrusted code at scale, plug a
+This is isolation against accidents of model-written code (loops, hogs, stray writes, stray
+daemons), NOT a security boundary against a determined attacker: audit hooks can be bypassed
+from Python (ctypes), the code can kill its supervisor (it runs as the same user), there is no
+filesystem or syscall isolation beyond rlimits and the network namespace, and the code runs as
+your user and reads what you can. For untrusted code at scale, plug a
 stronger sandbox (gVisor, Firecracker, nsjail, a container per call) in as your own tool with
 the same shape: a method `python(code: str) -> str` on a tool class.
 """
@@ -53,7 +61,82 @@ from typing import BinaryIO, Literal
 
 from slipstream.envs.tools import ToolReply
 
-# Runs in the child before the user's code: the audit hook of the module docstring.
+# Runs first, in the interpreter the caller starts: the supervisor of the module docstring.
+# `_supervise()` returns only in the forked process that runs the code (`_BOOT`, after it);
+# the supervisor itself waits, sweeps and exits with the code's status. PARENT: the caller.
+_SUPERVISE = r"""
+import os, signal, time
+class _Stop(Exception):
+    pass
+def _stop(signum, frame):
+    raise _Stop
+def _children():
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: scan /proc
+        pass
+    kids = []
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                    kids.append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    return kids
+def _sweep(first):
+    end = time.monotonic() + 5.0
+    while time.monotonic() < end:
+        for pid in [*first, *_children()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.002)
+def _exit_as(status):
+    if status is not None and os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(1 if status is None else os.WEXITSTATUS(status))
+def _supervise():
+    status = None
+    signal.signal(signal.SIGTERM, _stop)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    code = os.fork()
+    if code == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        return
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        while status is None:
+            pid, st = os.waitpid(-1, 0)
+            status = st if pid == code else None
+    except _Stop:  # the wall limit, or the caller died (its parent-death signal)
+        pass
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    _sweep([] if status is not None else [code])  # (a reaped pid may be another's now)
+    if os.getppid() != PARENT:  # nobody else is left to remove the working directory
+        import shutil
+        shutil.rmtree(os.getcwd(), ignore_errors=True)
+    _exit_as(status)
+_supervise()
+"""
+
+# Runs in the process that runs the code, before the code: the audit hook of the docstring.
 _BOOT = r"""
 import os, sys
 _root = os.path.realpath(os.getcwd())
@@ -92,6 +175,7 @@ exec(compile(_src, "main.py", "exec"), {"__name__": "__main__"})
 """
 
 Network = Literal["auto", "unshare", "audit"]
+STOP_S = 2.0  # how long a supervisor SIGTERMed at the wall limit has to sweep and exit
 
 
 @dataclass(frozen=True)
@@ -177,8 +261,9 @@ def _limiter(lim: SandboxLimits, nproc: int) -> Callable[[], None]:
     prctl, parent = _prctl(), os.getpid()
 
     def apply() -> None:
-        if prctl is not None:  # SIGKILLed if the process running it dies (PR_SET_PDEATHSIG)
-            prctl(1, signal.SIGKILL)
+        if prctl is not None:  # SIGTERMed if the process running it dies (PR_SET_PDEATHSIG):
+            prctl(1, signal.SIGTERM)  # the supervisor then kills what the code started
+            prctl(36, 1)  # PR_SET_CHILD_SUBREAPER (kept across exec): orphans reparent to it
             if os.getppid() != parent:  # it died before that took effect
                 os._exit(1)
         mb = 1024 * 1024
@@ -195,7 +280,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     """Run `code` under `limits` in a fresh temporary directory (removed afterwards)."""
     lim = limits or SandboxLimits()
     ns = lim.network == "unshare" or (lim.network == "auto" and unshare_works())
-    boot = f"MAX_PROCS = {lim.max_procs}\n{_BOOT}"
+    boot = f"MAX_PROCS = {lim.max_procs}\nPARENT = {os.getpid()}\n{_SUPERVISE}{_BOOT}"
     site = [] if lim.site_packages else ["-S"]
     cmd = [sys.executable, "-I", *site, "-B", "-X", "utf8", "-c", boot]  # UTF-8 whatever the locale
     if ns:
@@ -235,7 +320,7 @@ def _read_cut(out: BinaryIO, n: int) -> str:
 def _run(cmd: list[str], work: str, out: BinaryIO, lim: SandboxLimits, uid: int) -> str:
     """Start, wait up to the wall limit, kill the process group; '' or why it failed."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work, "TMPDIR": work}
-    nproc = _user_processes(uid) + lim.max_procs
+    nproc = _user_processes(uid) + lim.max_procs + 1  # (the supervisor is one)
     other = uid != os.getuid()  # run as another user (SandboxLimits.uid)
     proc = subprocess.Popen(
         cmd,
@@ -255,7 +340,10 @@ def _run(cmd: list[str], work: str, out: BinaryIO, lim: SandboxLimits, uid: int)
         error = "" if rc == 0 else _describe(rc)
     except subprocess.TimeoutExpired:
         error = f"timeout after {lim.wall_s:g} s"
-    with contextlib.suppress(ProcessLookupError):  # children that outlive it (a fork bomb's)
+        proc.terminate()  # the supervisor kills the code and all it started, then exits
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_S)
+    with contextlib.suppress(ProcessLookupError):  # the backstop (module docstring)
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     return error

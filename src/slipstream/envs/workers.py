@@ -19,12 +19,16 @@ each worker exits at its next read (the pipe closes), or at once if it is inside
 kernel kills it with its parent, the sampler's fork server). Each worker's temporary files
 (`tempfile`, `TMPDIR`: the `python` sandbox's working directories among them) live in a folder
 of its own, removed when the worker is replaced or closed, so a worker killed in the middle of
-a call leaves none behind (its own `finally` never ran).
+a call leaves none behind (its own `finally` never ran). The workers' folders are inside one
+folder of the pool (envs.scratch), which a janitor process removes when the pool's owner
+closes it or dies, SIGKILLed included, so a killed sampler leaves none behind either.
 
 `ThreadWorkers` (`env.isolation = "thread"`): steps run in threads of the caller's process;
 nothing is pickled (tests that inspect their environments use it), a step past the limit is
 abandoned (its thread cannot be killed: it runs on, and a fresh thread takes its place among
-the `n`) and a crash of native code takes the sampler down.
+the `n`) and a crash of native code takes the sampler down. Each async environment runs on an
+event loop of its own (envs.base `EnvLoop`, closed when its episode ends or is abandoned), so
+one that blocks inside a coroutine delays no other environment's step.
 """
 
 from __future__ import annotations
@@ -47,7 +51,16 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Literal, Protocol
 
-from slipstream.envs.base import Env, EnvFactory, Observation, StepResult, resolve
+from slipstream.envs.base import (
+    Env,
+    EnvFactory,
+    EnvLoop,
+    Observation,
+    StepResult,
+    resolve,
+    using_loop,
+)
+from slipstream.envs.scratch import ScratchRoot
 from slipstream.runtime import processes
 from slipstream.types import Prompt
 
@@ -129,6 +142,7 @@ class ThreadWorkers:
     def __init__(self, factory: EnvFactory, n: int) -> None:
         self.factory, self.n = factory, n
         self.envs: dict[Hashable, Env] = {}
+        self.loops: dict[Hashable, EnvLoop] = {}  # each environment's event loop
         self.t_start: dict[Hashable, float] = {}
         self.futures: dict[Hashable, cf.Future[Outcome]] = {}
         self.ops: dict[Hashable, _ThreadOp] = {}  # each episode's current operation
@@ -164,15 +178,24 @@ class ThreadWorkers:
     def _run(self, item: _ThreadOp, t0: float) -> None:
         built: dict[Hashable, Env] = {}
         envs = self.envs if item.op == "step" else built
+        with self.lock:  # a step runs on its environment's loop; a first observation on a new
+            own = self.loops.get(item.key) if item.op == "step" else None
+        loop, kept, old = own or EnvLoop(), own is not None, None
         try:
-            out = _run_op(envs, self.factory, item.op, item.key, item.arg)
+            with using_loop(loop):
+                out = _run_op(envs, self.factory, item.op, item.key, item.arg)
             with self.lock:  # (an abandoned first observation keeps no environment)
-                if self.ops.get(item.key) is item:
+                if self.ops.get(item.key) is item and item.op == "first":
                     self.envs.update(built)
+                    old, self.loops[item.key], kept = self.loops.get(item.key), loop, True
+            if old is not None:  # (a key used again before its end: the old environment's)
+                old.close()
             item.future.set_result((out, time.monotonic() - t0))
         except BaseException as e:  # (SystemExit too: the future must resolve)
             item.future.set_exception(EnvError(f"{type(e).__name__}: {e}"[:500]))
         finally:
+            if not kept:
+                loop.close()
             with self.lock:
                 self.running.discard(item)
             self._start()
@@ -200,6 +223,9 @@ class ThreadWorkers:
             self.envs.pop(key, None)
             self.t_start.pop(key, None)
             self.futures.pop(key, None)
+            loop = self.loops.pop(key, None)
+        if loop is not None:  # (an abandoned step awaiting on it is cancelled)
+            loop.close()
 
     def pump(self, timeout: float) -> None:
         running = [f for f in list(self.futures.values()) if not f.done()]
@@ -210,8 +236,11 @@ class ThreadWorkers:
         with self.lock:
             self.closed = True
             queued, self.queue = list(self.queue), deque()
+            loops, self.loops = list(self.loops.values()), {}
         for item in queued:
             item.future.cancel()
+        for loop in loops:
+            loop.close()
 
 
 # ---- processes --------------------------------------------------------------------------------
@@ -288,6 +317,7 @@ class ProcessWorkers:
     def __init__(self, factory: EnvFactory, n: int) -> None:
         self.factory = factory
         self.ctx = processes.context()
+        self.scratch = ScratchRoot()  # the workers' folders (module docstring)
         self.workers = [self._spawn() for _ in range(n)]
         self.home: dict[Hashable, int] = {}  # episode -> index of the worker holding its env
         self.lost: dict[Hashable, str] = {}  # episodes whose worker died: why
@@ -296,8 +326,7 @@ class ProcessWorkers:
 
     def _spawn(self) -> _Worker:
         ours, theirs = self.ctx.Pipe(duplex=True)
-        scratch = tempfile.mkdtemp(prefix="slipstream-env-worker-")
-        os.chmod(scratch, 0o711)  # a sandbox run as another user (SandboxLimits.uid) gets in
+        scratch = self.scratch.folder()
         args = (theirs, self.factory, scratch)
         proc = self.ctx.Process(target=_worker_main, args=args, name="slipstream-env", daemon=True)
         # a sampler is a daemonic process, which multiprocessing forbids children lest they
@@ -384,6 +413,7 @@ class ProcessWorkers:
             for op in [*w.queue, *([w.running] if w.running else [])]:
                 if not op.future.done():
                     op.future.set_exception(WorkerDied("the environment workers were closed"))
+        self.scratch.close()
 
     # ---- internals ------------------------------------------------------------------------
     def _load(self, i: int) -> tuple[int, int]:
