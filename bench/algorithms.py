@@ -109,8 +109,8 @@ HEADLINE = (
 HEADLINE_CMD = (
     "python bench/algorithms.py --steps 160 --pool 1280 --seeds 0,1,2,3,4,5,6,7,8,9,10,11,12,13,"
     "14,15 --only no_filters,zv+pass_rate_band,zv+soft_band   (16 seeds x 3 runs of 160 steps "
-    "and the same-token reruns: 51-55 min a pair of seeds run side by side on this 2-core machine, "
-    "7 hours in all; or a seed at a time with --seed S --runs-dir RUNS/seedS, then --reuse)"
+    "and the same-token reruns: 12-16 min a pair of seeds run side by side on this 2-core machine, "
+    "1 h 47 min in all; or a seed at a time with --seed S --runs-dir RUNS/seedS, then --reuse)"
 )
 
 
