@@ -22,7 +22,7 @@ from slipstream.engine.stats import PASS_SUMS
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.schedule.agentic import episode_metrics
 from slipstream.schedule.setup import COUNTERS, Run, setup
-from slipstream.schedule.step_stats import goodput
+from slipstream.schedule.step_stats import goodput, prompt_len_mean
 from slipstream.schedule.watchdog import Watchdog, inprocess_rollback, make_watchdog
 from slipstream.tasks.rewards import part_means
 from slipstream.train.checkpoint import (
@@ -160,6 +160,7 @@ def step_record(
         "completion_len_mean": sum(lens) / len(lens),
         "completion_len_max": max(lens),
         "completion_lens": lens,
+        "prompt_len_mean": prompt_len_mean(groups),
         **run.ledger.flat(),
         **episode_metrics(groups),
     }
