@@ -331,7 +331,10 @@ def test_async_run_killed_after_a_checkpoint_resumes_with_its_queued_work(
     pipeline = state["orchestrator"]
     assert pipeline["requests"] or pipeline["batches"]  # the next batch was in flight
     assert main(["train", "--resume", str(run_dir)]) == 0
-    assert [r["step"] for r in _records(run_dir)] == [1, 2, 3, 4]
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    # the forecast needs 4 steps: step 4 has one, calibrated on steps 1-2 from before too
+    assert "forecast/remaining_s" in records[3]
     ledger = json.loads((run_dir / "ledger.json").read_text())
     assert ledger["balanced"] and ledger["trained"] >= 4
 

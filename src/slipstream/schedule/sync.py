@@ -229,6 +229,7 @@ def checkpoint(run: Run, **extra: Any) -> None:
         "rng_python": random.getstate(),
         "rng_run": run.rng.getstate(),  # replay's choices
         "watchdog": run.watchdog.state_dict() if run.watchdog is not None else None,
+        "forecast": run.forecast.state_dict() if run.forecast is not None else None,
         **extra,
     }
     trainer_state = {**run.trainer.state_dict(), "rng_torch": torch.get_rng_state()}
@@ -314,6 +315,8 @@ def restore(run: Run, ckpt: Path) -> dict[str, Any]:
     if run.watchdog is not None and state.get("watchdog") is not None:
         run.watchdog.load_state_dict(state["watchdog"])
     run.prompts_skipped.update(state.get("prompts_skipped", {}))
+    if run.forecast is not None:  # the steps before the resume (rewound to the checkpoint)
+        run.forecast.resume(read_records(run.dir / "metrics.jsonl"), state.get("forecast"))
     if "rng_python" in state:
         version, internal, gauss = state["rng_python"]
         random.setstate((version, tuple(internal), gauss))

@@ -20,6 +20,9 @@ At step k of N, from the step records written so far (the rows of metrics.jsonl)
    steps, at the measured duration of one) and the per-step overhead (median of `wall_s`
    increments minus `step_time_s` on steps without evaluation or checkpoint).
 
+A resumed run's forecast goes on from the steps before the resume: `OnlineForecast.resume`
+takes them back from metrics.jsonl and the length ratio from the checkpoint.
+
 The interval: step times are not independent (a busy machine slows a stretch of steps), so
 log step times (rows after the first) are modelled as AR(1): variance and lag-1 correlation
 fitted on the run (`log_ar1`), and the relative variance of the remaining time is that of the
@@ -296,6 +299,21 @@ class OnlineForecast:
             # RunError is a ValueError. A forecast never stops a run: this step has none.
             return {}
         return {} if result is None else result.as_metrics(float(record["wall_s"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (JSON): the length ratio; the rows are metrics.jsonl's."""
+        return {"ratio": self.ratio}
+
+    def resume(self, records: list[dict[str, Any]], state: dict[str, Any] | None) -> None:
+        """Go on after a resume: `records`, the run's step records up to its checkpoint (its
+        metrics.jsonl, which the forecast observed as they were made), and `state`, the
+        checkpoint's `state_dict()` (None: a checkpoint from before it was kept, the ratio
+        is simulated again at the next step). The next step's forecast is then the one the
+        unbroken run would have made from the same records."""
+        self.rows = []
+        for r in records:
+            self._keep(r)
+        self.ratio = None if state is None else state.get("ratio")
 
 
 def plan_forecast(
