@@ -3,7 +3,7 @@
 Reads the `agentic.json` that `python bench/agentic.py --out DIR` writes and plots, per tail
 (p99 / median of the tool's lognormal latency), pipeline's speedup over sync for the same
 budget of steps (sync's wall time over pipeline's) and, where both reached the target, in time
-to the target; each seed is a point, the line joins the medians. The issue's claim to test:
+to the target (bench/agentic.py's `time_to_target_s`: training time, evaluation excluded); each seed is a point, the line joins the medians. The issue's claim to test:
 asynchrony matters more as rollouts get longer and more skewed.
 
 Run: python bench/agentic_plot.py DIR/agentic.json [--out speedup_by_tail.png]

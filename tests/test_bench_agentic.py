@@ -41,3 +41,23 @@ def test_engine_busy_is_a_median_over_seeds_at_one_tail():
     at30 = bench.by_schedule(rows, "engine_busy", 30.0)
     assert at30 == {"sync": 0.25, "pipeline": None, "async": None}
     assert bench.by_schedule(rows, "engine_busy", 1.0)["sync"] == 0.9
+
+
+def test_time_to_target_is_training_time_for_both_loops():
+    """The same run (1 s steps, a 2 s evaluation after step 2 that reaches the target) as
+    the in-process sync loop writes it (the record after its step's evaluation) and as the
+    orchestrated loops do (before): the same time to target, evaluation excluded; the wall
+    clock, kept beside it, counts that evaluation for sync only."""
+    summary = {"heldout_acc_end": 0.5, "wall_s": 5.0, "heldout_acc_start": 0.1}
+    summary["ledger"] = {"balanced": True}
+
+    def res(in_wall: bool) -> dict:
+        walls = [1.0, 4.0, 5.0] if in_wall else [1.0, 2.0, 5.0]
+        recs = [{"step": i + 1, "wall_s": w, "time/eval_s": 0.0} for i, w in enumerate(walls)]
+        recs[1] |= {"time/eval_s": 2.0, "heldout_acc": 0.5}
+        return {"summary": summary, "records": recs, "eval_in_wall": in_wall}
+
+    sync, pipeline = bench.measures(res(True), 0.4), bench.measures(res(False), 0.4)
+    assert sync["time_to_target_s"] == pipeline["time_to_target_s"] == 2.0
+    assert (sync["time_to_target_wall_s"], pipeline["time_to_target_wall_s"]) == (4.0, 2.0)
+    assert bench.measures(res(True), 0.6)["time_to_target_s"] is None

@@ -168,6 +168,13 @@ def test_sync_on_the_local_runtime_follows_the_in_process_loop(assets, tmp_path,
     )
     a, b = _records(tmp_path / "inprocess"), _records(tmp_path / "local")
     assert len(a) == len(b) == steps
+    for records in (a, b):  # both loops time their held-out evaluations (observe.clock)
+        evaluated = [r["step"] for r in records if r["time/eval_s"] > 0]
+        assert evaluated == [s for s in range(1, steps + 1) if s % 2 == 0 or s == steps]
+        assert evaluated == [r["step"] for r in records if "heldout_acc" in r]
+        assert records[0]["time/eval_start_s"] > 0  # the start's, in the first record only
+        assert not any("time/eval_start_s" in r for r in records[1:])
+        assert all(r["prompt_len_mean"] > 0 for r in records)  # and equal: compared below
     for ra, rb in zip(a, b):
         shared = [k for k in ra if k in rb and not any(t in k for t in timing)]
         assert len(shared) > 15
@@ -324,7 +331,10 @@ def test_async_run_killed_after_a_checkpoint_resumes_with_its_queued_work(
     pipeline = state["orchestrator"]
     assert pipeline["requests"] or pipeline["batches"]  # the next batch was in flight
     assert main(["train", "--resume", str(run_dir)]) == 0
-    assert [r["step"] for r in _records(run_dir)] == [1, 2, 3, 4]
+    records = _records(run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    # the forecast needs 4 steps: step 4 has one, calibrated on steps 1-2 from before too
+    assert "forecast/remaining_s" in records[3]
     ledger = json.loads((run_dir / "ledger.json").read_text())
     assert ledger["balanced"] and ledger["trained"] >= 4
 
@@ -352,13 +362,8 @@ def test_a_silent_sampler_is_killed_and_replaced(assets, tmp_path):
 
 
 def test_bench_schedules_runs_each_preset_and_writes_its_table(assets, tmp_path, capsys):
-    from slipstream.schedule.bench import bench_schedules_main, time_to_target
+    from slipstream.schedule.bench import bench_schedules_main
 
-    curve = [
-        {"step": 4, "heldout_acc": 0.5, "wall_s": 9.0},
-        {"step": 2, "heldout_acc": 0.3, "wall_s": 4.0},
-    ]
-    assert time_to_target(curve, 0.3) == 4.0 and time_to_target(curve, 0.6) is None
     out = tmp_path / "bench"
     overrides = _cfg_overrides(assets, tmp_path / "unused")
     presets = "sync_inprocess,sync,pipeline"
@@ -376,6 +381,9 @@ def test_bench_schedules_runs_each_preset_and_writes_its_table(assets, tmp_path,
     }
     saved = json.loads((out / "bench_schedules.json").read_text())
     assert all(s["ledger"]["balanced"] for s in saved["runs"].values())
+    for s in saved["runs"].values():  # the budget on the training clock: evaluation excluded
+        evals = sum(r["time/eval_s"] + r.get("time/eval_start_s", 0.0) for r in s["clock"])
+        assert evals > 0 and s["train_s"] == pytest.approx(s["wall_s"] - evals)
     for name in ("sync_inprocess", "sync", "pipeline"):
         assert (out / name / "summary.json").exists()
     assert "| pipeline |" in (out / "bench_schedules.md").read_text()
@@ -388,22 +396,28 @@ def test_bench_schedules_ratios_medians_and_baseline():
     """Pure parts of the bench: per-seed ratios against a baseline, medians and ranges."""
     from slipstream.schedule.bench import aggregate, baseline, ratios
 
-    def run(ttt: float | None, wall: float) -> dict:
-        curve = [{"step": 0, "wall_s": 0.0, "heldout_acc": 0.1}]
-        if ttt is not None:
-            curve.append({"step": 5, "wall_s": ttt, "heldout_acc": 0.5})
+    def run(ttt: float | None, wall: float, in_wall: bool = True) -> dict:
+        # step 5 reaches 0.5 at `ttt` s of training; its 1 s of evaluation is in its wall_s
+        # (the in-process loop) or comes after it (`in_wall` False: the orchestrated loops)
+        t = (ttt or 0) + in_wall
+        clock = [{"step": 5, "wall_s": t, "time/eval_s": 1.0, "heldout_acc": 0.5}]
         stats = {"sampler_busy": 0.5, "trainer_wait": 0.5, "lag_mean": 0, "lag_max": 0}
-        return {"heldout_curve": curve, "heldout_acc_end": 0.5, "wall_s": wall,
-                "ess_token": 1.0, **stats}  # fmt: skip
+        return {"clock": clock if ttt is not None else [], "eval_in_wall": in_wall,
+                "heldout_acc_start": 0.1, "heldout_acc_end": 0.5, "train_s": wall,
+                "wall_s": wall + 2, "ess_token": 1.0, **stats}  # fmt: skip
 
     per_seed = [
-        {"sync_inprocess": run(10, 20), "sync": run(30, 40), "pipeline": run(5, 10)},
-        {"sync_inprocess": run(12, 24), "sync": run(None, 40), "pipeline": run(4, 12)},
-        {"sync_inprocess": run(20, 30), "sync": run(30, 40), "pipeline": run(None, 15)},
+        {"sync_inprocess": run(10, 20), "sync": run(30, 40), "pipeline": run(5, 10, False)},
+        {"sync_inprocess": run(12, 24), "sync": run(None, 40), "pipeline": run(4, 12, False)},
+        {"sync_inprocess": run(20, 30), "sync": run(30, 40), "pipeline": run(None, 15, False)},
     ]
     agg = aggregate(per_seed, [0.4] * 3)
     assert agg["sync_inprocess"]["time_to_target_s"] == 12 and agg["sync"]["reached"] == "2/3"
     assert agg["pipeline"]["time_to_target_range"] == [4, 5]
+    # beside it, the wall clock: the in-process loop's holds the step's evaluation
+    assert agg["pipeline"]["time_to_target_wall_s"] == 4.5
+    assert agg["sync_inprocess"]["time_to_target_wall_s"] == 13
+    assert agg["sync"]["train_s"] == 40 and agg["sync"]["wall_s"] == 42
     assert baseline(agg) == "sync_inprocess"
     r = ratios(per_seed, "sync_inprocess", [0.4] * 3)
     # speedups 10/5 = 2 and 12/4 = 3 (seed 2: pipeline never); walls 0.5, 0.5, 0.5

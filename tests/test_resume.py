@@ -88,3 +88,30 @@ def test_resume_without_checkpoint_or_config_exits_2(tmp_path, capsys, make):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert ("no config.toml" if make == "nothing" else "no checkpoint") in err
+
+
+@pytest.mark.slow
+def test_resumed_run_forecasts_its_first_step_from_the_steps_before(tmp_path, monkeypatch):
+    """Killed after step 4 (checkpoint at 3) of 5 and resumed: step 4's record, the first
+    after the resume, carries the forecast of a run that observed steps 1-4, calibrated on
+    the 3 steps before the resume (the forecast needs 4; a resumed run's used to start empty)."""
+    from slipstream.sim.forecast import OnlineForecast
+
+    write = RolloutWriter.write
+
+    def die_after_step_4(self, step, groups):
+        write(self, step, groups)
+        if step == 4:
+            raise Killed
+
+    monkeypatch.setattr(RolloutWriter, "write", die_after_step_4)
+    with pytest.raises(Killed):
+        train_sync(tiny_cfg(tmp_path, "f", "checkpoint.every=3", steps=5))
+    monkeypatch.undo()
+    run = tmp_path / "f"
+    assert main(["train", "--resume", str(run)]) == 0
+    records = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    offline = OnlineForecast(run, total_steps=5, eval_every=2, every=5, ckpt_every=3)
+    expected = [offline.observe(r, eval_in_wall=True) for r in records[:4]][-1]
+    assert expected and {k: records[3][k] for k in expected} == expected

@@ -224,3 +224,26 @@ def test_the_decode_line_is_fitted_from_the_engines_forward_passes(tmp_path: Pat
     hw = fit_profile(read_run(run)).hardware  # generate time = the passes' time here
     assert (hw.decode_overhead_s, hw.decode_seq_s, hw.decode_ctx_s) == pytest.approx(coef)
     assert fit_passes([{k: v for k, v in r.items() if k != "engine/pass_n"} for r in rows]) is None
+
+
+def test_the_step_records_prompt_length_is_what_the_calibration_reads(tmp_path: Path) -> None:
+    """Both loops write `prompt_len_mean` (the mean prompt tokens of a sample of the step's
+    groups); the calibration takes it over prefilled tokens / samples, its fallback, which
+    is wrong when an engine prefills a group's prompt once."""
+    from slipstream.schedule.step_stats import StepStats, prompt_len_mean
+    from slipstream.types import FinishReason, Group, Prompt, Sample
+
+    def group(prompt_len: int, n: int) -> Group:
+        s = Sample("p", [1] * prompt_len, [2, 3], [0.0, 0.0], [0, 0], FinishReason.STOP)
+        return Group(Prompt("p", "", None), [s] * n)
+
+    groups = [group(PROMPT, 4), group(PROMPT // 2, 2)]  # (4 x 24 + 2 x 12) / 6 = 20
+    lag = {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
+    record = StepStats().record(groups, {}, lag, 0.1, 0.0)  # the orchestrated loops' record
+    assert record["prompt_len_mean"] == prompt_len_mean(groups) == 20.0  # the sync loop's too
+    run = read_run(fake_run(tmp_path / "a", batch_prompts=8))  # every sample prefilled
+    for m in run.metrics:
+        m["engine/prefill_tokens"] //= 4  # now each group's prompt prefilled once (G = 4)
+        m["prompt_len_mean"] = PROMPT
+    cal = fit_profile(run)
+    assert cal.prompt_len == PROMPT and cal.prefills_per_group == 1  # fallback: 6 and 4

@@ -14,7 +14,9 @@ from slipstream.observe.progress import fields
 from slipstream.sim.forecast import (
     OnlineForecast,
     eval_cost,
+    evals_left,
     forecast,
+    length_ratio,
     log_ar1,
     t95,
     var_of_mean,
@@ -188,3 +190,59 @@ def test_checkpoints_still_due_are_counted() -> None:
     # 18 steps of 1.1 s + evaluations at 15, 20, 25, 30 of 2 s + checkpoints after 12, 16,
     # 20, 24, 28 of 1.5 s = 19.8 + 8 + 7.5 = 35.3 s
     assert f is not None and f.remaining_s == pytest.approx(35.3)
+
+
+def test_evals_left_by_loop_ordering() -> None:
+    # evaluations every 5 steps and at the last (32); the in-process loop's record holds its
+    # step's evaluation, an orchestrated loop's is made before it: the last step's comes after
+    # the last record, and that of the step forecast from is still to come
+    assert evals_left(28, 32, 5, eval_in_wall=True) == 2  # 30, 32
+    assert evals_left(28, 32, 5, eval_in_wall=False) == 1  # 30
+    assert evals_left(12, 30, 5, eval_in_wall=True) == 4  # 15, 20, 25, 30
+    assert evals_left(12, 30, 5, eval_in_wall=False) == 3  # 15, 20, 25
+    assert evals_left(10, 30, 5, eval_in_wall=False) == 4  # 10 (after its record), 15, 20, 25
+    assert evals_left(30, 30, 5, eval_in_wall=True) == evals_left(30, 30, 5, False) == 0
+
+
+def test_orchestrated_forecast_leaves_out_the_evaluation_after_the_last_record() -> None:
+    # an orchestrated loop: the evaluation after step e (2 s) lands in step e + 1's increment
+    rows = rows_of([1.0] * 12)
+    for r in rows:
+        r["wall_s"] += 2.0 * (r["step"] > 5) + 2.0 * (r["step"] > 10)
+    run = RunRecord(Path("."), {}, {}, rows)
+    assert eval_cost(rows, 5) == (pytest.approx(2.0), pytest.approx(0.1))
+    f = forecast(run, total_steps=30, eval_every=5, ratio=1.0, eval_in_wall=False)
+    # from step 12's record to step 30's: 18 steps of 1.1 s and the evaluations after 15, 20
+    # and 25 (the one after 30 follows the last record) = 19.8 + 6 = 25.8 s
+    assert f is not None and f.remaining_s == pytest.approx(25.8)
+
+
+def test_a_resumed_forecast_goes_on_as_the_unbroken_one(tmp_path: Path) -> None:
+    """Resumed after step 6 (its records back from metrics.jsonl, its ratio from the
+    checkpoint, both through JSON as a run keeps them): the forecast of every later step,
+    the first one after the resume included, is the unbroken run's."""
+    run = read_run(fake_run(tmp_path / "a", batch_prompts=4, steps=12))
+    rows = run.metrics
+    wall = 0.0
+    for r in rows:
+        wall += r["step_time_s"]
+        r["wall_s"] = wall
+        r["step"] += 1
+    whole = OnlineForecast(tmp_path / "a", total_steps=12, eval_every=1000, every=5)
+    unbroken = [whole.observe(dict(r)) for r in rows]
+    broken = OnlineForecast(tmp_path / "a", total_steps=12, eval_every=1000, every=5)
+    for r in rows[:6]:
+        broken.observe(dict(r))
+    state = json.loads(json.dumps(broken.state_dict()))  # the checkpoint after step 6
+    resumed = OnlineForecast(tmp_path / "a", total_steps=12, eval_every=1000, every=5)
+    resumed.resume(json.loads(json.dumps(rows[:6])), state)
+    after = [resumed.observe(dict(r)) for r in rows[6:]]
+    assert after[0] and after == unbroken[6:]
+    # a checkpoint from before the forecast's state: calibrated on the steps before it too,
+    # its length ratio simulated again on them
+    again = OnlineForecast(tmp_path / "a", total_steps=12, eval_every=1000, every=5)
+    again.resume(rows[:6], None)
+    first = again.observe(dict(rows[6]))
+    seven = RunRecord(run.path, run.config, run.model_info, rows[:7])
+    expected = forecast(seven, 12, 1000, length_ratio(seven))
+    assert expected is not None and first["forecast/remaining_s"] == expected.remaining_s

@@ -10,11 +10,14 @@ runs by default. The baseline is the better of the two synchronous configuration
 and `sync` on the local runtime), by median time to target; both are reported.
 
 Timing: runs of the local runtime measure held-out accuracy on weight snapshots after the run
-(`runtime.defer_eval`), so evaluation takes no time from training; the in-process loop
-evaluates inline, so its clock is the sum of its step times (generation + training; it leaves
-out its record writing and checkpoints, milliseconds on this model: if anything, in its
-favour). Time to target is that clock at the first evaluated step whose accuracy reaches the
-target; wall is the clock at the last step (the same budget: `run.steps` for all).
+(`runtime.defer_eval`), so evaluation takes from them only the snapshot's write; the in-process
+loop evaluates inline. Every configuration is timed on one clock, its training time,
+evaluation excluded (observe.clock): the wall clock of its step records less the seconds of
+the evaluations each holds (`time/eval_s`, `time/eval_start_s`; the in-process loop times a
+record after its step's evaluation, the orchestrated loops before it). Time to target is that
+clock at the first evaluated step whose accuracy reaches the target (`time_to_target_s`;
+beside it the wall clock there, evaluations included, `time_to_target_wall_s`); `train_s` is
+the whole budget on it (`run.steps` for all; `wall_s` the same on the wall clock).
 
 The target is fixed before any training and does not come from the compared runs: `--target`
 (one accuracy for every run) if given, else, per seed, the held-out accuracy of that seed's
@@ -25,10 +28,13 @@ which says nothing: prefer the gain.
 Per seed, the pipeline's time-to-target ratio (baseline / pipeline: above 1, the pipeline gets
 there sooner) and wall ratio (pipeline / baseline, the same steps); medians and ranges over
 the seeds. Prints a table, saves it (`bench_schedules.md`, `bench_schedules.json` in `--out`),
-and ends with one JSON line: `{"presets": {NAME: {"time_to_target_s", "time_to_target_range",
-"final_acc", "wall_s", "sampler_busy", "trainer_wait", "lag_mean", "lag_max", "ess", "reached"}},
+and ends with one JSON line: `{"presets": {NAME: {"time_to_target_s", "time_to_target_range", "time_to_target_wall_s",
+"final_acc", "train_s", "wall_s", "sampler_busy", "trainer_wait", "lag_mean", "lag_max", "ess",
+"reached"}},
 "baseline", "target", "seeds", "pipeline_speedup_vs_sync", "pipeline_speedup_vs_sync_range",
-"pipeline_wall_ratio", "pipeline_wall_ratio_range", "pipeline_speedup_vs": {SYNC: ...}}`.
+"pipeline_wall_ratio", "pipeline_wall_ratio_range", "pipeline_speedup_vs": {SYNC: ...}}`, where
+`time_to_target_s` and the ratios are training time, evaluation excluded (the wall ratio is of
+`train_s`), and `time_to_target_wall_s`, `wall_s` the wall clock.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.config import load_config
+from slipstream.observe.clock import EVAL_S, EVAL_START_S, Reached, time_to_target, training_total
+from slipstream.observe.runs import with_deferred_heldout
 from slipstream.schedule.presets import PRESETS
 
 INPROCESS = "sync_inprocess"
@@ -49,7 +57,9 @@ SYNCS = (INPROCESS, "sync")
 COLUMNS = (
     "time_to_target_s",
     "time_to_target_range",
+    "time_to_target_wall_s",
     "final_acc",
+    "train_s",
     "wall_s",
     "sampler_busy",
     "trainer_wait",
@@ -60,19 +70,15 @@ COLUMNS = (
 )
 
 
-def time_to_target(curve: list[dict[str, float]], target: float) -> float | None:
-    """Wall seconds of the first evaluated step at or above `target` (None: never)."""
-    for point in sorted(curve, key=lambda c: c["step"]):
-        if point["heldout_acc"] >= target - 1e-12:
-            return point["wall_s"]
-    return None
+def first_reach(run: dict[str, Any], target: float) -> Reached | None:
+    """Where a run's summary (with its `clock_view`) first reached `target` (None: never)."""
+    return time_to_target(run["clock"], target, run["eval_in_wall"], run["heldout_acc_start"])
 
 
 def run_config(
     name: str, out: Path, overrides: list[str], eval_every: int, seed: int
 ) -> dict[str, Any]:
-    """Train one configuration with one seed into `out`; its summary, with `heldout_curve` on
-    the clock of the module doc."""
+    """Train one configuration with one seed into `out`; its summary with its `clock_view`."""
     from slipstream.schedule.launch import train_async
     from slipstream.schedule.sync import train_sync
 
@@ -89,7 +95,7 @@ def run_config(
             ],
         )
         summary = train_sync(cfg)
-        return {**summary, **inprocess_view(out, summary["heldout_acc_start"])}
+        return {**summary, **clock_view(name, out, summary)}
     cfg = load_config(
         None,
         [
@@ -101,24 +107,34 @@ def run_config(
             "runtime.defer_eval=true",
         ],
     )
-    return train_async(cfg)
+    summary = train_async(cfg)
+    return {**summary, **clock_view(name, out, summary)}
 
 
-def inprocess_view(run_dir: Path, acc_start: float) -> dict[str, Any]:
-    """The in-process loop's curve on the sum of its step times, its wall on the same clock,
-    and the utilisation columns from its step records (it has no lag: K = 0)."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    clock, curve = 0.0, [{"step": 0, "wall_s": 0.0, "heldout_acc": acc_start}]
-    for r in rows:
-        clock += float(r["step_time_s"])
-        if "heldout_acc" in r:
-            curve.append({"step": r["step"], "wall_s": clock, "heldout_acc": r["heldout_acc"]})
-    gen = sum(float(r["time/generate_s"]) for r in rows)
-    return {
-        "heldout_curve": curve,
-        "wall_s": clock,
-        "sampler_busy": gen / clock if clock else 0.0,
-        "trainer_wait": gen / clock if clock else 0.0,  # the trainer waits while it generates
+CLOCK_KEYS = ("step", "wall_s", EVAL_S, EVAL_START_S, "heldout_acc")
+
+
+def clock_view(name: str, run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """What the bench reads of a run besides its summary: its step records on the clock of
+    the module doc (`clock`: the keys of `CLOCK_KEYS`, deferred accuracies merged in), which
+    loop's ordering they follow (`eval_in_wall`), the budget's training time (`train_s`), and
+    for the in-process loop the utilisation columns (it has no lag: K = 0)."""
+    from slipstream.schedule.sync import read_records
+
+    rows = with_deferred_heldout(read_records(run_dir / "metrics.jsonl"), summary)
+    view: dict[str, Any] = {
+        "clock": [{k: r[k] for k in CLOCK_KEYS if k in r} for r in rows],
+        "eval_in_wall": name == INPROCESS,
+        "train_s": training_total(float(summary["wall_s"]), rows),
+    }
+    if name != INPROCESS:
+        return view
+    steps = sum(float(r["step_time_s"]) for r in rows)
+    busy = sum(float(r["time/generate_s"]) for r in rows) / steps if steps else 0.0
+    # the trainer waits while it generates
+    return view | {
+        "sampler_busy": busy,
+        "trainer_wait": busy,
         "lag_mean": 0.0,
         "lag_max": 0,
         "ess_token": 1.0,
@@ -145,11 +161,13 @@ def aggregate(per_seed: list[dict[str, Any]], targets: list[float]) -> dict[str,
     for name in per_seed[0]:
         pairs = [(s[name], t) for s, t in zip(per_seed, targets, strict=True) if name in s]
         runs = [r for r, _ in pairs]
-        ttt = [x for r, t in pairs if (x := time_to_target(r["heldout_curve"], t)) is not None]
+        hits = [x for r, t in pairs if (x := first_reach(r, t)) is not None]
+        ttt = [x.train_s for x in hits]
         med = {
             k: statistics.median(float(r[src]) for r in runs)
             for k, src in (
                 ("final_acc", "heldout_acc_end"),
+                ("train_s", "train_s"),
                 ("wall_s", "wall_s"),
                 ("sampler_busy", "sampler_busy"),
                 ("trainer_wait", "trainer_wait"),
@@ -162,6 +180,7 @@ def aggregate(per_seed: list[dict[str, Any]], targets: list[float]) -> dict[str,
         out[name] = {
             "time_to_target_s": _median(ttt),
             "time_to_target_range": _range(ttt),
+            "time_to_target_wall_s": _median([x.wall_s for x in hits]),
             **med,
             "reached": reached,
         }
@@ -169,16 +188,16 @@ def aggregate(per_seed: list[dict[str, Any]], targets: list[float]) -> dict[str,
 
 
 def ratios(per_seed: list[dict[str, Any]], base: str, targets: list[float]) -> dict[str, Any]:
-    """Per seed: base time to target / pipeline's, pipeline wall / base wall; medians, ranges."""
+    """Per seed: base time to target / pipeline's, pipeline budget / base budget (training
+    time, evaluation excluded, both); medians, ranges."""
     speed, wall = [], []
     for s, target in zip(per_seed, targets, strict=True):
         if base not in s or "pipeline" not in s:
             continue
-        a = time_to_target(s[base]["heldout_curve"], target)
-        b = time_to_target(s["pipeline"]["heldout_curve"], target)
-        if a is not None and b:
-            speed.append(a / b)
-        wall.append(s["pipeline"]["wall_s"] / s[base]["wall_s"])
+        a, b = first_reach(s[base], target), first_reach(s["pipeline"], target)
+        if a is not None and b is not None and b.train_s:
+            speed.append(a.train_s / b.train_s)
+        wall.append(s["pipeline"]["train_s"] / s[base]["train_s"])
     return {
         "speedup": _median(speed),
         "speedup_range": _range(speed),
@@ -197,7 +216,7 @@ def baseline(agg: dict[str, Any]) -> str | None:
 
     def key(n: str) -> tuple[float, float]:
         t = agg[n]["time_to_target_s"]
-        return (float("inf") if t is None else t, agg[n]["wall_s"])
+        return (float("inf") if t is None else t, agg[n]["train_s"])
 
     return min(syncs, key=key)
 
@@ -209,11 +228,12 @@ def _fmt(x: float | None, f: str) -> str:
 def table(agg: dict[str, Any], targets: list[float], seeds: list[int]) -> str:
     shown = ", ".join(f"{t:.3f}" for t in targets)
     lines = [
-        f"target held-out accuracy by seed {shown}; medians over seeds {seeds} (range)",
+        f"target held-out accuracy by seed {shown}; medians over seeds {seeds} (range); "
+        "training time, evaluation excluded, and beside it the wall clock",
         "",
-        "| config | time to target (s) | reached | final acc | wall (s) | sampler busy "
-        "| trainer wait | lag mean | lag max | ESS token |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| config | time to target (s) | wall to target (s) | reached | final acc | train (s) "
+        "| wall (s) | sampler busy | trainer wait | lag mean | lag max | ESS token |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, r in agg.items():
         rng = r["time_to_target_range"]
@@ -221,7 +241,8 @@ def table(agg: dict[str, Any], targets: list[float], seeds: list[int]) -> str:
         if rng:
             ttt += f" ({rng[0]:.1f}-{rng[1]:.1f})"
         lines.append(
-            f"| {name} | {ttt} | {r['reached']} | {r['final_acc']:.3f} | {r['wall_s']:.1f} "
+            f"| {name} | {ttt} | {_fmt(r['time_to_target_wall_s'], '.1f')} | {r['reached']} "
+            f"| {r['final_acc']:.3f} | {r['train_s']:.1f} | {r['wall_s']:.1f} "
             f"| {100 * r['sampler_busy']:.0f}% | {100 * r['trainer_wait']:.0f}% "
             f"| {r['lag_mean']:.2f} | {r['lag_max']:.0f} | {r['ess']:.3f} |"
         )
@@ -256,14 +277,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def reuse(name: str, folder: Path) -> dict[str, Any] | None:
-    """A finished run's summary (the in-process loop's on the bench's clock); None if absent."""
+    """A finished run's summary with its `clock_view`; None if absent."""
     path = folder / "summary.json"
     if not path.is_file():
         return None
     summary = json.loads(path.read_text())
-    if name == INPROCESS:
-        summary |= inprocess_view(folder, summary["heldout_acc_start"])
-    return summary
+    return {**summary, **clock_view(name, folder, summary)}
 
 
 def bench_schedules_main(argv: list[str]) -> int:
@@ -305,7 +324,7 @@ def report(
     text = table(agg, targets, seeds)
     if best:
         text += (
-            f"\n\npipeline vs {base} (the better sync): time to target x{_fmt(best['speedup'], '.2f')} "
+            f"\n\npipeline vs {base} (the better sync), training time: time to target x{_fmt(best['speedup'], '.2f')} "
             f"(range {_span(best['speedup_range'])}, {best['speedup_seeds']} seeds reached), "
             f"wall ratio {_fmt(best['wall_ratio'], '.2f')} (range {_span(best['wall_ratio_range'])})"
         )

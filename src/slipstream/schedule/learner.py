@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from slipstream.observe.clock import EVAL_S, EVAL_START_S
 from slipstream.runtime.channels import Channels
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.setup import COUNTERS, Run
@@ -47,6 +48,8 @@ class RunLearner:
         self.curve: list[dict[str, float]] = []  # {step, wall_s, heldout_acc}
         self._snapshots: list[tuple[int, float, Path]] = []  # (step, wall_s, weights file)
         self._mark = Counter(run.counters)  # the run's counters at the last step record
+        self.eval_s = 0.0  # seconds of the latest `evaluate` (observe.clock)
+        self._start_eval_s: float | None = None  # the evaluation at the start, until recorded
         self.extra_state: Callable[[], dict[str, Any]] = dict  # more for each checkpoint
         self.watchdog: Watchdog | None = None  # schedule.watchdog
 
@@ -84,8 +87,16 @@ class RunLearner:
         return channels.weights.publish(dict(self.run.model.named_parameters()), self.version)
 
     def evaluate(self, step: int) -> float | None:
-        """Held-out accuracy now, or (deferred) a snapshot to score after the run."""
-        wall = time.perf_counter() - self.t_start
+        """Held-out accuracy now, or (deferred) a snapshot to score after the run; its
+        seconds in `eval_s` (step 0, the start: in the next record's `time/eval_start_s`)."""
+        t0 = time.perf_counter()
+        acc = self._evaluate(step, t0 - self.t_start)
+        self.eval_s = time.perf_counter() - t0
+        if step == 0:
+            self._start_eval_s = self.eval_s
+        return acc
+
+    def _evaluate(self, step: int, wall: float) -> float | None:
         if self.defer_eval:
             path = self.run.dir / "eval_snapshots" / f"step_{step:06d}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,13 +118,17 @@ class RunLearner:
         for k in COUNTERS:  # what settling counted (tokens/wasted, replay, filters) this step
             record[k] = record.get(k, 0) + run.counters[k] - self._mark[k]
         self._mark = Counter(run.counters)
+        record[EVAL_S] = 0.0  # after the record's wall_s in this loop (observe.clock)
         if step % cfg.eval.every == 0 or step == cfg.run.steps:
             acc = self.evaluate(step)
+            record[EVAL_S] = self.eval_s
             if acc is not None:
                 if run.heldout:  # no held-out rows: no heldout_acc (eval.sets still scored)
                     record["heldout_acc"] = acc
                 record.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
-        observe_step(run, self.watchdog, record, groups)
+        if self._start_eval_s is not None:  # inside this first record's wall_s
+            record[EVAL_START_S], self._start_eval_s = self._start_eval_s, None
+        observe_step(run, self.watchdog, record, groups, eval_in_wall=False)
         if ends_on_restored_weights(run, record):
             self.evaluate(self.version)  # the final accuracy is the final weights'
         run.sink.write(record)

@@ -61,6 +61,8 @@ TIMINGS = (
     "weights/pause_s",
     "time/generate_s",
     "time/train_s",
+    "time/eval_s",  # held-out evaluation (observe.clock)
+    "time/eval_start_s",
     "engine/tokens_per_s",
     "train/tokens_per_s",
     *(f"engine/{k}" for k in PASS_TIMINGS),

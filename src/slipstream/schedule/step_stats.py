@@ -60,6 +60,14 @@ def group_lag(groups: list[Group], version: int, max_lag: int) -> dict[str, Any]
     return {"lag_mean": out["lag_mean"], "lag_max": out["lag_max"], "lag_hist": out["lag_hist"]}
 
 
+def prompt_len_mean(groups: list[Group]) -> float:
+    """Mean prompt tokens of a sample of `groups` (0 without samples): the step record's
+    `prompt_len_mean`, over the groups whose `completion_lens` it holds (every group the
+    step generated, trained or filtered), which the simulator's calibration reads."""
+    lens = [len(s.prompt_tokens) for g in groups for s in g.samples]
+    return sum(lens) / len(lens) if lens else 0.0
+
+
 def _model_versions(s: Sample) -> list[int]:
     """Versions of the tokens the model produced (environment tokens carry no lag)."""
     m = s.model_mask_T
@@ -212,6 +220,7 @@ class StepStats:
             "completion_len_mean": sum(lens) / max(len(lens), 1),
             "completion_len_max": max(lens, default=0),
             "completion_lens": lens,
+            "prompt_len_mean": prompt_len_mean(groups),
             **episode_metrics(groups),
         }
         self.lags.append((lag["lag_mean"], lag["lag_max"], sum(lens)))

@@ -19,10 +19,11 @@ import torch
 
 from slipstream.config import Config, ConfigError
 from slipstream.engine.stats import PASS_SUMS
+from slipstream.observe.clock import EVAL_S, EVAL_START_S
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.schedule.agentic import episode_metrics
 from slipstream.schedule.setup import COUNTERS, Run, setup
-from slipstream.schedule.step_stats import goodput
+from slipstream.schedule.step_stats import goodput, prompt_len_mean
 from slipstream.schedule.watchdog import Watchdog, inprocess_rollback, make_watchdog
 from slipstream.tasks.rewards import part_means
 from slipstream.train.checkpoint import (
@@ -63,8 +64,11 @@ def _train_steps(cfg: Config, run: Run, ckpt: Path | None) -> dict[str, Any]:
     t_start = time.perf_counter() - saved.get("wall_s", 0.0)
     run.timeline.origin = t_start  # timeline seconds match the metrics' wall_s
     acc_start = saved.get("heldout_acc_start")
+    start_eval: dict[str, float] = {}  # the first record's, when the run evaluates at its start
     if acc_start is None:
+        t_eval = time.perf_counter()
         acc_start = run.evaluate()
+        start_eval[EVAL_START_S] = time.perf_counter() - t_eval
     acc = saved.get("heldout_acc", acc_start)
     held = f"; held-out accuracy at start {acc_start:.3f}" if run.heldout else "; no held-out rows"
     run.view.log(f"run folder {run.dir}{held}")
@@ -99,14 +103,19 @@ def _train_steps(cfg: Config, run: Run, ckpt: Path | None) -> dict[str, Any]:
         run.timeline.interval("trainer", "train", t1 - t_start, t1 - t_start + t_train)
         step = run.trainer.version
         t_step = time.perf_counter() - t0  # evaluation is not part of the step's time
+        t_eval = 0.0  # in this loop a record's wall_s holds its step's evaluation (observe.clock)
         if step % cfg.eval.every == 0 or step == cfg.run.steps:
+            t2 = time.perf_counter()
             with run.timeline.span("trainer", "eval"):
                 acc = run.evaluate()
                 if run.heldout:  # no held-out rows: no heldout_acc (eval.sets still scored)
                     metrics["heldout_acc"] = acc
                 metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
+            t_eval = time.perf_counter() - t2
         record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
-        observe_step(run, wd, record, groups)
+        record |= {EVAL_S: t_eval, **start_eval}
+        start_eval = {}
+        observe_step(run, wd, record, groups, eval_in_wall=True)
         if ends_on_restored_weights(run, record):
             acc = run.evaluate()
         run.sink.write(record)
@@ -160,21 +169,28 @@ def step_record(
         "completion_len_mean": sum(lens) / len(lens),
         "completion_len_max": max(lens),
         "completion_lens": lens,
+        "prompt_len_mean": prompt_len_mean(groups),
         **run.ledger.flat(),
         **episode_metrics(groups),
     }
 
 
 def observe_step(
-    run: Run, wd: Watchdog | None, record: dict[str, Any], groups: list[Group]
+    run: Run,
+    wd: Watchdog | None,
+    record: dict[str, Any],
+    groups: list[Group],
+    eval_in_wall: bool,
 ) -> None:
     """A step's record before it is written: the watchdog sees it (and may roll back: the
-    version then moves on by one), the duration forecast adds `forecast/*` to it."""
+    version then moves on by one), the duration forecast adds `forecast/*` to it.
+    `eval_in_wall`: the record's `wall_s` holds its step's evaluation (this loop), or the
+    evaluation comes after it (the orchestrated loops; observe.clock)."""
     if wd is not None:
         wd.observe(record, groups)
         run.info["watchdog"] = wd.summary()
-    if run.forecast is not None:
-        record |= run.forecast.observe(record)  # forecast/remaining_s and its interval
+    if run.forecast is not None:  # forecast/remaining_s and its interval
+        record |= run.forecast.observe(record, eval_in_wall)
 
 
 def ends_on_restored_weights(run: Run, record: dict[str, Any]) -> bool:
@@ -213,6 +229,7 @@ def checkpoint(run: Run, **extra: Any) -> None:
         "rng_python": random.getstate(),
         "rng_run": run.rng.getstate(),  # replay's choices
         "watchdog": run.watchdog.state_dict() if run.watchdog is not None else None,
+        "forecast": run.forecast.state_dict() if run.forecast is not None else None,
         **extra,
     }
     trainer_state = {**run.trainer.state_dict(), "rng_torch": torch.get_rng_state()}
@@ -298,6 +315,8 @@ def restore(run: Run, ckpt: Path) -> dict[str, Any]:
     if run.watchdog is not None and state.get("watchdog") is not None:
         run.watchdog.load_state_dict(state["watchdog"])
     run.prompts_skipped.update(state.get("prompts_skipped", {}))
+    if run.forecast is not None:  # the steps before the resume (rewound to the checkpoint)
+        run.forecast.resume(read_records(run.dir / "metrics.jsonl"), state.get("forecast"))
     if "rng_python" in state:
         version, internal, gauss = state["rng_python"]
         random.setstate((version, tuple(internal), gauss))

@@ -12,11 +12,16 @@ At step k of N, from the step records written so far (the rows of metrics.jsonl)
 3. set the level on what the run measured: the remaining steps are expected to take
    `mean(step_time_s) x mu_new / mu_obs` each (the simulator's ratio corrects the measured pace
    for the newer lengths; its absolute error, e.g. from processes sharing cores, cancels);
-4. add the wall time a step record holds besides its step: the evaluations still due (every
-   `eval.every` steps and at the last, at the measured duration of one, the one at the start
-   included), the checkpoints still due before the last step (every `checkpoint.every`
+4. add the wall time a step record holds besides its step: the evaluations still due before
+   the last record (every `eval.every` steps and at the last, at the measured duration of
+   one, the one at the start included; the in-process loop times a record after its step's
+   evaluation, the orchestrated loops before it, so theirs are those of steps k to N - 1:
+   `evals_left`), the checkpoints still due before the last step (every `checkpoint.every`
    steps, at the measured duration of one) and the per-step overhead (median of `wall_s`
    increments minus `step_time_s` on steps without evaluation or checkpoint).
+
+A resumed run's forecast goes on from the steps before the resume: `OnlineForecast.resume`
+takes them back from metrics.jsonl and the length ratio from the checkpoint.
 
 The interval: step times are not independent (a busy machine slows a stretch of steps), so
 log step times (rows after the first) are modelled as AR(1): variance and lag-1 correlation
@@ -187,18 +192,31 @@ def length_ratio(run: RunRecord, sim_steps: int = 40, seeds: int = 2) -> float:
     return newest / sim_step_s(body, lens, sim_steps, seeds)
 
 
+def evals_left(step: int, total_steps: int, eval_every: int, eval_in_wall: bool = True) -> int:
+    """Evaluations between the record of `step` and the last record (of step `total_steps`):
+    every `eval_every` steps and at the last. `eval_in_wall`: a record's `wall_s` holds its
+    step's evaluation (the in-process loop: steps after `step`, the last included), else the
+    evaluation follows the record (the orchestrated loops: `step` itself and the steps up to
+    the last, the last's own coming after the last record; observe.clock)."""
+    due = [s for s in range(1, total_steps + 1) if s % eval_every == 0 or s == total_steps]
+    if eval_in_wall:
+        return sum(1 for s in due if s > step)
+    return sum(1 for s in due if step <= s < total_steps)
+
+
 def forecast(
     run: RunRecord,
     total_steps: int,
     eval_every: int,
     ratio: float | None = None,
     ckpt_every: int = 0,
+    eval_in_wall: bool = True,
 ) -> Forecast | None:
     """The forecast after the rows of `run` (module doc); None before four steps (three
     after the warm-up: the least that gives the spread a degree of freedom). `ratio`:
     a `length_ratio` computed earlier (the simulations are the costly part). `ckpt_every`:
     the run's `checkpoint.every` (0: no checkpoints); those still due before the last step
-    are added at their measured cost."""
+    are added at their measured cost. `eval_in_wall`: as for `evals_left`."""
     rows = run.metrics
     step = int(rows[-1]["step"])
     left = max(total_steps - step, 0)
@@ -208,15 +226,13 @@ def forecast(
     x = np.array([float(r["step_time_s"]) for r in body])
     step_s = float(x.mean()) * (length_ratio(run) if ratio is None else ratio)
     evaluation, overhead = eval_cost(rows, eval_every, ckpt_every)
-    evals_left = sum(1 for s in range(step + 1, total_steps + 1) if s % eval_every == 0)
-    evals_left += int(total_steps % eval_every != 0 and left > 0)  # the last step evaluates
     # saved after the record of step c, so within the time left for c in [step, last)
     ckpts_left = sum(1 for c in range(step, total_steps) if ckpt_every and c % ckpt_every == 0)
     var, rho = log_ar1(x)
     rel_sd = math.sqrt(var_of_mean(var, rho, len(x)) + var_of_mean(var, rho, left)) if left else 0.0
     q = t95(len(x) - 2) * rel_sd
     steps_part = left * step_s
-    fixed = evals_left * evaluation + left * overhead
+    fixed = evals_left(step, total_steps, eval_every, eval_in_wall) * evaluation + left * overhead
     fixed += ckpts_left * ckpt_cost(rows, ckpt_every, eval_every)
     return Forecast(
         steps_part + fixed,
@@ -260,21 +276,44 @@ class OnlineForecast:
             self._head = config, info
         return RunRecord(self.run_dir, *self._head, self.rows)
 
-    def observe(self, record: dict[str, Any]) -> dict[str, float]:
+    def _keep(self, record: dict[str, Any]) -> bool:
+        """Take the record's row if it has what the forecast reads; whether it had."""
         if any(k not in record for k in NEEDED):
-            return {}
+            return False
         self.rows.append({k: record[k] for k in KEEP if k in record})
-        if len(self.rows) < 4:
+        return True
+
+    def observe(self, record: dict[str, Any], eval_in_wall: bool = True) -> dict[str, float]:
+        """The record's `forecast/*` ({} before the fourth row). `eval_in_wall`: whether the
+        record's `wall_s` holds its step's evaluation (`evals_left`)."""
+        if not self._keep(record) or len(self.rows) < 4:
             return {}
         try:
             run = self._run()
             if self.ratio is None or int(record["step"]) % self.every == 0:
                 self.ratio = length_ratio(run)
-            result = forecast(run, self.total, self.eval_every, self.ratio, self.ckpt_every)
+            result = forecast(
+                run, self.total, self.eval_every, self.ratio, self.ckpt_every, eval_in_wall
+            )
         except (OSError, ValueError, KeyError, TypeError, np.linalg.LinAlgError):
             # RunError is a ValueError. A forecast never stops a run: this step has none.
             return {}
         return {} if result is None else result.as_metrics(float(record["wall_s"]))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps (JSON): the length ratio; the rows are metrics.jsonl's."""
+        return {"ratio": self.ratio}
+
+    def resume(self, records: list[dict[str, Any]], state: dict[str, Any] | None) -> None:
+        """Go on after a resume: `records`, the run's step records up to its checkpoint (its
+        metrics.jsonl, which the forecast observed as they were made), and `state`, the
+        checkpoint's `state_dict()` (None: a checkpoint from before it was kept, the ratio
+        is simulated again at the next step). The next step's forecast is then the one the
+        unbroken run would have made from the same records."""
+        self.rows = []
+        for r in records:
+            self._keep(r)
+        self.ratio = None if state is None else state.get("ratio")
 
 
 def plan_forecast(
