@@ -37,7 +37,9 @@ def test_completions_carry_kept_logmass_only_when_they_filter():
     torch.testing.assert_close(torch.tensor(top1.kept_logmass), torch.tensor(top1.logp))
     assert plain.kept_logmass is None
     assert nucleus.kept_logmass is not None and len(nucleus.kept_logmass) == len(nucleus.tokens)
-    assert all(lp <= z <= 0.0 for lp, z in zip(nucleus.logp, nucleus.kept_logmass))
+    # float32 rounding: where the nucleus keeps one token, log Z and log p are the same number
+    # computed two ways (seen 1 ulp apart on another CPU)
+    assert all(lp <= z + 1e-6 and z <= 1e-6 for lp, z in zip(nucleus.logp, nucleus.kept_logmass))
 
 
 def test_scored_samples_carry_the_completions_kept_logmass():

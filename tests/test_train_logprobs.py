@@ -79,7 +79,8 @@ def test_chunked_equals_full_logp_entropy_and_gradient(temperature, tied, packed
     # 1e-6 absolute plus 1e-6 relative: values of 3 nats sit 2.4e-7 apart in float32, and the
     # two sum 61 terms in different orders
     torch.testing.assert_close(logp[mask], ref_logp[mask], atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(ent[mask], ref_ent[mask].detach(), atol=1e-6, rtol=1e-6)
+    # entropy sums a vocabulary of p log p terms: 1e-5 (its 1e-6 failed on another CPU's kernels)
+    torch.testing.assert_close(ent[mask], ref_ent[mask].detach(), atol=1e-5, rtol=1e-5)
     assert not ent.requires_grad  # entropy is a diagnostic: no gradient
     assert (logp[~mask] == 0).all() and (ent[~mask] == 0).all()
     _assert_grads_close(got, ref)
