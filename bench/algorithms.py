@@ -79,7 +79,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.config import Config, load_config
+from slipstream.config import load_config
+from slipstream.observe.runs import finished_summary
 from slipstream.schedule.sync import train_sync
 
 COMBOS = [  # (advantage, loss)
@@ -154,19 +155,7 @@ def tokens_to_reach(
     return None
 
 
-def finished(cfg: Config) -> dict[str, Any] | None:
-    """The summary of a finished run in `cfg.run.dir` whose config equals `cfg` but for
-    `run.dir` (a folder named by a relative or an absolute path, or moved, is the same run),
-    else None."""
-    folder = Path(cfg.run.dir or "")
-    if not (folder / "summary.json").is_file() or not (folder / "config.toml").is_file():
-        return None
-    saved = load_config(folder / "config.toml").model_dump()
-    want = cfg.model_dump()
-    saved["run"].pop("dir", None), want["run"].pop("dir", None)
-    if saved != want:
-        return None
-    return json.loads((folder / "summary.json").read_text())
+finished = finished_summary  # tests and callers of this script use that name
 
 
 def run_one(

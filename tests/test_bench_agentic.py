@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -61,3 +62,34 @@ def test_time_to_target_is_training_time_for_both_loops():
     assert sync["time_to_target_s"] == pipeline["time_to_target_s"] == 2.0
     assert (sync["time_to_target_wall_s"], pipeline["time_to_target_wall_s"]) == (4.0, 2.0)
     assert bench.measures(res(True), 0.6)["time_to_target_s"] is None
+    # the budget: the whole run's training time (5 s of wall less the 2 s evaluation), the
+    # same for both loops
+    assert sync["train_s"] == pipeline["train_s"] == 3.0
+
+
+def test_reuse_reads_back_a_finished_run_of_the_same_config_and_trains_no_other(
+    tmp_path, monkeypatch
+):
+    from slipstream.config import load_config
+    from slipstream.config.load import dump_config
+
+    folder = tmp_path / "tail30-seed0-sync"
+    folder.mkdir()
+    same = [
+        "task.kind=builtin_tools", f'run.dir="{folder}"', "run.quiet=true", "run.seed=0",
+        "env.tool_latency_median_s=0.1", "env.tool_latency_p99_s=3.0",
+        'schedule.name="sync"', "run.steps=2",
+    ]  # fmt: skip
+    (folder / "config.toml").write_text(dump_config(load_config(None, same)))
+    (folder / "summary.json").write_text(json.dumps({"steps": 2, "wall_s": 1.0}))
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    trained: list[str] = []
+    monkeypatch.setattr(
+        "slipstream.schedule.sync.train_sync", lambda cfg: trained.append(cfg.run.dir) or {}
+    )
+    res = bench.run_one(folder, "sync", 0, 0.1, 30.0, ["run.steps=2"], reuse=True)
+    assert res["summary"] == {"steps": 2, "wall_s": 1.0} and res["records"] == [{"step": 1}]
+    assert trained == []
+    # another budget is another run: trained, not read back
+    bench.run_one(folder, "sync", 0, 0.1, 30.0, ["run.steps=3"], reuse=True)
+    assert len(trained) == 1

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slipstream.config import Config, load_config
 from slipstream.observe.rollouts import last_steps
 from slipstream.observe.timeline import Interval, read_timeline
 
@@ -181,3 +182,18 @@ def load_runs(dirs: Sequence[str | Path]) -> list[RunData]:
             run.label = f"{names[i]} ({i + 1})"
         runs.append(run)
     return runs
+
+
+def finished_summary(cfg: Config) -> dict[str, Any] | None:
+    """The `summary.json` of a finished run in `cfg.run.dir` whose saved config equals `cfg`
+    but for `run.dir` (a folder named by a relative or an absolute path, or moved, is the same
+    run), else None: what a benchmark's `--reuse` reads back instead of training again."""
+    folder = Path(cfg.run.dir or "")
+    if not (folder / "summary.json").is_file() or not (folder / "config.toml").is_file():
+        return None
+    saved, want = load_config(folder / "config.toml").model_dump(), cfg.model_dump()
+    saved["run"].pop("dir", None), want["run"].pop("dir", None)
+    if saved != want:
+        return None
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    return summary if isinstance(summary, dict) else None
