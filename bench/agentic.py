@@ -60,7 +60,7 @@ def run_one(
     `out`, as observe.runs.finished_summary decides)."""
     from slipstream.config import load_config
     from slipstream.observe.runs import finished_summary
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
     from slipstream.schedule.sync import train_sync
 
     cfg = load_config(None, [

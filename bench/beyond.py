@@ -48,7 +48,7 @@ def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: li
     from slipstream.config import load_config
     from slipstream.observe.clock import time_to_target, training_total
     from slipstream.observe.runs import with_deferred_heldout
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
 
     run_dir = Path(args.out) / name
     cfg = load_config(

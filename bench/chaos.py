@@ -36,7 +36,7 @@ DEFAULTS = [
 
 def run(out: Path, overrides: list[str], kills: int, every: float) -> dict[str, Any]:
     from slipstream.config import load_config
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
 
     cfg = load_config(
         None,

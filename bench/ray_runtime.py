@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.config import load_config
-from slipstream.schedule.launch import train_async
+from slipstream.run.launch import train_async
 
 
 def run(kind: str, out: Path, steps: int, overrides: list[str]) -> dict[str, Any]:

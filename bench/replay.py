@@ -119,7 +119,7 @@ def overrides(a: Path, run_dir: Path, steps: int) -> list[str]:
 
 def run_case(name: str, a: Path, out: Path, steps: int) -> dict:
     from slipstream.config import load_config
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
     from slipstream.schedule.replay_run import replay
 
     run_dir = out / name

@@ -59,7 +59,7 @@ def record(out: Path, name: str, steps: int, seed: int) -> Path:
     """Train one run of `RUNS[name]` into out/name (the local runtime, evaluation deferred
     to after the run so that it takes no time from the steps)."""
     from slipstream.config import load_config
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
 
     schedule, batch = RUNS[name]
     shutil.rmtree(out / name, ignore_errors=True)

@@ -40,7 +40,7 @@ METRICS = {
 def run_one(k: int, mode: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
     """One training run; its final accuracy and step means of `METRICS`."""
     from slipstream.config import load_config
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
 
     run_dir = out / f"k{k}_{mode}_s{seed}"
     cfg = load_config(

@@ -14,8 +14,8 @@ from chat_model import TOKENIZER_FILES, chat_dataset, chat_model, wordlevel_bos_
 from slipstream.config import load_config
 from slipstream.model import load_pretrained, load_tokenizer
 from slipstream.model.chat import load_chat_template
-from slipstream.schedule.evaluate import heldout_accuracy
-from slipstream.schedule.setup import make_engine
+from slipstream.run.evaluate import heldout_accuracy
+from slipstream.run.setup import make_engine
 from slipstream.schedule.sync import train_sync
 from slipstream.tasks import DatasetTask, load_reward
 from slipstream.train.batch import collate

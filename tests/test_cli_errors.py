@@ -167,7 +167,7 @@ def test_a_sliding_window_the_run_exceeds_is_an_error(capsys, tmp_path, config, 
 )
 def test_a_sliding_window_that_cannot_matter_passes_the_check(tmp_path, config):
     from slipstream.config import load_config
-    from slipstream.schedule.preflight import preflight
+    from slipstream.run.preflight import preflight
 
     d = _windowed(tmp_path, **config)
     preflight(load_config(None, [f'model.path="{d}"', "sampling.max_new_tokens=16"]))
@@ -177,7 +177,7 @@ def test_the_engine_checks_the_measured_length_against_the_window(tmp_path):
     from slipstream.config import ConfigError, load_config
     from slipstream.model.hf import config_from_dict
     from slipstream.model.llama import CausalLM
-    from slipstream.schedule.components import engine_shape
+    from slipstream.run.components import engine_shape
 
     raw = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 2}
     model = CausalLM(config_from_dict({**raw, **WINDOW, "num_attention_heads": 2}))

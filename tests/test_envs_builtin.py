@@ -82,8 +82,8 @@ def test_the_factories_pickle_for_the_environment_workers(tmp_path) -> None:
     import pickle
 
     from slipstream.config import load_config
+    from slipstream.run.setup import build_task
     from slipstream.schedule.agentic import build_env_factory
-    from slipstream.schedule.setup import build_task
 
     tools = tmp_path / "my_tools.py"
     tools.write_text("class Echo:\n    def echo(self, text: str) -> str:\n        return text\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slipstream.schedule.launch import train_async
+from slipstream.run.launch import train_async
 from slipstream.schedule.sync import train_sync
 from tiny import read_jsonl, tiny_cfg
 
@@ -190,8 +190,8 @@ def test_a_run_that_raises_closes_its_environment_workers(tmp_path, monkeypatch)
     """`train_sync` and `train_async` called in-process (a notebook) and raising: before, the
     run's environment workers (its held-out episodes') were closed only on a clean finish, so
     each failed run left its worker processes behind."""
+    import slipstream.run.setup as setup
     import slipstream.schedule.orchestrator as orchestrator
-    import slipstream.schedule.setup as setup
     import slipstream.schedule.sync as sync
 
     made = []

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slipstream.config import ConfigError, load_config
-from slipstream.schedule.evaluate import pass_at_k, summarize
+from slipstream.run.evaluate import pass_at_k, summarize
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_eval_config():
 def test_eval_sets_answers_are_text_for_a_builtin_reward_only(tmp_path):
     import json
 
-    from slipstream.schedule.setup import eval_sets
+    from slipstream.run.setup import eval_sets
     from slipstream.tasks import TaskError
 
     f = tmp_path / "e.jsonl"

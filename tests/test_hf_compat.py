@@ -9,7 +9,7 @@ import pytest
 from chat_model import CHAT_TEMPLATE, qwen2_tokenizer
 from slipstream.config import load_config
 from slipstream.model import load_tokenizer
-from slipstream.schedule.setup import run_tokenizer
+from slipstream.run.setup import run_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -55,7 +55,7 @@ THINKING = (
 def test_chat_template_kwargs_reach_training_and_evaluation_prompts(tmp_path):
     import pickle
 
-    from slipstream.schedule.setup import eval_sets, row_format
+    from slipstream.run.setup import eval_sets, row_format
     from slipstream.tasks.rows import read_prompts
 
     folder = qwen2_tokenizer(tmp_path / "m", chat_template=THINKING)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from slipstream.schedule.learner import RunLearner
+from slipstream.run.learner import RunLearner
 from slipstream.schedule.ledger import Ledger
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from slipstream.config import load_config
-from slipstream.schedule.launch import train_async
+from slipstream.run.launch import train_async
 from slipstream.schedule.sync import train_sync
 from tiny import read_jsonl, write_assets
 

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 from slipstream.config import load_config
 from slipstream.model import load_pretrained
-from slipstream.schedule.launch import train_async
+from slipstream.run.launch import train_async
 from slipstream.schedule.presets import preset
 from slipstream.schedule.sync import train_sync
 from tiny import write_assets
@@ -230,7 +230,7 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_orchestrator_local import _cfg
-        from slipstream.schedule.launch import train_async
+        from slipstream.run.launch import train_async
         from pathlib import Path
         if __name__ == "__main__":
             train_async(_cfg(Path({str(assets)!r}), Path({str(run_dir)!r}), 'schedule.name="pipeline"', "run.steps=100000"))

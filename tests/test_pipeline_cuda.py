@@ -25,7 +25,7 @@ def test_pipeline_colocated_on_one_gpu_bf16_qwen_0_5b_shape(tmp_path):
     from slipstream.config import load_config
     from slipstream.model.builtin import builtin_tokenizer
     from slipstream.model.hf import save_pretrained
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
     from slipstream.schedule.presets import preset
 
     folder = tmp_path / "model"

@@ -160,7 +160,7 @@ def test_bfloat16_checkpoint_resumes_from_the_float32_master_weights(tmp_path):
 
 
 def test_a_bfloat16_sampler_makes_auto_proximal_recompute():
-    from slipstream.schedule.components import build_trainer
+    from slipstream.run.components import build_trainer
 
     def proximal(*over: str) -> str:
         cfg = load_config(None, ['schedule.name="sync"', "trainer.proximal=auto", *over])

@@ -75,7 +75,7 @@ def _overrides(assets: Path, run_dir: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def recorded(assets, tmp_path_factory) -> Path:
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
 
     run_dir = tmp_path_factory.mktemp("run") / "pipeline"
     train_async(load_config(None, _overrides(assets, run_dir)))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.config import load_config
-from slipstream.schedule.setup import build_task
+from slipstream.run.setup import build_task
 from slipstream.tasks import RewardError, RewardGuard, TaskError, Verdict
 from slipstream.tasks.guard import score_completions
 from slipstream.types import Prompt

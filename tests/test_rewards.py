@@ -8,7 +8,7 @@ import math
 import pytest
 
 from slipstream.config import load_config
-from slipstream.schedule.setup import build_task
+from slipstream.run.setup import build_task
 from slipstream.tasks.guard import RewardGuard
 from slipstream.tasks.rewards import CombinedReward, RewardPart, adapt, detect_shape, part_means
 from slipstream.types import FinishReason, Group, Prompt, Sample

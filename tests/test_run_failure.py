@@ -9,7 +9,7 @@ import json
 import slipstream.schedule.sync as sync
 from slipstream.cli import main
 from slipstream.observe.timeline import read_timeline
-from slipstream.schedule.setup import Run
+from slipstream.run.setup import Run
 from slipstream.train.trainer import Trainer
 from tiny import read_jsonl, write_assets
 

@@ -21,9 +21,9 @@ import torch
 
 from slipstream.config import load_config
 from slipstream.model import load_pretrained
+from slipstream.run.launch import train_async
 from slipstream.runtime.channels import SamplerMessage
 from slipstream.runtime.ray import RayRuntime, RemoteTimeout
-from slipstream.schedule.launch import train_async
 
 sys.path.insert(0, str(Path(__file__).parent))
 import test_orchestrator_local as local_tests
@@ -260,7 +260,7 @@ def test_the_default_task_on_ray_matches_the_local_runtime(tmp_path):
     the records, the held-out accuracy and the final weights must be equal. The warm start is
     cut to 8 steps (cached under tmp_path, built once before both runs) to keep CI short: the
     full one takes minutes on a fresh machine, and equality does not need a good model."""
-    from slipstream.schedule.setup import setup
+    from slipstream.run.setup import setup
 
     def cfg(kind: str, name: str = ""):
         return load_config(None, [

@@ -63,7 +63,7 @@ def test_sync_loop_rolls_back_an_lr_spike(tmp_path, assets):
 
 @pytest.mark.slow
 def test_pipeline_auto_lag_and_rollback(tmp_path, assets):
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
 
     cfg = small_cfg(
         tmp_path, assets, "auto", 'schedule.name="pipeline"', 'schedule.max_lag="auto"',
@@ -106,7 +106,7 @@ def test_a_run_that_rolls_back_at_its_last_step_reports_the_restored_weights(
     (the version count reached `run.steps`): its final held-out accuracy is measured on those
     restored weights, so it equals step 3's evaluation, not the collapsed step 4's (which was
     evaluated before the rollback)."""
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
 
     extra = ['schedule.name="pipeline"', 'runtime.kind="local"'] if loop == "pipeline" else []
     cfg = small_cfg(tmp_path, assets, loop, *extra, *SPIKE, steps=4)

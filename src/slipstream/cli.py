@@ -57,7 +57,7 @@ def _train(argv: list[str]) -> int:
     elif overrides and "=" not in overrides[0]:
         path = overrides.pop(0)
     cfg = load_config(path, overrides)
-    from slipstream.schedule.preflight import preflight
+    from slipstream.run.preflight import preflight
 
     preflight(cfg)  # a missing model folder or library: one line, exit 2, before any work
     try:
@@ -66,7 +66,7 @@ def _train(argv: list[str]) -> int:
 
             train_sync(cfg, resume=bool(args.resume))
         else:  # every other schedule runs samplers and the trainer in separate processes
-            from slipstream.schedule.launch import train_async
+            from slipstream.run.launch import train_async
 
             train_async(cfg, resume=bool(args.resume))
     except (ConfigError, TaskError):

@@ -161,7 +161,7 @@ class ToolClassFactory:
         return ToolEnv(cls(), row, self.tok, self.fmt, self.renderer, reward=self._verify)
 
     def _verify(self, prompt: Prompt, completion: str) -> float:
-        from slipstream.schedule.setup import build_task
+        from slipstream.run.setup import build_task
 
         task = cast(Task, _cached(("task", id(self)), lambda: build_task(self.cfg)))
         with _LOCK:  # thread workers: the verifier is one

@@ -79,7 +79,7 @@ def run_config(
     name: str, out: Path, overrides: list[str], eval_every: int, seed: int
 ) -> dict[str, Any]:
     """Train one configuration with one seed into `out`; its summary with its `clock_view`."""
-    from slipstream.schedule.launch import train_async
+    from slipstream.run.launch import train_async
     from slipstream.schedule.sync import train_sync
 
     fixed = [f'run.dir="{out}"', f"run.seed={seed}", "run.quiet=true"]

@@ -162,10 +162,10 @@ class TrainerReplay:
         exact: bool,
     ) -> None:
         """`events`: the record's trainer.jsonl, read by the caller (`replay` checks it)."""
-        from slipstream.schedule.learner import RunLearner
+        from slipstream.run.learner import RunLearner
+        from slipstream.run.setup import setup
         from slipstream.schedule.presets import preset
         from slipstream.schedule.sampler import SamplerSpec
-        from slipstream.schedule.setup import setup
         from slipstream.schedule.watchdog import Undone, make_watchdog
         from slipstream.train.precision import parse_dtype
 

@@ -95,7 +95,7 @@ class SamplerSpec:
     placement: Placement | None = None  # None: every sampler on the CPU
 
     def __call__(self, sampler_id: int) -> SamplerWorker:
-        from slipstream.schedule.setup import build_task, make_engine
+        from slipstream.run.setup import build_task, make_engine
 
         p = self.placement
         device = torch.device(p.local_sampler_device(sampler_id) if p else "cpu")

@@ -21,8 +21,8 @@ from slipstream.config import Config, ConfigError
 from slipstream.engine.stats import PASS_SUMS
 from slipstream.observe.clock import EVAL_S, EVAL_START_S
 from slipstream.observe.rollouts import STEP_MARK
+from slipstream.run.setup import COUNTERS, Run, setup
 from slipstream.schedule.agentic import episode_metrics
-from slipstream.schedule.setup import COUNTERS, Run, setup
 from slipstream.schedule.step_stats import goodput, prompt_len_mean
 from slipstream.schedule.watchdog import Watchdog, inprocess_rollback, make_watchdog
 from slipstream.tasks.rewards import part_means

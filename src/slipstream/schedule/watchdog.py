@@ -39,9 +39,9 @@ from slipstream.train.trainer import Trainer
 from slipstream.types import Group
 
 if TYPE_CHECKING:
-    from slipstream.schedule.learner import RunLearner
+    from slipstream.run.learner import RunLearner
+    from slipstream.run.setup import Run
     from slipstream.schedule.orchestrator import Orchestrator
-    from slipstream.schedule.setup import Run
 
 STRENGTH = {"warn": 0, "tighten": 1, "rollback": 2}
 

@@ -21,11 +21,11 @@ from slipstream.schedule.auto_lag import LagControl, lag_control, tighten_hook
 from slipstream.schedule.orchestrator import Options, Orchestrator
 
 if TYPE_CHECKING:  # imported where they are used: building them starts torch work
+    from slipstream.run.learner import RunLearner
+    from slipstream.run.setup import Run
     from slipstream.runtime.channels import Runtime
     from slipstream.runtime.local import Interrupts
-    from slipstream.schedule.learner import RunLearner
     from slipstream.schedule.sampler import SamplerSpec
-    from slipstream.schedule.setup import Run
 
 
 def train_async(
@@ -42,8 +42,8 @@ def train_async(
 
     rc = cfg.runtime
     if rc.kind == "ray" and signals is None:
+        from slipstream.run.setup import make_run_dir
         from slipstream.runtime.ray import host_trainer, session
-        from slipstream.schedule.setup import make_run_dir
 
         with session(rc.address):
             if not rc.trainer_actor:
@@ -183,12 +183,12 @@ def _record(cfg: Config, run_dir: Path, orch: Orchestrator) -> Callable[[bool], 
 
 def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, SamplerSpec]:
     """The run, the runtime (not started), the learner, the orchestrator, the sampler spec."""
+    from slipstream.run.learner import RunLearner
+    from slipstream.run.setup import setup
     from slipstream.runtime import make_runtime
     from slipstream.runtime.local import default_threads
-    from slipstream.schedule.learner import RunLearner
     from slipstream.schedule.presets import preset
     from slipstream.schedule.sampler import SamplerSpec
-    from slipstream.schedule.setup import setup
     from slipstream.schedule.watchdog import make_watchdog, orchestrated_rollback
     from slipstream.train.precision import channel_layout, parse_dtype
 

@@ -26,6 +26,13 @@ from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
+from slipstream.run.components import (
+    build_trainer,
+    engine_shape,
+    make_pass_rate_tracker,
+    resolve_placement,
+)
+from slipstream.run.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.runtime import placement
 from slipstream.schedule.agentic import (
     build_env_factory,
@@ -35,14 +42,7 @@ from slipstream.schedule.agentic import (
     make_runner,
     warm_start_tools,
 )
-from slipstream.schedule.components import (
-    build_trainer,
-    engine_shape,
-    make_pass_rate_tracker,
-    resolve_placement,
-)
 from slipstream.schedule.episodes import run_episodes
-from slipstream.schedule.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pass_rate import PassRateTracker

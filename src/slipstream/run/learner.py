@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from slipstream.observe.clock import EVAL_S, EVAL_START_S
+from slipstream.run.setup import COUNTERS, Run
 from slipstream.runtime.channels import Channels
 from slipstream.schedule.ledger import Ledger
-from slipstream.schedule.setup import COUNTERS, Run
 from slipstream.schedule.sync import (
     checkpoint,
     checkpoint_due,
