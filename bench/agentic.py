@@ -61,7 +61,7 @@ def run_one(
     from slipstream.config import load_config
     from slipstream.observe.runs import finished_summary
     from slipstream.run.launch import train_async
-    from slipstream.schedule.sync import train_sync
+    from slipstream.run.sync import train_sync
 
     cfg = load_config(None, [
         "task.kind=builtin_tools", f'run.dir="{out}"', "run.quiet=true", f"run.seed={seed}",

@@ -24,7 +24,8 @@ from slipstream.engine import Engine, SamplingParams
 from slipstream.envs.builtin import Latency, tool_sums_task
 from slipstream.envs.workers import ThreadWorkers
 from slipstream.model import load_pretrained, load_tokenizer
-from slipstream.schedule.agentic import calculator_factory, env_max_len, make_runner
+from slipstream.run.agentic import calculator_factory, env_max_len
+from slipstream.schedule.agentic import make_runner
 from slipstream.schedule.episodes import run_episodes
 
 

@@ -22,7 +22,7 @@ from slipstream.engine import Engine
 from slipstream.envs.builtin import Latency, scripted_trace, tool_sums_task
 from slipstream.envs.workers import ThreadWorkers
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer, save_pretrained
-from slipstream.schedule.agentic import calculator_factory, env_max_len, episode_accuracy
+from slipstream.run.agentic import calculator_factory, env_max_len, episode_accuracy
 from slipstream.train.warmstart import supervised_step
 
 

@@ -81,7 +81,7 @@ from typing import Any
 
 from slipstream.config import load_config
 from slipstream.observe.runs import finished_summary
-from slipstream.schedule.sync import train_sync
+from slipstream.run.sync import train_sync
 
 COMBOS = [  # (advantage, loss)
     ("grpo", "ppo"),

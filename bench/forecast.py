@@ -39,7 +39,7 @@ def train_runs(
     import shutil
 
     from slipstream.config import load_config
-    from slipstream.schedule.sync import train_sync
+    from slipstream.run.sync import train_sync
 
     dirs = []
     for seed in range(runs):

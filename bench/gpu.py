@@ -255,7 +255,7 @@ def steady_steps_per_s(metrics: Path) -> float:
 def e2e_part(args: argparse.Namespace, name: str, device: torch.device) -> dict[str, float]:
     """Steps per second of `sync` and `pipeline` on the same model folder."""
     from slipstream.run.launch import train_async
-    from slipstream.schedule.sync import train_sync
+    from slipstream.run.sync import train_sync
 
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:

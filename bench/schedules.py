@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from slipstream.schedule.bench import bench_schedules_main
+from slipstream.run.bench import bench_schedules_main
 
 if __name__ == "__main__":  # the sampler processes are spawned: they import this module
     sys.exit(bench_schedules_main(sys.argv[1:]))

@@ -18,9 +18,9 @@ from slipstream.config import ConfigError, load_config
 from slipstream.engine import Completion, Request
 from slipstream.run.components import make_pass_rate_tracker
 from slipstream.run.setup import Run
+from slipstream.run.sync import train_sync
 from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.replay import ReplayBuffer
-from slipstream.schedule.sync import train_sync
 from slipstream.tasks import RunningSums
 from slipstream.types import FinishReason, Group, Prompt
 from tiny import warm_cache

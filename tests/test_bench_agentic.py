@@ -85,7 +85,7 @@ def test_reuse_reads_back_a_finished_run_of_the_same_config_and_trains_no_other(
     (folder / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
     trained: list[str] = []
     monkeypatch.setattr(
-        "slipstream.schedule.sync.train_sync", lambda cfg: trained.append(cfg.run.dir) or {}
+        "slipstream.run.sync.train_sync", lambda cfg: trained.append(cfg.run.dir) or {}
     )
     res = bench.run_one(folder, "sync", 0, 0.1, 30.0, ["run.steps=2"], reuse=True)
     assert res["summary"] == {"steps": 2, "wall_s": 1.0} and res["records"] == [{"step": 1}]

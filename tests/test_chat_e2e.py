@@ -16,7 +16,7 @@ from slipstream.model import load_pretrained, load_tokenizer
 from slipstream.model.chat import load_chat_template
 from slipstream.run.evaluate import heldout_accuracy
 from slipstream.run.setup import make_engine
-from slipstream.schedule.sync import train_sync
+from slipstream.run.sync import train_sync
 from slipstream.tasks import DatasetTask, load_reward
 from slipstream.train.batch import collate
 from slipstream.train.checkpoint import list_checkpoints

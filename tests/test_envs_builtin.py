@@ -82,8 +82,8 @@ def test_the_factories_pickle_for_the_environment_workers(tmp_path) -> None:
     import pickle
 
     from slipstream.config import load_config
+    from slipstream.run.agentic import build_env_factory
     from slipstream.run.setup import build_task
-    from slipstream.schedule.agentic import build_env_factory
 
     tools = tmp_path / "my_tools.py"
     tools.write_text("class Echo:\n    def echo(self, text: str) -> str:\n        return text\n")
@@ -107,7 +107,7 @@ def test_episode_accuracy_samples_n_episodes_a_prompt_with_fixed_seeds(monkeypat
 
     from slipstream.config import load_config
     from slipstream.engine import SamplingParams
-    from slipstream.schedule import agentic
+    from slipstream.run import agentic
 
     seen: dict = {}
 

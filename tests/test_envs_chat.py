@@ -13,7 +13,7 @@ from slipstream.envs import PlainRenderer, ToolEnv, tool_specs
 from slipstream.envs.render import HermesRenderer, TemplateRenderer, supports_tools
 from slipstream.model.chat import ChatTemplate, load_chat_template
 from slipstream.model.tokenizer import load_tokenizer
-from slipstream.schedule.agentic import tool_renderer
+from slipstream.run.agentic import tool_renderer
 from slipstream.types import Prompt
 
 transformers = pytest.importorskip("transformers")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slipstream.run.launch import train_async
-from slipstream.schedule.sync import train_sync
+from slipstream.run.sync import train_sync
 from tiny import read_jsonl, tiny_cfg
 
 TOOLS = (

@@ -9,7 +9,7 @@ import pytest
 
 from slipstream.config import load_config
 from slipstream.run.launch import train_async
-from slipstream.schedule.sync import train_sync
+from slipstream.run.sync import train_sync
 from tiny import read_jsonl, write_assets
 
 

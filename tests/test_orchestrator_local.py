@@ -26,8 +26,8 @@ import torch.multiprocessing as mp
 from slipstream.config import load_config
 from slipstream.model import load_pretrained
 from slipstream.run.launch import train_async
+from slipstream.run.sync import train_sync
 from slipstream.schedule.presets import preset
-from slipstream.schedule.sync import train_sync
 from tiny import write_assets
 
 pytestmark = pytest.mark.slow
@@ -362,7 +362,7 @@ def test_a_silent_sampler_is_killed_and_replaced(assets, tmp_path):
 
 
 def test_bench_schedules_runs_each_preset_and_writes_its_table(assets, tmp_path, capsys):
-    from slipstream.schedule.bench import bench_schedules_main
+    from slipstream.run.bench import bench_schedules_main
 
     out = tmp_path / "bench"
     overrides = _cfg_overrides(assets, tmp_path / "unused")
@@ -394,7 +394,7 @@ def test_bench_schedules_runs_each_preset_and_writes_its_table(assets, tmp_path,
 
 def test_bench_schedules_ratios_medians_and_baseline():
     """Pure parts of the bench: per-seed ratios against a baseline, medians and ranges."""
-    from slipstream.schedule.bench import aggregate, baseline, ratios
+    from slipstream.run.bench import aggregate, baseline, ratios
 
     def run(ttt: float | None, wall: float, in_wall: bool = True) -> dict:
         # step 5 reaches 0.5 at `ttt` s of training; its 1 s of evaluation is in its wall_s

@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from slipstream.cli import main
 from slipstream.config import ConfigError, load_config
 from slipstream.config.load import dump_config
+from slipstream.run.replay_run import TIMINGS, replay
 from slipstream.schedule.record import SamplerLog, rle
-from slipstream.schedule.replay_run import TIMINGS, replay
 from slipstream.schedule.replay_sampler import Diverged
 from tiny import write_assets
 
@@ -266,12 +266,12 @@ def test_the_record_and_the_replay_discard_the_same_groups_after_a_rollback(tmp_
     discarded on arrival, `discarded` in the record; the replay discards it too (ledger), and
     an exact replay that would keep a group the record discarded (or the reverse) diverges.
     The rollback event names the groups taken out of the windows."""
+    from slipstream.run.replay_run import TrainerReplay
+    from slipstream.run.rollback import Undone
     from slipstream.runtime.channels import PromptRequest, SamplerMessage
     from slipstream.schedule.ledger import Ledger
     from slipstream.schedule.record import ScheduleRecorder
-    from slipstream.schedule.replay_run import TrainerReplay
     from slipstream.schedule.step_stats import StepStats
-    from slipstream.schedule.watchdog import Undone
 
     undone = Undone()
     undone.ranges.append((3, 4))
@@ -309,9 +309,9 @@ def test_a_rollback_in_the_replay_does_not_discard_the_groups_of_a_window_that_k
     number) and an exact replay raised Diverged on the rollback event."""
     from types import SimpleNamespace
 
+    from slipstream.run.replay_run import TrainerReplay
+    from slipstream.run.rollback import Undone
     from slipstream.schedule.ledger import Ledger
-    from slipstream.schedule.replay_run import TrainerReplay
-    from slipstream.schedule.watchdog import Undone
 
     class Rollback(Undone):
         def undo(self, run, ckpt, last_bad):  # the trainer's side is not under test here
@@ -335,8 +335,8 @@ def test_the_replay_redoes_a_tighten_as_the_run_did():
     """The record's K for the next window is taken before the watchdog sees the step; a
     tighten then sets it to 0 in the run (`LagControl.tighten`), and the replay's watchdog
     must do the same to the same record (else its lag histograms of that window differ)."""
+    from slipstream.run.replay_run import TrainerReplay
     from slipstream.schedule.auto_lag import LagControl
-    from slipstream.schedule.replay_run import TrainerReplay
 
     ctl = LagControl(None, fixed_k=2)
     live = {"step": 4}
@@ -356,7 +356,7 @@ def test_the_final_weights_are_compared_when_a_rollback_ended_the_run(tmp_path):
     reported its final weights as differing (exit 1)."""
     from safetensors.torch import save_file
 
-    from slipstream.schedule.replay_run import compare
+    from slipstream.run.replay_run import compare
 
     w = {"w": torch.arange(4.0)}
     for run in ("run", "replay"):

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from slipstream.cli import main
 from slipstream.observe.rollouts import RolloutWriter
-from slipstream.schedule.sync import train_sync
+from slipstream.run.sync import train_sync
 from slipstream.train.checkpoint import load_trainer_state
 from tiny import read_jsonl, steady, tiny_cfg
 

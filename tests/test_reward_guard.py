@@ -287,7 +287,7 @@ def test_hostile_plugin_reward_in_a_real_run(tmp_path):
     to the end; each step's 4 samples (B = 2, G = 2) count one error of each kind."""
     from slipstream.model import save_pretrained
     from slipstream.model.builtin import init_builtin
-    from slipstream.schedule.sync import train_sync
+    from slipstream.run.sync import train_sync
 
     model, tok = init_builtin(seed=0)
     save_pretrained(model, tmp_path / "model")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-import slipstream.schedule.sync as sync
+import slipstream.run.sync as sync
 from slipstream.cli import main
 from slipstream.observe.timeline import read_timeline
 from slipstream.run.setup import Run

@@ -11,7 +11,7 @@ import torch
 from slipstream.config import load_config
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.model.builtin import init_builtin
-from slipstream.schedule.sync import train_sync
+from slipstream.run.sync import train_sync
 from slipstream.tasks import RunningSums
 from slipstream.train.batch import collate, token_logprobs
 from slipstream.types import FinishReason, Sample

@@ -9,7 +9,7 @@ import pytest
 from tests.tiny import read_jsonl, write_assets
 
 from slipstream.config import Config, load_config
-from slipstream.schedule.sync import train_sync
+from slipstream.run.sync import train_sync
 
 REWARD = "def odd(prompt, completion):\n    return float(len(completion) % 2)\n"
 

@@ -62,7 +62,7 @@ def _train(argv: list[str]) -> int:
     preflight(cfg)  # a missing model folder or library: one line, exit 2, before any work
     try:
         if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
-            from slipstream.schedule.sync import train_sync
+            from slipstream.run.sync import train_sync
 
             train_sync(cfg, resume=bool(args.resume))
         else:  # every other schedule runs samplers and the trainer in separate processes
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            from slipstream.schedule.bench import bench_schedules_main
+            from slipstream.run.bench import bench_schedules_main
 
             return bench_schedules_main(rest[1:])
         if cmd == "report":
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return report_main(rest)
         if cmd == "replay":
-            from slipstream.schedule.replay_run import replay_main
+            from slipstream.run.replay_run import replay_main
 
             return replay_main(rest)
         if cmd == "plan":

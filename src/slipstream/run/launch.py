@@ -2,8 +2,8 @@
 orchestrator between them; resume from a checkpoint; one shutdown path.
 
 `train_async(cfg)` is what `slipstream train` calls for every schedule but the in-process
-`sync` loop. On Ray it first starts or joins the cluster and, by default, runs the trainer
-side in a trainer actor (`runtime.trainer_actor`).
+`sync` loop (`run.sync.train_sync`). On Ray it first starts or joins the cluster and, by
+default, runs the trainer side in a trainer actor (`runtime.trainer_actor`).
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from slipstream.schedule.orchestrator import Options, Orchestrator
 
 if TYPE_CHECKING:  # imported where they are used: building them starts torch work
     from slipstream.run.learner import RunLearner
+    from slipstream.run.sampler import SamplerFactory
     from slipstream.run.setup import Run
     from slipstream.runtime.channels import Runtime
     from slipstream.runtime.local import Interrupts
-    from slipstream.schedule.sampler import SamplerSpec
 
 
 def train_async(
     cfg: Config, signals: Interrupts | None = None, resume: bool = False
 ) -> dict[str, Any]:
     """Train with `cfg.schedule` on the local or the Ray runtime (`runtime.kind`); the run
-    folder is `train_sync`'s: config.toml, metrics.jsonl, ledger.json, summary.json,
+    folder is `run.sync.train_sync`'s: config.toml, metrics.jsonl, ledger.json, summary.json,
     timeline.jsonl, rollouts, checkpoints/. Ctrl-C, SIGTERM and errors take the runtime's one
     shutdown path, and the ledger is written either way. On Ray this starts or joins the
     cluster and (`runtime.trainer_actor`) runs the rest of this function in a trainer actor,
@@ -62,7 +62,7 @@ def train_async(
 
 def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     """The run in this process: build, restore, start the samplers, loop, shut down, finish."""
-    from slipstream.schedule.sync import latest_checkpoint, rewind
+    from slipstream.run.resume import latest_checkpoint, rewind
 
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
     if ckpt is not None and cfg.run.record_schedule:
@@ -88,27 +88,16 @@ def _drive(
     rt: Runtime,
     learner: RunLearner,
     orch: Orchestrator,
-    sampler: SamplerSpec,
+    sampler: SamplerFactory,
 ) -> dict[str, Any]:
     """`_train` on what `_build` made: restore, start the samplers, loop, shut down, finish."""
-    from slipstream.schedule.sync import finish, restore
+    from slipstream.run.summary import finish
 
     rc = cfg.runtime
     close_record = _record(cfg, run.dir, orch)
-    saved: dict[str, Any] = {}
-    if ckpt is not None:
-        saved = restore(run, ckpt)
-        learner.restored(saved.get("heldout_acc_start"))
-        if "orchestrator" in saved:
-            orch.load_state_dict(saved["orchestrator"])
-            if run.env_factory is not None:  # episodes in flight restart from their prompt
-                requests = saved["orchestrator"]["requests"]
-                run.info["episodes_restarted"] = sum(len(r["seeds"]) for r in requests)
+    saved = _restore(run, learner, orch, ckpt)
     acc_start = saved.get("heldout_acc_start")
     ctl = orch.lag_control if isinstance(orch.lag_control, LagControl) else None
-    if ctl is not None and "lag_control" in saved:
-        ctl.load_state_dict(saved["lag_control"])
-        orch.spec = replace(orch.spec, max_lag=ctl.current)
     learner.extra_state = lambda: {
         "orchestrator": orch.state_dict(),
         "heldout_acc_start": acc_start,
@@ -162,6 +151,29 @@ def _drive(
     return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
 
 
+def _restore(
+    run: Run, learner: RunLearner, orch: Orchestrator, ckpt: Path | None
+) -> dict[str, Any]:
+    """A resumed run: the checkpoint `ckpt` into the run, the learner and the orchestrator
+    (its queued work, the lag controller's state); its state.json ({} without `ckpt`)."""
+    from slipstream.run.resume import restore
+
+    if ckpt is None:
+        return {}
+    saved = restore(run, ckpt)
+    learner.restored(saved.get("heldout_acc_start"))
+    if "orchestrator" in saved:
+        orch.load_state_dict(saved["orchestrator"])
+        if run.env_factory is not None:  # episodes in flight restart from their prompt
+            requests = saved["orchestrator"]["requests"]
+            run.info["episodes_restarted"] = sum(len(r["seeds"]) for r in requests)
+    ctl = orch.lag_control
+    if isinstance(ctl, LagControl) and "lag_control" in saved:
+        ctl.load_state_dict(saved["lag_control"])
+        orch.spec = replace(orch.spec, max_lag=ctl.current)
+    return saved
+
+
 def _record(cfg: Config, run_dir: Path, orch: Orchestrator) -> Callable[[bool], None]:
     """run.record_schedule: record the run (schedule.record); the call closing the record."""
     if not cfg.run.record_schedule:
@@ -181,15 +193,16 @@ def _record(cfg: Config, run_dir: Path, orch: Orchestrator) -> Callable[[bool], 
     return attach(orch, run_dir, meta)
 
 
-def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, SamplerSpec]:
-    """The run, the runtime (not started), the learner, the orchestrator, the sampler spec."""
+def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, SamplerFactory]:
+    """The run, the runtime (not started), the learner, the orchestrator, the samplers' factory."""
     from slipstream.run.learner import RunLearner
+    from slipstream.run.rollback import make_watchdog, orchestrated_rollback
+    from slipstream.run.sampler import SamplerFactory
     from slipstream.run.setup import setup
     from slipstream.runtime import make_runtime
     from slipstream.runtime.local import default_threads
     from slipstream.schedule.presets import preset
     from slipstream.schedule.sampler import SamplerSpec
-    from slipstream.schedule.watchdog import make_watchdog, orchestrated_rollback
     from slipstream.train.precision import channel_layout, parse_dtype
 
     spec = preset(cfg.schedule.name, cfg.schedule.lag_bound)
@@ -239,4 +252,4 @@ def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, Sampler
     sampler = SamplerSpec(
         cfg, run.model.config, dtype, run.tok, spec, slots, run.engine.max_len, run.placement
     )
-    return run, rt, learner, orch, sampler
+    return run, rt, learner, orch, SamplerFactory(sampler)

@@ -22,11 +22,12 @@ from typing import Any
 import torch
 
 from slipstream.observe.clock import EVAL_S, EVAL_START_S
-from slipstream.run.setup import COUNTERS, Run
+from slipstream.run.resume import checkpoint
+from slipstream.run.setup import Run
 from slipstream.runtime.channels import Channels
 from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.sync import (
-    checkpoint,
+    COUNTERS,
     checkpoint_due,
     ends_on_restored_weights,
     observe_step,

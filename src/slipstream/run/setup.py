@@ -26,6 +26,12 @@ from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
+from slipstream.run.agentic import (
+    build_env_factory,
+    env_max_len,
+    episode_accuracy,
+    warm_start_tools,
+)
 from slipstream.run.components import (
     build_trainer,
     engine_shape,
@@ -34,14 +40,7 @@ from slipstream.run.components import (
 )
 from slipstream.run.evaluate import heldout_accuracy, rewards_of, summarize
 from slipstream.runtime import placement
-from slipstream.schedule.agentic import (
-    build_env_factory,
-    env_max_len,
-    episode_accuracy,
-    episode_group,
-    make_runner,
-    warm_start_tools,
-)
+from slipstream.schedule.agentic import episode_group, make_runner
 from slipstream.schedule.episodes import run_episodes
 from slipstream.schedule.group_size import allocate_group_sizes
 from slipstream.schedule.ledger import Ledger
@@ -50,13 +49,7 @@ from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
 from slipstream.sim.forecast import OnlineForecast
 from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
-from slipstream.tasks.guard import (
-    ERRORS,
-    GuardedTask,
-    Isolation,
-    RewardGuard,
-    unguarded,
-)
+from slipstream.tasks.guard import GuardedTask, Isolation, RewardGuard, unguarded
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
 from slipstream.tasks.rewards import CombinedReward, RewardPart
 from slipstream.tasks.rows import read_prompts
@@ -66,20 +59,6 @@ from slipstream.types import FinishReason, Group, Prompt
 
 if TYPE_CHECKING:
     from slipstream.schedule.watchdog import Watchdog
-
-# Counters of `Run.counters`, cumulative over the run (the sync loop reports per-step deltas).
-COUNTERS = (
-    "tokens/wasted",  # generated tokens that never enter an optimizer step's loss mask
-    "tokens/replayed",  # tokens of replayed samples trained on (generated in an earlier step)
-    "replay/samples",  # stored successes mixed into groups with none
-    "filters/overlong_masked",  # truncated samples taken out of their group (overlong = mask)
-    "filters/extra_draws",  # prompts drawn beyond B by dynamic sampling
-    "filters/prompts_skipped",  # prompts the pass-rate band did not draw (nothing generated)
-    "prompts/skipped_too_long",  # prompts longer than the engine holds with a whole completion
-    # samples whose reward raised, was not a finite number, timed out or crashed its worker, and
-    # were scored 0 (tasks.guard); counted as groups are settled, so every runtime reports them
-    *(f"reward/errors_{kind}" for kind in ERRORS),
-)
 
 
 @dataclass
@@ -107,7 +86,7 @@ class Run:
     info: dict[str, Any] = field(default_factory=dict)
     replay: ReplayBuffer | None = None  # with replay.enabled
     rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
-    counters: Counter[str] = field(default_factory=Counter)  # see COUNTERS
+    counters: Counter[str] = field(default_factory=Counter)  # see schedule.sync.COUNTERS
     eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
     env_factory: EnvFactory | None = None  # env.tools: every sample is an episode
@@ -117,7 +96,7 @@ class Run:
         default_factory=lambda: placement.Placement("cpu", ("cpu",))
     )
     keep_steps: Callable[[], set[int]] | None = None  # checkpoints `keep` spares (watchdog)
-    watchdog: Watchdog | None = None  # schedule.watchdog.make_watchdog; checkpointed with the run
+    watchdog: Watchdog | None = None  # run.rollback.make_watchdog; checkpointed with the run
     forecast: OnlineForecast | None = None  # time to the end, added to each step record
 
     @property

@@ -28,8 +28,9 @@ from collections.abc import Iterator
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 
-PRELOAD = ["torch", "slipstream.schedule.sampler", "slipstream.envs", "slipstream.schedule.agentic"]
-"""Imported once by the fork server: what a sampler and an environment worker import."""
+PRELOAD = ["torch", "slipstream.run.sampler", "slipstream.envs", "slipstream.run.agentic"]
+"""Imported once by the fork server: what a sampler and an environment worker import (the
+sampler's factory and its loop, the environments and their factories)."""
 
 
 def context() -> ForkServerContext:

@@ -1,7 +1,7 @@
 """The schedule record (`run.record_schedule`): the order of events that decided a run.
 
 Not the experience replay buffer (`schedule.replay`): this records *when* things happened, so
-that `slipstream replay RUN_DIR` (`schedule.replay_run`) can re-execute an asynchronous run in
+that `slipstream replay RUN_DIR` (`run.replay_run`) can re-execute an asynchronous run in
 one process, bit for bit. An asynchronous run's outcome depends on the order of events the
 clocks decided: which engine step admitted which request next to which others (float results
 depend on the batch a row is computed in), at which decode step each sampler took which

@@ -1,13 +1,13 @@
 """One recorded sampler, re-executed in the replaying process (`slipstream replay`).
 
 A `SamplerReplayer` drives a real `SamplerWorker` (the same engine, built by the same
-`SamplerSpec`, the same scoring, cancelling and abort code) through the events its sampler
-recorded (schedule.record): before engine step `c` it takes the requests the sampler took
-then, hands the engine the weights it applied at step `c`, and its refill hook returns
-exactly the members the engine admitted at step `c`, in the same order, so every step
-computes the same rows in the same batch as the original; after step `c` the abort rule runs
-where it ran, against the version it saw. The engine's own admission rule (`defer_prefill`,
-which reads clocks) is off: the record says what it decided.
+`SamplerFactory` of run.sampler, the same scoring, cancelling and abort code) through the
+events its sampler recorded (schedule.record): before engine step `c` it takes the requests
+the sampler took then, hands the engine the weights it applied at step `c`, and its refill
+hook returns exactly the members the engine admitted at step `c`, in the same order, so
+every step computes the same rows in the same batch as the original; after step `c` the
+abort rule runs where it ran, against the version it saw. The engine's own admission rule
+(`defer_prefill`, which reads clocks) is off: the record says what it decided.
 
 Weights come from `WeightStore`, filled by the replaying trainer's publishes; causality makes
 them available in time: a sampler applied version v only after the trainer published it, and

@@ -1,7 +1,9 @@
 """The sampler: an engine, a copy of the model and the task's verifier, fed by prompt requests.
 
 `SamplerWorker.run(channels)` is the whole actor; it sees only the channel protocols, so any
-runtime can host it (the local runtime runs it in a spawned process).
+runtime can host it (the local runtime runs it in a spawned process). It is given its engine,
+task and environment factory already built: `run.sampler.SamplerFactory` builds them from a
+`SamplerSpec` inside the sampler's process.
 
 What the schedule decides here (`ScheduleSpec`):
 
@@ -34,13 +36,13 @@ from typing import Any
 import torch
 
 from slipstream.config import Config
-from slipstream.engine import Completion, Engine, Request, SamplingParams, capacity
+from slipstream.engine import Completion, Engine, Request, SamplingParams
 from slipstream.engine.stats import PASS_SUMS
+from slipstream.envs.base import EnvFactory
 from slipstream.model import ModelConfig, Tokenizer
-from slipstream.model.meta import empty_model
 from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage, SamplerReport
 from slipstream.runtime.placement import Placement
-from slipstream.schedule.agentic import build_env_factory, episode_group, make_runner
+from slipstream.schedule.agentic import episode_group, make_runner
 from slipstream.schedule.episodes import Episode, EpisodeRunner
 from slipstream.schedule.presets import ScheduleSpec
 from slipstream.schedule.record import SamplerLog
@@ -82,8 +84,8 @@ def score_group(
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    """What a sampler process needs to build itself; picklable. Calling it builds the worker
-    (the runtime calls it inside the child, so the model is never pickled)."""
+    """What a sampler process needs to build itself; picklable. `run.sampler.SamplerFactory`
+    builds the worker from it inside the child (so the model is never pickled)."""
 
     cfg: Config
     model_config: ModelConfig
@@ -93,23 +95,6 @@ class SamplerSpec:
     num_slots: int
     max_len: int
     placement: Placement | None = None  # None: every sampler on the CPU
-
-    def __call__(self, sampler_id: int) -> SamplerWorker:
-        from slipstream.run.setup import build_task, make_engine
-
-        p = self.placement
-        device = torch.device(p.local_sampler_device(sampler_id) if p else "cpu")
-        # built on meta, allocated once on its device: the weights arrive through the channel
-        # before the first step (model.meta), so no random initialisation ever runs
-        model = empty_model(self.model_config, device, self.dtype)
-        e = self.cfg.engine
-        free = capacity.free_device_bytes(device)
-        budget = capacity.cache_tokens(
-            self.model_config, self.dtype, e.max_tokens, e.memory_fraction, free
-        )
-        slots = capacity.fit_slots(self.num_slots, self.max_len, budget)
-        engine = make_engine(model, self.tokenizer, slots, self.max_len, version=-1)
-        return SamplerWorker(self, sampler_id, engine, build_task(self.cfg))
 
 
 @dataclass
@@ -138,7 +123,16 @@ class SamplerWorker:
 
     log: SamplerLog | None = None  # run.record_schedule (schedule.record)
 
-    def __init__(self, spec: SamplerSpec, sampler_id: int, engine: Engine, task: Task) -> None:
+    def __init__(
+        self,
+        spec: SamplerSpec,
+        sampler_id: int,
+        engine: Engine,
+        task: Task,
+        env_factory: EnvFactory | None,
+    ) -> None:
+        """`engine` and `task` built for this sampler; `env_factory`: every member is an
+        episode of one of its environments (None: single-turn)."""
         self.spec, self.id, self.engine, self.task = spec, sampler_id, engine, task
         self.tok = spec.tokenizer
         s = spec.cfg.sampling
@@ -150,10 +144,9 @@ class SamplerWorker:
         if spec.cfg.run.record_schedule:
             self.log = SamplerLog(engine.num_slots, engine.max_len)
             engine.on_step = self.log.on_step
-        factory = build_env_factory(spec.cfg, self.tok, task)
         self.runner: EpisodeRunner | None = None
-        if factory is not None:
-            self.runner = make_runner(spec.cfg, factory, engine, self.params)
+        if env_factory is not None:
+            self.runner = make_runner(spec.cfg, env_factory, engine, self.params)
 
     def _idle(self) -> bool:
         """Nothing in the engine, the backlog, or an environment."""

@@ -4,63 +4,119 @@ Consumes prompts; produces one optimizer step per iteration; waits for the whole
 generations (the straggler wait that the other schedules remove). The engine shares the
 trainer's model object, so a new version reaches it with no copy. What happens between
 generation and the trainer (filters, overlong, replay, dynamic sampling, group sizes) is in
-`Run.collect` and `Run.settle`.
+the run's `collect` and `settle`.
+
+This module owns the loop proper and the step record, on a run already built (and, when
+resuming, restored): `train_steps`. Building the run, resuming it, writing checkpoints and
+finishing it are `slipstream.run` (`run.sync.train_sync` is the public entry). `marks`,
+`step_record`, `observe_step`, `ends_on_restored_weights` and `checkpoint_due` are shared
+with the orchestrated loops' learner (`run.learner`).
 """
 
 from __future__ import annotations
 
-import json
-import random
 import time
-from pathlib import Path
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
-from slipstream.config import Config, ConfigError
 from slipstream.engine.stats import PASS_SUMS
 from slipstream.observe.clock import EVAL_S, EVAL_START_S
-from slipstream.observe.rollouts import STEP_MARK
-from slipstream.run.setup import COUNTERS, Run, setup
 from slipstream.schedule.agentic import episode_metrics
-from slipstream.schedule.step_stats import goodput, prompt_len_mean
-from slipstream.schedule.watchdog import Watchdog, inprocess_rollback, make_watchdog
+from slipstream.schedule.step_stats import prompt_len_mean
+from slipstream.tasks.guard import ERRORS
 from slipstream.tasks.rewards import part_means
-from slipstream.train.checkpoint import (
-    list_checkpoints,
-    load_trainer_state,
-    load_weights,
-    save_checkpoint,
+from slipstream.types import Group, Prompt
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from slipstream.config import Config
+    from slipstream.engine import Engine
+    from slipstream.observe.progress import ProgressView
+    from slipstream.observe.rollouts import RolloutWriter
+    from slipstream.observe.sinks import FanOut
+    from slipstream.observe.timeline import TimelineWriter
+    from slipstream.schedule.ledger import Ledger
+    from slipstream.schedule.watchdog import Watchdog
+    from slipstream.train.trainer import Trainer
+
+# Counters of a run's `counters`, cumulative over the run (the step records report per-step
+# deltas); settling and drawing count them (run.setup.Run).
+COUNTERS = (
+    "tokens/wasted",  # generated tokens that never enter an optimizer step's loss mask
+    "tokens/replayed",  # tokens of replayed samples trained on (generated in an earlier step)
+    "replay/samples",  # stored successes mixed into groups with none
+    "filters/overlong_masked",  # truncated samples taken out of their group (overlong = mask)
+    "filters/extra_draws",  # prompts drawn beyond B by dynamic sampling
+    "filters/prompts_skipped",  # prompts the pass-rate band did not draw (nothing generated)
+    "prompts/skipped_too_long",  # prompts longer than the engine holds with a whole completion
+    # samples whose reward raised, was not a finite number, timed out or crashed its worker, and
+    # were scored 0 (tasks.guard); counted as groups are settled, so every runtime reports them
+    *(f"reward/errors_{kind}" for kind in ERRORS),
 )
-from slipstream.train.precision import parse_dtype
-from slipstream.types import Group
+EMPTY_DRAWS_MAX = 20  # batches in a row with no informative group before the loop gives up
 
 
-def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
-    """Train `cfg.run.steps` steps; with `resume`, continue the run in `cfg.run.dir` from its
-    newest complete checkpoint (the same trajectory as an unbroken run, bit for bit)."""
-    ckpt = latest_checkpoint(cfg.run.dir) if resume else None
-    if ckpt is not None:
-        rewind(ckpt)
-    run = setup(cfg)
-    try:
-        return _train_steps(cfg, run, ckpt)
-    except BaseException:  # an error or Ctrl-C: what `train_async` leaves, the same way
-        run.close_observers()  # the terminal restored; metrics and timeline up to the last step
-        # every group generated and neither trained nor filtered was back, not trained
-        run.ledger.in_flight = run.ledger.generated - run.ledger.settled()
-        run.write_ledger()
-        raise
-    finally:  # also when it raises: an in-process caller (a notebook) keeps no worker processes
-        run.close_workers()
+class StepForecast(Protocol):
+    """The duration forecast a run may hold (sim.forecast.OnlineForecast)."""
+
+    def observe(self, record: dict[str, Any], eval_in_wall: bool = True) -> dict[str, float]: ...
 
 
-def _train_steps(cfg: Config, run: Run, ckpt: Path | None) -> dict[str, Any]:
-    """`train_sync`'s loop on the run set up, from `ckpt` if given, to its summary."""
-    wd = make_watchdog(run)  # before `restore`, which puts its state back
-    if wd is not None:
-        wd.rollback = inprocess_rollback(run)
-    saved = restore(run, ckpt) if ckpt is not None else {}
+class SyncRun(Protocol):
+    """What the loop and the step record use of a run (`run.setup.Run` is one)."""
+
+    @property
+    def cfg(self) -> Config: ...
+    @property
+    def dir(self) -> Path: ...
+    @property
+    def trainer(self) -> Trainer: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def eval_engine(self) -> Engine: ...
+    @property
+    def timeline(self) -> TimelineWriter: ...
+    @property
+    def view(self) -> ProgressView: ...
+    @property
+    def sink(self) -> FanOut: ...
+    @property
+    def rollouts(self) -> RolloutWriter: ...
+    @property
+    def heldout(self) -> Sequence[Prompt]: ...
+    @property
+    def eval_metrics(self) -> dict[str, float]: ...
+    @property
+    def counters(self) -> Counter[str]: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def info(self) -> dict[str, Any]: ...
+    @property
+    def forecast(self) -> StepForecast | None: ...
+
+    def collect(self, n: int) -> tuple[list[Group], list[Group]]: ...
+
+    def evaluate(self) -> float: ...
+
+
+def train_steps(
+    run: SyncRun,
+    wd: Watchdog | None,
+    saved: dict[str, Any],
+    save: Callable[[dict[str, Any]], None],
+) -> tuple[float, float, float]:
+    """The loop on a built run until its version count reaches `run.steps`.
+
+    `wd`: the run's watchdog (its rollback already set) or None. `saved`: the state.json of
+    the checkpoint the run was restored from ({} for a fresh run). `save(extra)`: write a
+    checkpoint, with the loop's own numbers `extra` (JSON values), when one is due.
+    Returns the held-out accuracy at the start and at the end, and the seconds it ran
+    (counting on from `saved["wall_s"]`)."""
+    cfg = run.cfg
     t_start = time.perf_counter() - saved.get("wall_s", 0.0)
     run.timeline.origin = t_start  # timeline seconds match the metrics' wall_s
     acc_start = saved.get("heldout_acc_start")
@@ -84,63 +140,96 @@ def _train_steps(cfg: Config, run: Run, ckpt: Path | None) -> dict[str, Any]:
         run.timeline.interval("sampler0", "generate", t0 - t_start, t0 - t_start + t_gen)
         run.timeline.interval("trainer", "wait", t0 - t_start, t0 - t_start + t_gen)
         if not kept:
-            if wd is not None and wd.observe_empty(new, run.trainer.version) == "rollback":
-                empty_draws = 0
-                continue
-            empty_draws += 1
-            if empty_draws > 20:
-                raise RuntimeError("20 batches in a row had no informative group: check the reward")
+            empty_draws = _empty_draw(run, wd, new, empty_draws)
             continue
         empty_draws = 0
         # 2. one optimizer step; the engine samples from the new version from now on
-        t1 = time.perf_counter()
-        if wd is not None:
-            wd.before_step()  # the learning-rate multiplier of tighten / rollback / injection
-        metrics = run.trainer.step(kept)
-        run.engine.version = run.eval_engine.version = run.trainer.version
-        run.ledger.trained += len(kept)
-        t_train = time.perf_counter() - t1
-        run.timeline.interval("trainer", "train", t1 - t_start, t1 - t_start + t_train)
-        step = run.trainer.version
-        t_step = time.perf_counter() - t0  # evaluation is not part of the step's time
-        t_eval = 0.0  # in this loop a record's wall_s holds its step's evaluation (observe.clock)
-        if step % cfg.eval.every == 0 or step == cfg.run.steps:
-            t2 = time.perf_counter()
-            with run.timeline.span("trainer", "eval"):
-                acc = run.evaluate()
-                if run.heldout:  # no held-out rows: no heldout_acc (eval.sets still scored)
-                    metrics["heldout_acc"] = acc
-                metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
-            t_eval = time.perf_counter() - t2
-        record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
-        record |= {EVAL_S: t_eval, **start_eval}
+        record, evaluated = _step(run, wd, kept, groups, mark, t0, t_gen, t_start)
+        acc = acc if evaluated is None else evaluated
+        record |= start_eval
         start_eval = {}
         observe_step(run, wd, record, groups, eval_in_wall=True)
         if ends_on_restored_weights(run, record):
             acc = run.evaluate()
+        step = record["step"]
         run.sink.write(record)
         run.rollouts.write(step, groups)
         run.view.update(step, record)
         mark, groups = marks(run), []
         if checkpoint_due(run, wd, step):
-            checkpoint(
-                run,
-                heldout_acc_start=acc_start,
-                heldout_acc=acc,
-                wall_s=time.perf_counter() - t_start,
-            )
-    return finish(run, acc_start, acc, time.perf_counter() - t_start)
+            extra = {"heldout_acc_start": acc_start, "heldout_acc": acc}
+            save({**extra, "wall_s": time.perf_counter() - t_start})
+    return acc_start, acc, time.perf_counter() - t_start
 
 
-def marks(run: Run) -> dict[str, float]:
+def _empty_draw(run: SyncRun, wd: Watchdog | None, new: list[Group], empty_draws: int) -> int:
+    """A batch that left nothing to train on: the watchdog sees it (a rollback starts the
+    count again); the count of such batches in a row, raising past `EMPTY_DRAWS_MAX`."""
+    if wd is not None and wd.observe_empty(new, run.trainer.version) == "rollback":
+        return 0
+    if empty_draws + 1 > EMPTY_DRAWS_MAX:
+        raise RuntimeError(
+            f"{EMPTY_DRAWS_MAX} batches in a row had no informative group: check the reward"
+        )
+    return empty_draws + 1
+
+
+def _step(
+    run: SyncRun,
+    wd: Watchdog | None,
+    kept: list[Group],
+    groups: list[Group],
+    mark: dict[str, float],
+    t0: float,
+    t_gen: float,
+    t_start: float,
+) -> tuple[dict[str, Any], float | None]:
+    """One optimizer step on `kept` and, when due, the evaluation after it: the step record
+    (before the watchdog sees it) and the held-out accuracy if it evaluated."""
+    cfg = run.cfg
+    t1 = time.perf_counter()
+    if wd is not None:
+        wd.before_step()  # the learning-rate multiplier of tighten / rollback / injection
+    metrics = run.trainer.step(kept)
+    run.engine.version = run.eval_engine.version = run.trainer.version
+    run.ledger.trained += len(kept)
+    t_train = time.perf_counter() - t1
+    run.timeline.interval("trainer", "train", t1 - t_start, t1 - t_start + t_train)
+    step = run.trainer.version
+    t_step = time.perf_counter() - t0  # evaluation is not part of the step's time
+    t_eval = 0.0  # in this loop a record's wall_s holds its step's evaluation (observe.clock)
+    acc = None
+    if step % cfg.eval.every == 0 or step == cfg.run.steps:
+        t2 = time.perf_counter()
+        with run.timeline.span("trainer", "eval"):
+            acc = run.evaluate()
+            if run.heldout:  # no held-out rows: no heldout_acc (eval.sets still scored)
+                metrics["heldout_acc"] = acc
+            metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
+        t_eval = time.perf_counter() - t2
+    record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
+    record[EVAL_S] = t_eval
+    return record, acc
+
+
+def marks(run: SyncRun) -> dict[str, float]:
     """Engine and settling counters now; a step record reports the change since its mark, so
     generation of batches that trained nothing is counted in the next record."""
     return {**run.engine.stats.snapshot(), **{k: run.counters[k] for k in COUNTERS}}
 
 
 def step_record(
-    run: Run, groups: list[Group], metrics, mark, t_gen, t_train, t_step, t_start
+    run: SyncRun,
+    groups: list[Group],
+    metrics: dict[str, Any],
+    mark: dict[str, float],
+    t_gen: float,
+    t_train: float,
+    t_step: float,
+    t_start: float,
 ) -> dict[str, Any]:
+    """The step record of the step just trained on `groups` (generated since `mark`): its
+    metrics, timings, token and settling counts, lengths, the ledger, episode metrics."""
     now = marks(run)
     d = {k: now[k] - mark[k] for k in now}
     lens = [s.num_tokens for g in groups for s in g.samples]
@@ -176,7 +265,7 @@ def step_record(
 
 
 def observe_step(
-    run: Run,
+    run: SyncRun,
     wd: Watchdog | None,
     record: dict[str, Any],
     groups: list[Group],
@@ -193,7 +282,7 @@ def observe_step(
         record |= run.forecast.observe(record, eval_in_wall)
 
 
-def ends_on_restored_weights(run: Run, record: dict[str, Any]) -> bool:
+def ends_on_restored_weights(run: SyncRun, record: dict[str, Any]) -> bool:
     """The watchdog rolled back at this step and the run has no step left (an orchestrated
     rollback moves the version on by one): the run ends on the restored weights, which the
     step's evaluation, made before the rollback, did not measure. Logs it."""
@@ -203,7 +292,7 @@ def ends_on_restored_weights(run: Run, record: dict[str, Any]) -> bool:
     return True
 
 
-def checkpoint_due(run: Run, wd: Watchdog | None, step: int) -> bool:
+def checkpoint_due(run: SyncRun, wd: Watchdog | None, step: int) -> bool:
     """Every `checkpoint.every` steps and at the last, unless the watchdog holds checkpoints
     back (an alarm may still roll back to one before it) before the last step. The last is
     the step after which the version count reached `run.steps`: an orchestrated rollback
@@ -212,172 +301,3 @@ def checkpoint_due(run: Run, wd: Watchdog | None, step: int) -> bool:
     last = step == cfg.run.steps or run.trainer.version >= cfg.run.steps
     held = wd is not None and wd.hold_checkpoint() and not last
     return (step % cfg.checkpoint.every == 0 or last) and not held
-
-
-def checkpoint(run: Run, **extra: Any) -> None:
-    """Everything the loop's future depends on; `restore` puts it back. `extra`: the loop's
-    own numbers (held-out accuracy at the start, elapsed time), JSON values."""
-    state = {
-        "version": run.trainer.version,
-        "source": run.source.state_dict(),
-        "draws": run.draws,  # the seed counter of sampling
-        "ledger": run.ledger.as_dict(),
-        "pass_rates": run.pass_rates.state_dict(),
-        "replay": run.replay.state_dict() if run.replay is not None else None,
-        "counters": dict(run.counters),
-        "prompts_skipped": dict(run.prompts_skipped),
-        "rng_python": random.getstate(),
-        "rng_run": run.rng.getstate(),  # replay's choices
-        "watchdog": run.watchdog.state_dict() if run.watchdog is not None else None,
-        "forecast": run.forecast.state_dict() if run.forecast is not None else None,
-        **extra,
-    }
-    trainer_state = {**run.trainer.state_dict(), "rng_torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        trainer_state["rng_cuda"] = torch.cuda.get_rng_state_all()
-    save_checkpoint(
-        run.dir,
-        run.trainer.version,
-        run.model,
-        run.tok,
-        trainer_state,
-        state,
-        run.cfg.checkpoint.keep,
-        dtype=parse_dtype(run.cfg.model.dtype),
-        protect=run.keep_steps() if run.keep_steps is not None else (),
-    )
-
-
-def latest_checkpoint(run_dir: str | Path | None) -> Path:
-    """The newest complete checkpoint of a run folder; `ConfigError` if there is none."""
-    ckpts = list_checkpoints(run_dir or ".")
-    if not ckpts:
-        raise ConfigError(
-            f"{run_dir}: no checkpoint to resume from (expected checkpoints/step_NNNNNN)"
-        )
-    return ckpts[-1]
-
-
-def rewind(ckpt: Path) -> None:
-    """Before resuming from `ckpt`: drop what the killed run wrote after it (metrics records,
-    rollouts and timeline intervals of later steps), so the resumed run does not repeat them."""
-    run_dir, step = ckpt.parent.parent, int(ckpt.name.removeprefix("step_"))
-    truncate_metrics(run_dir / "metrics.jsonl", step)
-    rollouts = run_dir / "rollouts.txt"
-    if rollouts.exists():
-        text = rollouts.read_text(encoding="utf-8")
-        cut = text.find(f"{STEP_MARK}{step + 1} ")
-        if cut >= 0:
-            rollouts.write_text(text[:cut], encoding="utf-8")
-    wall = json.loads((ckpt / "state.json").read_text()).get("wall_s")
-    timeline = run_dir / "timeline.jsonl"
-    if wall is not None and timeline.exists():
-        keep = []
-        for line in timeline.read_text(encoding="utf-8").splitlines():
-            try:
-                if json.loads(line)["t0"] <= wall:
-                    keep.append(line + "\n")
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue  # a torn last line
-        timeline.write_text("".join(keep), encoding="utf-8")
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after `step` (and a torn last line), written by a run killed after its
-    checkpoint, so that the resumed run's records do not repeat them."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step):
-            keep.append(line + "\n")
-    path.write_text("".join(keep), encoding="utf-8")
-
-
-def restore(run: Run, ckpt: Path) -> dict[str, Any]:
-    """Load a checkpoint into a freshly set-up run; returns its state.json (the loop's extras)."""
-    state = json.loads((ckpt / "state.json").read_text())
-    load_weights(run.model, ckpt / "model")
-    trainer_state = load_trainer_state(ckpt)
-    run.trainer.load_state_dict(trainer_state)
-    run.engine.version = run.eval_engine.version = run.trainer.version
-    run.source.load_state_dict(state["source"])
-    run.draws = state["draws"]
-    run.ledger.load(state["ledger"])
-    run.pass_rates.load_state_dict(state["pass_rates"])
-    if run.replay is not None and state.get("replay") is not None:
-        run.replay.load_state_dict(state["replay"])
-    run.counters.update(state.get("counters", {}))
-    if run.watchdog is not None and state.get("watchdog") is not None:
-        run.watchdog.load_state_dict(state["watchdog"])
-    run.prompts_skipped.update(state.get("prompts_skipped", {}))
-    if run.forecast is not None:  # the steps before the resume (rewound to the checkpoint)
-        run.forecast.resume(read_records(run.dir / "metrics.jsonl"), state.get("forecast"))
-    if "rng_python" in state:
-        version, internal, gauss = state["rng_python"]
-        random.setstate((version, tuple(internal), gauss))
-        version, internal, gauss = state["rng_run"]
-        run.rng.setstate((version, tuple(internal), gauss))
-    if "rng_torch" in trainer_state:
-        torch.set_rng_state(trainer_state["rng_torch"])
-    if "rng_cuda" in trainer_state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(trainer_state["rng_cuda"])
-    run.view.log(f"resumed from {ckpt} (step {run.trainer.version})")
-    return state
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The step records of a metrics.jsonl (a torn last line skipped)."""
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            out.append(rec)
-    return out
-
-
-def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
-    run.close_workers()
-    run.close_observers()
-    samplers = run.info.get("samplers", 0)
-    records = read_records(run.dir / "metrics.jsonl")
-    info = run.info
-    totals = (info["tokens_generated"], info["busy_s"]) if "busy_s" in info else None
-    good = goodput(
-        records,
-        wall,
-        samplers,
-        info.get("tokens_lost", 0),
-        info.get("tokens_unfinished", 0),
-        totals,
-    )
-    summary = {
-        "heldout_acc_start": acc_start if run.heldout else None,  # None: no held-out rows
-        "heldout_acc_end": acc_end if run.heldout else None,
-        "wall_s": wall,
-        "steps": run.trainer.version,
-        "skipped_steps": run.trainer.skipped_steps,
-        "ledger": run.ledger.as_dict(),
-        "prompts_skipped": dict(run.prompts_skipped),
-        **run.info,
-        **good,
-    }
-    (run.dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    run.write_ledger()
-    lost = (
-        f", {run.ledger.lost} groups ({good['tokens_lost']} tokens) lost to failures"
-        if run.ledger.lost
-        else ""
-    )
-    run.view.log(
-        f"done: {summary['steps']} steps in {wall:.0f}s; held-out accuracy {acc_start:.3f} -> {acc_end:.3f}; "
-        f"goodput {good['goodput']:.0%}{lost}; ledger {run.ledger.as_dict()}"
-    )
-    return summary

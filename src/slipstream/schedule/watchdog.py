@@ -21,6 +21,9 @@ fired (config `watchdog.actions`, default `warn`):
   (`protected`), even past `checkpoint.keep`.
 
 Events (step, alarm, message, action) go to `summary.json["watchdog"]`.
+
+This module decides; restoring a checkpoint into a run (the watchdog's `rollback`) and making
+the watchdog of a run are `run.rollback`.
 """
 
 from __future__ import annotations
@@ -30,18 +33,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slipstream.algo import alarms
 from slipstream.config.watchdog import WatchdogConfig
-from slipstream.train.checkpoint import PREFIX, list_checkpoints, load_trainer_state, load_weights
+from slipstream.train.checkpoint import PREFIX, list_checkpoints
 from slipstream.train.trainer import Trainer
 from slipstream.types import Group
-
-if TYPE_CHECKING:
-    from slipstream.run.learner import RunLearner
-    from slipstream.run.setup import Run
-    from slipstream.schedule.orchestrator import Orchestrator
 
 STRENGTH = {"warn": 0, "tighten": 1, "rollback": 2}
 
@@ -264,105 +262,3 @@ class Watchdog:
 def undone(group: Group, first_bad: int, last_bad: int) -> bool:
     """True when a token of `group` was produced by a version in `[first_bad, last_bad]`."""
     return any(first_bad <= v <= last_bad for s in group.samples for v in s.versions_T)
-
-
-# ---- the loops' side -------------------------------------------------------------------------
-
-
-def make_watchdog(
-    run: Run, tighten_lag: Callable[[int, dict[str, Any]], None] | None = None
-) -> Watchdog | None:
-    """The run's watchdog (None with `watchdog.enabled = false` and no injected spike; with
-    the spike alone, one that only injects it); its rollback target is protected from
-    `checkpoint.keep` (`Run.keep_steps`)."""
-    c = run.cfg.watchdog
-    if not c.enabled and not c.inject_lr_spike_at:
-        return None
-    wd = Watchdog(run.cfg.watchdog, run.trainer, run.dir, run.view.log, tighten_lag)
-    run.keep_steps = wd.protected
-    run.watchdog = wd  # its state goes into each checkpoint and back (schedule.sync)
-    return wd
-
-
-def restore_training(run: Run, ckpt: Path) -> None:
-    """Weights and optimizer state from `ckpt` into the live model and trainer (in place, so
-    the engines sharing the model see them); the version counter is left alone."""
-    load_weights(run.model, ckpt / "model")
-    run.trainer.opt.load_state_dict(load_trainer_state(ckpt)["optimizer"])
-    run.trainer.opt.zero_grad(set_to_none=True)
-
-
-def inprocess_rollback(run: Run) -> Callable[[Path, int], None]:
-    """Rollback for the in-process loop: restore, and forget replayed samples of the undone
-    versions (the loop holds no other queued data)."""
-
-    def go(ckpt: Path, last_bad: int) -> None:
-        restore_training(run, ckpt)
-        first_bad = checkpoint_step(ckpt) + 1
-        if run.replay is not None:
-            run.replay.discard(lambda s: any(first_bad <= v <= last_bad for v in s.versions_T))
-
-    return go
-
-
-class Undone:
-    """The policy versions rollbacks undid, `[first, last]` ranges: `rejects(group)` says
-    whether a group holds a token of one (its data is discarded)."""
-
-    def __init__(self) -> None:
-        self.ranges: list[tuple[int, int]] = []
-
-    def rejects(self, group: Group) -> bool:
-        return any(undone(group, lo, hi) for lo, hi in self.ranges)
-
-    def undo(self, run: Run, ckpt: Path, last_bad: int) -> None:
-        """The trainer's side of an orchestrated rollback (live or replayed): restore `ckpt`,
-        undo the versions after it up to `last_bad`, forget their replayed samples, and count
-        the restored weights as a new version (samplers load only newer ones)."""
-        restore_training(run, ckpt)
-        self.ranges.append((checkpoint_step(ckpt) + 1, last_bad))
-        if run.replay is not None:
-            ranges = self.ranges
-            run.replay.discard(
-                lambda s: any(lo <= v <= hi for lo, hi in ranges for v in s.versions_T)
-            )
-        run.trainer.version += 1
-        run.engine.version = run.eval_engine.version = run.trainer.version
-
-
-def orchestrated_rollback(
-    run: Run, learner: RunLearner, orch: Orchestrator
-) -> Callable[[Path, int], None]:
-    """Rollback for an orchestrated schedule: restore, publish the restored weights as a new
-    version, and discard every group with a token of the undone versions: those already
-    received now, those still in flight when they arrive (ledger: `discarded`)."""
-    done = Undone()
-
-    def go(ckpt: Path, last_bad: int) -> None:
-        done.undo(run, ckpt, last_bad)
-        learner.publish(orch.ch)
-        orch.reject = done.rejects
-        st = orch.state
-        gone: list[Group] = []
-
-        def keep(pairs: list[tuple[int, Group]]) -> list[tuple[int, Group]]:
-            """The pairs whose group survives; the others' groups go to `gone`."""
-            kept = []
-            for p in pairs:
-                if done.rejects(p[1]):
-                    gone.append(p[1])
-                else:
-                    kept.append(p)
-            return kept
-
-        st.window = keep(st.window)
-        for b in st.batches:
-            st.batches[b] = keep(st.batches[b])
-        run.ledger.discarded += len(gone)
-        if orch.recorder is not None:
-            orch.recorder.rollback(checkpoint_step(ckpt), last_bad, gone)
-        if not orch.fixed:
-            st.out_of_bound += len(gone)  # their places in the admission bound are free again
-        orch.issue()
-
-    return go

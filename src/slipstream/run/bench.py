@@ -80,7 +80,7 @@ def run_config(
 ) -> dict[str, Any]:
     """Train one configuration with one seed into `out`; its summary with its `clock_view`."""
     from slipstream.run.launch import train_async
-    from slipstream.schedule.sync import train_sync
+    from slipstream.run.sync import train_sync
 
     fixed = [f'run.dir="{out}"', f"run.seed={seed}", "run.quiet=true"]
     if name == INPROCESS:
@@ -119,7 +119,7 @@ def clock_view(name: str, run_dir: Path, summary: dict[str, Any]) -> dict[str, A
     the module doc (`clock`: the keys of `CLOCK_KEYS`, deferred accuracies merged in), which
     loop's ordering they follow (`eval_in_wall`), the budget's training time (`train_s`), and
     for the in-process loop the utilisation columns (it has no lag: K = 0)."""
-    from slipstream.schedule.sync import read_records
+    from slipstream.run.summary import read_records
 
     rows = with_deferred_heldout(read_records(run_dir / "metrics.jsonl"), summary)
     view: dict[str, Any] = {

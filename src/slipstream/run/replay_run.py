@@ -163,10 +163,11 @@ class TrainerReplay:
     ) -> None:
         """`events`: the record's trainer.jsonl, read by the caller (`replay` checks it)."""
         from slipstream.run.learner import RunLearner
+        from slipstream.run.rollback import Undone, make_watchdog
+        from slipstream.run.sampler import SamplerFactory
         from slipstream.run.setup import setup
         from slipstream.schedule.presets import preset
         from slipstream.schedule.sampler import SamplerSpec
-        from slipstream.schedule.watchdog import Undone, make_watchdog
         from slipstream.train.precision import parse_dtype
 
         self.cfg, self.meta, self.exact = cfg, meta, exact
@@ -188,8 +189,8 @@ class TrainerReplay:
         B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, cfg.schedule.redundant
         slots = cfg.runtime.sampler_slots or B * (G + r)
         dtype = parse_dtype(cfg.model.dtype)
-        spec = SamplerSpec(
-            cfg, run.model.config, dtype, run.tok, self.spec, slots, run.engine.max_len
+        build = SamplerFactory(
+            SamplerSpec(cfg, run.model.config, dtype, run.tok, self.spec, slots, run.engine.max_len)
         )
         n = int(meta["samplers"])
         logs = [read_jsonl(record / f"sampler{i}.jsonl") for i in range(n)]
@@ -198,7 +199,7 @@ class TrainerReplay:
         self.prompts: dict[str, Prompt] = {}
         sampler_threads = int(meta["sampler_threads"])
         self.samplers = [
-            SamplerReplayer(spec(i), logs[i], self.prompts, self.store, sampler_threads, exact)
+            SamplerReplayer(build(i), logs[i], self.prompts, self.store, sampler_threads, exact)
             for i in range(n)
         ]
         torch.set_num_threads(self.threads)
@@ -221,7 +222,7 @@ class TrainerReplay:
 
     def run_all(self) -> dict[str, Any]:
         """Every event up to the last step; then the run's end (deferred evaluation, summary)."""
-        from slipstream.schedule.sync import finish
+        from slipstream.run.summary import finish
 
         t0 = time.perf_counter()
         self.learner.t_start = t0
@@ -297,7 +298,7 @@ class TrainerReplay:
 
     def _rollback(self, ckpt: Path, last_bad: int) -> None:
         """The replay's watchdog rolls back where the run's did (the same alarms on the same
-        metrics): as `watchdog.orchestrated_rollback`, into the replay's windows and store."""
+        metrics): as `rollback.orchestrated_rollback`, into the replay's windows and store."""
         self.undone.undo(self.run, ckpt, last_bad)
         self.store.publish(self.learner.version, dict(self.run.model.named_parameters()))
         self.rolled_back = [g for g, group in self.window.items() if self.undone.rejects(group)]
@@ -378,7 +379,7 @@ class TrainerReplay:
 
 def compare(original: Path, replayed: Path) -> dict[str, Any]:
     """Every step record's values but `TIMINGS`, and the final checkpoint's tensors."""
-    from slipstream.schedule.sync import read_records
+    from slipstream.run.summary import read_records
 
     a, b = read_records(original / "metrics.jsonl"), read_records(replayed / "metrics.jsonl")
     diffs: list[tuple[int, str, Any, Any]] = []

@@ -1,0 +1,245 @@
+"""Multi-turn runs assembled from the config: the environment factory, the warm start of the
+built-in agentic task, the context an episode needs, held-out accuracy of episodes.
+
+`env.tools = "module:Class"` (or `path/file.py:Class`) makes every sample an episode of a
+`ToolEnv` over a fresh instance of that class, rewarded by its `reward(completion=...)` or,
+without one, by the task's verifier on the final answer; `env.factory = "module:function"`
+builds any token-level `Env` from (row, tokenizer). The factories are picklable: they are
+sent to the environment workers (and built in each sampler process, `run.sampler`). How an
+episode runs and becomes a group is `schedule.agentic` and `schedule.episodes`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from slipstream import imports
+from slipstream.config import Config, ConfigError
+from slipstream.engine import Engine, SamplingParams
+from slipstream.envs.base import Env, EnvFactory, resolve
+from slipstream.envs.builtin import RENDERER as BUILTIN_RENDERER
+from slipstream.envs.builtin import TOOLS_ALPHABET, Calculator, Latency, scripted_trace
+from slipstream.envs.parse import ToolFormat
+from slipstream.envs.render import (
+    HermesRenderer,
+    PlainRenderer,
+    Renderer,
+    TemplateRenderer,
+    supports_tools,
+)
+from slipstream.envs.tool_env import ToolEnv
+from slipstream.envs.workers import ThreadWorkers, Workers
+from slipstream.model.builtin import init_builtin
+from slipstream.model.chat import ChatTemplateError, load_chat_template
+from slipstream.model.llama import CausalLM
+from slipstream.model.tokenizer import Tokenizer
+from slipstream.observe.progress import ProgressView
+from slipstream.schedule.agentic import make_runner
+from slipstream.schedule.episodes import run_episodes
+from slipstream.tasks.arithmetic import RunningSums
+from slipstream.tasks.base import Task
+from slipstream.tasks.guard import unguarded
+from slipstream.train.warmstart import warm_start, warmstart_evaluation, ws_seed
+from slipstream.types import Prompt, Sample
+
+TOOLS_WARMSTART = "tools2"  # the agentic task's warm-start cache entry (bump on changes)
+
+
+def load_object(spec: str, key: str) -> object:
+    """`package.module:name` or `path/to/file.py:name`; a `ConfigError` naming `key`."""
+    return imports.load_object(spec, key, ConfigError)
+
+
+def load_tool_class(spec: str) -> type:
+    """The tool class of `env.tools`."""
+    cls = load_object(spec, "env.tools")
+    if not isinstance(cls, type):
+        raise ConfigError(f"env.tools: {spec} is not a class")
+    return cls
+
+
+@dataclass
+class CalculatorFactory:
+    """The built-in agentic task's environments: a `Calculator` of `latency` per episode, each
+    with its own latency seed (picklable: it is sent to the environment workers)."""
+
+    latency: Latency
+    tok: Tokenizer
+    base_seed: int = 0
+    made: int = 0
+
+    def __call__(self, row: Prompt) -> ToolEnv:
+        self.made += 1  # (per worker process: the pid keeps the workers' draws apart)
+        seed = zlib.crc32(f"{self.base_seed}:{os.getpid()}:{self.made}:{row.id}".encode())
+        return ToolEnv(Calculator(self.latency, seed), row, self.tok, "plain", BUILTIN_RENDERER)
+
+
+def calculator_factory(cfg: Config, tok: Tokenizer, latency: Latency | None = None) -> EnvFactory:
+    """`CalculatorFactory` of `env.tool_latency_*` (or `latency`)."""
+    lat = latency or Latency(cfg.env.tool_latency_median_s, cfg.env.tool_latency_p99_s)
+    return CalculatorFactory(lat, tok, cfg.run.seed * 1_000_003)
+
+
+def warm_start_tools(
+    cfg: Config, task: Task, view: ProgressView
+) -> tuple[CausalLM, Tokenizer, dict[str, Any]]:
+    """The built-in model warm-started on scripted tool-using traces (envs.builtin), cached;
+    it stops at `warmstart.target_acc` (default 0.25) held-out accuracy of greedy episodes (no
+    latency)."""
+    sums = unguarded(task)
+    assert isinstance(sums, RunningSums)
+    heldout = sums.heldout_prompts()[: cfg.eval.num_prompts]
+    fast = Latency(0.0, 0.0)
+
+    def evaluate(model: CausalLM, tok: Tokenizer) -> float:
+        factory = calculator_factory(cfg, tok, fast)
+        max_len = min(env_max_len(cfg, factory, heldout, tok), model.config.max_position_embeddings)
+        engine = Engine(model, tok.eos_id, num_slots=len(heldout), max_len=max_len)
+        workers = ThreadWorkers(factory, cfg.env.workers)  # the built-in calculator: trusted
+        try:
+            return episode_accuracy(cfg, factory, engine, heldout, workers)
+        finally:
+            workers.close()
+
+    def report(step: int, loss: float, acc: float | None) -> None:
+        if acc is not None:
+            view.log(f"warm start: step {step} loss {loss:.3f} held-out acc {acc:.3f}")
+
+    def init(seed: int) -> tuple[CausalLM, Tokenizer]:
+        return init_builtin(seed, TOOLS_ALPHABET)
+
+    def trace(prompt: Prompt, tok: Tokenizer) -> Sample:
+        return scripted_trace(prompt, tok, tok.eos_id)
+
+    view.log(
+        "warm start of the built-in model on tool-using traces (cached after the first run)..."
+    )
+    model, tok, info = warm_start(
+        sums, cfg.warmstart.for_task("builtin_tools"), ws_seed(cfg), evaluate, report, init=init, make_sample=trace,
+        tag=TOOLS_WARMSTART, evaluation=warmstart_evaluation(cfg),
+    )  # fmt: skip
+    view.log(
+        f"warm start: {'cached' if info['cached'] else 'trained'}, held-out acc {info['heldout_acc']:.3f}"
+    )
+    return model, tok, {"warmstart": info}
+
+
+@dataclass
+class TokenEnvFactory:
+    """`env.factory`: `function(row, tokenizer)`, the function loaded where it is called (in
+    each environment worker: a file path's module need not be importable by name)."""
+
+    spec: str
+    tok: Tokenizer
+
+    def __call__(self, row: Prompt) -> Env:
+        fn = _cached(self.spec, lambda: load_object(self.spec, "env.factory"))
+        assert callable(fn)
+        out: Env = fn(row, self.tok)
+        return out
+
+
+@dataclass
+class ToolClassFactory:
+    """`env.tools`: a fresh instance of the tool class per episode, rewarded by its own
+    `reward(completion=...)` or the task's verifier (built once per worker)."""
+
+    cfg: Config
+    tok: Tokenizer
+    fmt: ToolFormat
+    renderer: Renderer
+
+    def __call__(self, row: Prompt) -> ToolEnv:
+        cls = _cached(self.cfg.env.tools or "", lambda: load_tool_class(self.cfg.env.tools or ""))
+        assert isinstance(cls, type)
+        return ToolEnv(cls(), row, self.tok, self.fmt, self.renderer, reward=self._verify)
+
+    def _verify(self, prompt: Prompt, completion: str) -> float:
+        from slipstream.run.setup import build_task  # (which imports this module)
+
+        task = cast(Task, _cached(("task", id(self)), lambda: build_task(self.cfg)))
+        with _LOCK:  # thread workers: the verifier is one
+            return task.reward(prompt, completion)
+
+
+_CACHE: dict[object, object] = {}
+_LOCK = threading.Lock()
+
+
+def _cached(key: object, make: Callable[[], object]) -> object:
+    """What `make` gives, once per process (the workers' own imports and tasks)."""
+    with _LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = make()
+        return _CACHE[key]
+
+
+def tool_renderer(cfg: Config, tok: Tokenizer) -> tuple[ToolFormat, Renderer]:
+    """The call format and renderer of `env.tool_format`: `auto` is `hermes` through the
+    model's chat template where it renders tools, else `plain`."""
+    fmt = cfg.env.tool_format
+    try:  # (the template the rows are rendered with: plain calls render a row's chat too)
+        template = load_chat_template(
+            cfg.task.chat_template, cfg.model.path, cfg.task.chat_template_kwargs
+        )
+    except ChatTemplateError as e:
+        raise ConfigError(str(e)) from None
+    if fmt != "plain" and template is not None and supports_tools(template):
+        return "hermes", TemplateRenderer(template)
+    if fmt == "hermes":
+        return "hermes", HermesRenderer()
+    return "plain", PlainRenderer(template=template)
+
+
+def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | None:
+    """The picklable factory of one environment per row, or None for a single-turn run."""
+    e = cfg.env
+    if cfg.task.kind == "builtin_tools":
+        return calculator_factory(cfg, tok)
+    if e.factory is not None:
+        fn = load_object(e.factory, "env.factory")  # (checked here, loaded again in the workers)
+        if not callable(fn):
+            raise ConfigError(f"env.factory: {e.factory} is not callable")
+        return TokenEnvFactory(e.factory, tok)
+    if e.tools is None:
+        return None
+    load_tool_class(e.tools)
+    fmt, renderer = tool_renderer(cfg, tok)
+    return ToolClassFactory(cfg, tok, fmt, renderer)
+
+
+def env_max_len(cfg: Config, factory: EnvFactory, prompts: Sequence[Prompt], tok: Tokenizer) -> int:
+    """Context an episode can need: the longest rendered first observation + `env.max_tokens`
+    (the rendering's overhead measured on the first prompt, the same for every row)."""
+    first = resolve(factory(prompts[0]).initial_observation())
+    extra = len(first.tokens) - len(tok.encode(prompts[0].text))
+    longest = max(len(tok.encode(p.text)) for p in prompts)
+    return longest + max(extra, 0) + cfg.env.max_tokens + 1
+
+
+def episode_accuracy(
+    cfg: Config,
+    factory: EnvFactory,
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    workers: Workers | None = None,
+    params: SamplingParams | None = None,
+    n: int = 1,
+) -> float:
+    """Mean reward of `n` episodes of each of `prompts`, as held-out accuracy (mean@n):
+    sampled with `params` (None: greedy, temperature 0). Episode j of prompt i has seed
+    `i n + j`, so every evaluation samples with the same random numbers."""
+    if params is None:
+        params = SamplingParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens)
+    runner = make_runner(cfg, factory, engine, params, workers)
+    items = [(p, ("eval", i, j), i * n + j) for i, p in enumerate(prompts) for j in range(n)]
+    try:
+        eps = run_episodes(engine, runner, items)
+    finally:
+        runner.close()
+    return sum(e.reward for e in eps) / max(len(eps), 1)

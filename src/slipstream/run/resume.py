@@ -1,0 +1,145 @@
+"""Checkpoints of a run and resuming from them.
+
+`checkpoint(run)` writes everything the loop's future depends on (weights, optimizer, the
+run's counters and random states, the watchdog's and the forecast's state, the loop's own
+numbers); `latest_checkpoint` finds the newest complete one of a run folder; `rewind` drops
+what a killed run wrote after it; `restore` puts it back into a freshly set-up run. The in-process
+loop (`run.sync`) and the orchestrated one (`run.launch`) both resume this way.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slipstream.config import ConfigError
+from slipstream.observe.rollouts import STEP_MARK
+from slipstream.run.setup import Run
+from slipstream.run.summary import read_records
+from slipstream.train.checkpoint import (
+    list_checkpoints,
+    load_trainer_state,
+    load_weights,
+    save_checkpoint,
+)
+from slipstream.train.precision import parse_dtype
+
+
+def checkpoint(run: Run, **extra: Any) -> None:
+    """Everything the loop's future depends on; `restore` puts it back. `extra`: the loop's
+    own numbers (held-out accuracy at the start, elapsed time), JSON values."""
+    state = {
+        "version": run.trainer.version,
+        "source": run.source.state_dict(),
+        "draws": run.draws,  # the seed counter of sampling
+        "ledger": run.ledger.as_dict(),
+        "pass_rates": run.pass_rates.state_dict(),
+        "replay": run.replay.state_dict() if run.replay is not None else None,
+        "counters": dict(run.counters),
+        "prompts_skipped": dict(run.prompts_skipped),
+        "rng_python": random.getstate(),
+        "rng_run": run.rng.getstate(),  # replay's choices
+        "watchdog": run.watchdog.state_dict() if run.watchdog is not None else None,
+        "forecast": run.forecast.state_dict() if run.forecast is not None else None,
+        **extra,
+    }
+    trainer_state = {**run.trainer.state_dict(), "rng_torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        trainer_state["rng_cuda"] = torch.cuda.get_rng_state_all()
+    save_checkpoint(
+        run.dir,
+        run.trainer.version,
+        run.model,
+        run.tok,
+        trainer_state,
+        state,
+        run.cfg.checkpoint.keep,
+        dtype=parse_dtype(run.cfg.model.dtype),
+        protect=run.keep_steps() if run.keep_steps is not None else (),
+    )
+
+
+def latest_checkpoint(run_dir: str | Path | None) -> Path:
+    """The newest complete checkpoint of a run folder; `ConfigError` if there is none."""
+    ckpts = list_checkpoints(run_dir or ".")
+    if not ckpts:
+        raise ConfigError(
+            f"{run_dir}: no checkpoint to resume from (expected checkpoints/step_NNNNNN)"
+        )
+    return ckpts[-1]
+
+
+def rewind(ckpt: Path) -> None:
+    """Before resuming from `ckpt`: drop what the killed run wrote after it (metrics records,
+    rollouts and timeline intervals of later steps), so the resumed run does not repeat them."""
+    run_dir, step = ckpt.parent.parent, int(ckpt.name.removeprefix("step_"))
+    truncate_metrics(run_dir / "metrics.jsonl", step)
+    rollouts = run_dir / "rollouts.txt"
+    if rollouts.exists():
+        text = rollouts.read_text(encoding="utf-8")
+        cut = text.find(f"{STEP_MARK}{step + 1} ")
+        if cut >= 0:
+            rollouts.write_text(text[:cut], encoding="utf-8")
+    wall = json.loads((ckpt / "state.json").read_text()).get("wall_s")
+    timeline = run_dir / "timeline.jsonl"
+    if wall is not None and timeline.exists():
+        keep = []
+        for line in timeline.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["t0"] <= wall:
+                    keep.append(line + "\n")
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line
+        timeline.write_text("".join(keep), encoding="utf-8")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after `step` (and a torn last line), written by a run killed after its
+    checkpoint, so that the resumed run's records do not repeat them."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step):
+            keep.append(line + "\n")
+    path.write_text("".join(keep), encoding="utf-8")
+
+
+def restore(run: Run, ckpt: Path) -> dict[str, Any]:
+    """Load a checkpoint into a freshly set-up run; returns its state.json (the loop's extras)."""
+    state = json.loads((ckpt / "state.json").read_text())
+    load_weights(run.model, ckpt / "model")
+    trainer_state = load_trainer_state(ckpt)
+    run.trainer.load_state_dict(trainer_state)
+    run.engine.version = run.eval_engine.version = run.trainer.version
+    run.source.load_state_dict(state["source"])
+    run.draws = state["draws"]
+    run.ledger.load(state["ledger"])
+    run.pass_rates.load_state_dict(state["pass_rates"])
+    if run.replay is not None and state.get("replay") is not None:
+        run.replay.load_state_dict(state["replay"])
+    run.counters.update(state.get("counters", {}))
+    if run.watchdog is not None and state.get("watchdog") is not None:
+        run.watchdog.load_state_dict(state["watchdog"])
+    run.prompts_skipped.update(state.get("prompts_skipped", {}))
+    if run.forecast is not None:  # the steps before the resume (rewound to the checkpoint)
+        run.forecast.resume(read_records(run.dir / "metrics.jsonl"), state.get("forecast"))
+    if "rng_python" in state:
+        version, internal, gauss = state["rng_python"]
+        random.setstate((version, tuple(internal), gauss))
+        version, internal, gauss = state["rng_run"]
+        run.rng.setstate((version, tuple(internal), gauss))
+    if "rng_torch" in trainer_state:
+        torch.set_rng_state(trainer_state["rng_torch"])
+    if "rng_cuda" in trainer_state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(trainer_state["rng_cuda"])
+    run.view.log(f"resumed from {ckpt} (step {run.trainer.version})")
+    return state

@@ -1,0 +1,48 @@
+"""A sampler built where it runs: `SamplerFactory(spec)(sampler_id)` is the `SamplerWorker`
+(schedule.sampler) of one sampler process or Ray actor.
+
+The runtime pickles the factory, not the model: inside the child it allocates the model on
+the sampler's device (on meta first, so no random initialisation runs: the weights arrive
+through the weight channel before the first step), sizes the engine's slots to its KV budget,
+and builds the task and, for multi-turn runs, the environment factory from the config. The
+runtime's fork server preloads this module (runtime.processes.PRELOAD).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from slipstream.engine import capacity
+from slipstream.model.meta import empty_model
+from slipstream.run.agentic import build_env_factory
+from slipstream.schedule.sampler import SamplerSpec, SamplerWorker
+
+
+@dataclass(frozen=True)
+class SamplerFactory:
+    """Builds the worker of a sampler id from `spec`; picklable (the runtime calls it inside
+    the child)."""
+
+    spec: SamplerSpec
+
+    def __call__(self, sampler_id: int) -> SamplerWorker:
+        from slipstream.run.setup import build_task, make_engine  # (not in the preload)
+
+        spec = self.spec
+        p = spec.placement
+        device = torch.device(p.local_sampler_device(sampler_id) if p else "cpu")
+        # built on meta, allocated once on its device: the weights arrive through the channel
+        # before the first step (model.meta), so no random initialisation ever runs
+        model = empty_model(spec.model_config, device, spec.dtype)
+        e = spec.cfg.engine
+        free = capacity.free_device_bytes(device)
+        budget = capacity.cache_tokens(
+            spec.model_config, spec.dtype, e.max_tokens, e.memory_fraction, free
+        )
+        slots = capacity.fit_slots(spec.num_slots, spec.max_len, budget)
+        engine = make_engine(model, spec.tokenizer, slots, spec.max_len, version=-1)
+        task = build_task(spec.cfg)
+        env_factory = build_env_factory(spec.cfg, spec.tokenizer, task)
+        return SamplerWorker(spec, sampler_id, engine, task, env_factory)

@@ -1,0 +1,71 @@
+"""The end of a run and its step records read back.
+
+`finish` closes a run that trained every step and writes its `summary.json` and
+`ledger.json`: the in-process loop (`run.sync`), the orchestrated one (`run.launch`) and a
+replayed one (`run.replay_run`) end here. `read_records` reads a run's metrics.jsonl back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from slipstream.run.setup import Run
+from slipstream.schedule.step_stats import goodput
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The step records of a metrics.jsonl (a torn last line skipped)."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            out.append(rec)
+    return out
+
+
+def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
+    """The end of a run: its workers and observers closed, `summary.json` (accuracies, wall
+    time, steps, the ledger, the run's info, goodput) and `ledger.json` written, one line
+    logged; returns the summary."""
+    run.close_workers()
+    run.close_observers()
+    samplers = run.info.get("samplers", 0)
+    records = read_records(run.dir / "metrics.jsonl")
+    info = run.info
+    totals = (info["tokens_generated"], info["busy_s"]) if "busy_s" in info else None
+    good = goodput(
+        records,
+        wall,
+        samplers,
+        info.get("tokens_lost", 0),
+        info.get("tokens_unfinished", 0),
+        totals,
+    )
+    summary = {
+        "heldout_acc_start": acc_start if run.heldout else None,  # None: no held-out rows
+        "heldout_acc_end": acc_end if run.heldout else None,
+        "wall_s": wall,
+        "steps": run.trainer.version,
+        "skipped_steps": run.trainer.skipped_steps,
+        "ledger": run.ledger.as_dict(),
+        "prompts_skipped": dict(run.prompts_skipped),
+        **run.info,
+        **good,
+    }
+    (run.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    run.write_ledger()
+    lost = (
+        f", {run.ledger.lost} groups ({good['tokens_lost']} tokens) lost to failures"
+        if run.ledger.lost
+        else ""
+    )
+    run.view.log(
+        f"done: {summary['steps']} steps in {wall:.0f}s; held-out accuracy {acc_start:.3f} -> {acc_end:.3f}; "
+        f"goodput {good['goodput']:.0%}{lost}; ledger {run.ledger.as_dict()}"
+    )
+    return summary
