@@ -14,6 +14,10 @@ forecast of a run's duration (issue 22).
     best fixed, higher is better), the best fixed K picked per metric after the fact, which the
     controller is never told; `time_median_reached` says, for auto and that K, whether the
     median time is a time to target (True) or an unreached run's whole training time (False). Target: within 5 % on both (time <= 1.05, accuracy >= 0.95).
+    Beside it, auto's final accuracy minus that K's seed by seed, with a 90 % bootstrap
+    interval of the mean difference (`acc_paired_points`): a best K picked after the fact
+    among noisy columns is favoured by its own noise, and the interval says whether a gap
+    is larger than the seeds' spread.
 (b) The watchdog: the same schedule at K = `--wd-lag`, a learning-rate spike injected at
     step `--spike-at` (x `--spike-factor` for `--spike-steps` steps, `watchdog.inject_lr_spike_*`), with the watchdog off, and with
     `rollback` on the `step_kl`, `grad_spike` and `nonfinite` alarms; and an undisturbed run.
@@ -21,7 +25,8 @@ forecast of a run's duration (issue 22).
 (c) The forecast: bench/forecast.py (issue 22, part 4) when it exists; its last JSON line's
     `forecast_error_at_25pct` and `forecast_coverage` are passed through. Otherwise null.
 
-Run: python bench/beyond.py [--seeds 0,1,2] [--steps 40] [--lags 1,2,4,8] [--target 0.2]
+Run: python bench/beyond.py [--seeds 0,1,2] [--steps 40] [--lags 1,2,4,8] [--target 0.2 |
+     --target-gain 0.06 (each seed's start + 0.06)]
      [--out bench_out/beyond] [--resume] [--skip-auto] [--skip-watchdog] [key=value ...]
 The last line is one JSON object: `auto_lag_vs_best_fixed`, `watchdog_acc_gap`,
 `forecast_error_at_25pct`, `forecast_coverage`, the sizes and the per-configuration figures.
@@ -76,8 +81,9 @@ def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: li
                 "alarms": []}  # fmt: skip
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # deferred evaluation: the accuracies are in summary.json; the loop is orchestrated
+    target = run_target(args, summary["heldout_acc_start"])
     hit = time_to_target(
-        with_deferred_heldout(rows, summary), args.target, False, summary["heldout_acc_start"]
+        with_deferred_heldout(rows, summary), target, False, summary["heldout_acc_start"]
     )
     ks = [r["schedule/max_lag"] for r in rows if "schedule/max_lag" in r]
     ess = [r["staleness/ess_token"] for r in rows if "staleness/ess_token" in r]
@@ -88,6 +94,7 @@ def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: li
         "time_to_target": training_total(summary["wall_s"], rows) if hit is None else hit.train_s,
         "time_to_target_wall": summary["wall_s"] if hit is None else hit.wall_s,
         "reached": hit is not None,
+        "target": target,
         "wall_s": summary["wall_s"],
         "k_path": ks,
         "ess_mean": statistics.fmean(ess) if ess else None,
@@ -97,6 +104,13 @@ def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: li
             for e in summary.get("watchdog", {}).get("events", [])
         ],
     }
+
+
+def run_target(args: argparse.Namespace, acc_start: float) -> float:
+    """The held-out accuracy a run must reach: `--target`, or with `--target-gain` its own
+    start's plus that gain (every configuration of a seed starts from the same warm start, so
+    they share it), fixed by rule before any run."""
+    return args.target if args.target_gain is None else acc_start + args.target_gain
 
 
 def part_auto(args: argparse.Namespace, extra: list[str], done: dict) -> dict[str, list[dict]]:
@@ -122,7 +136,8 @@ def part_auto(args: argparse.Namespace, extra: list[str], done: dict) -> dict[st
                 print(f"beyond: {name} seed={seed}: stopped at {r['stopped']}", flush=True)
                 continue
             print(
-                f"beyond: {name} seed={seed}: acc {r['acc']:.3f}, training time to {args.target} "
+                f"beyond: {name} seed={seed}: acc {r['acc']:.3f}, training time to "
+                f"{r.get('target', args.target):.3f} "
                 f"{r['time_to_target']:.1f}s{'' if r['reached'] else ' (not reached)'}, "
                 f"wall {r['wall_s']:.0f}s, K path {_k_path(r['k_path'])}",
                 flush=True,
@@ -174,7 +189,7 @@ def save(args: argparse.Namespace, done: dict) -> None:
     (Path(args.out) / "results.json").write_text(json.dumps(done, indent=1))
 
 
-def auto_table(res: dict[str, list[dict]], target: float) -> tuple[str, dict[str, Any]]:
+def auto_table(res: dict[str, list[dict]], target: float | str) -> tuple[str, dict[str, Any]]:
     """The (a) table and `auto_lag_vs_best_fixed`. A run that stopped (collapsed: no time,
     no accuracy) is left out of the medians and counted in the `reached` column."""
     lines = [
@@ -205,6 +220,10 @@ def auto_table(res: dict[str, list[dict]], target: float) -> tuple[str, dict[str
         return "\n".join(lines), {"time_ratio": None, "acc_ratio": None}
     best_t = min(fixed, key=lambda n: med[n][0])
     best_a = max(fixed, key=lambda n: med[n][1])
+    lines.append(
+        f"\nauto against {best_a} seed by seed (points of final accuracy, auto minus K): "
+        + _paired_text(paired(res, best_a))
+    )
     ratio = {
         "time_ratio": med["auto"][0] / med[best_t][0],
         "acc_ratio": med["auto"][1] / med[best_a][1] if med[best_a][1] > 0 else float("nan"),
@@ -213,8 +232,36 @@ def auto_table(res: dict[str, list[dict]], target: float) -> tuple[str, dict[str
         # False: that median time is a run's whole training time (it never reached the target), so
         # time_ratio compares budgets there, not times to target
         "time_median_reached": {n: median_reached(done[n]) for n in ("auto", best_t)},
+        "acc_paired_points": paired(res, best_a),
     }
     return "\n".join(lines), ratio
+
+
+def paired(res: dict[str, list[dict]], fixed: str, reps: int = 2000) -> dict[str, Any]:
+    """auto's final accuracy minus `fixed`'s on each seed both finished, in points, their mean
+    and a 90 % bootstrap interval of that mean over seeds (resampled with a fixed seed): does
+    the gap stand out of the seeds' noise?"""
+    import random
+
+    by_seed = {r["seed"]: r["acc"] for r in res[fixed] if r.get("acc") is not None and "seed" in r}
+    diffs = [
+        round(100 * (r["acc"] - by_seed[r["seed"]]), 2)
+        for r in res["auto"]
+        if r.get("acc") is not None and r.get("seed") in by_seed
+    ]
+    if not diffs:
+        return {"diffs": [], "mean": None, "interval90": None}
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(reps))
+    lo, hi = means[int(0.05 * reps)], means[int(0.95 * reps) - 1]
+    return {"diffs": diffs, "mean": statistics.fmean(diffs), "interval90": [lo, hi]}
+
+
+def _paired_text(p: dict[str, Any]) -> str:
+    if p["mean"] is None:
+        return "no seed in common"
+    lo, hi = p["interval90"]
+    return f"mean {p['mean']:+.1f} (90 % bootstrap {lo:+.1f} to {hi:+.1f}), per seed {p['diffs']}"
 
 
 def median_reached(runs: list[dict]) -> bool:
@@ -252,6 +299,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--ckpt-every", type=int, default=5)
     ap.add_argument("--target", type=float, default=0.2)
+    ap.add_argument(
+        "--target-gain",
+        type=float,
+        default=None,
+        help="instead of --target: each run's target is its start's held-out accuracy + this",
+    )
     ap.add_argument("--wd-lag", type=int, default=2)
     ap.add_argument("--wd-seed", type=int, default=0)
     ap.add_argument("--spike-at", type=int, default=20)
@@ -271,10 +324,14 @@ def main(argv: list[str]) -> int:
     done: dict[str, Any] = {}
     if args.resume and (out / "results.json").exists():
         done = json.loads((out / "results.json").read_text())
-    result: dict[str, Any] = {"steps": args.steps, "seeds": args.seeds, "target": args.target}
+    result: dict[str, Any] = {
+        "steps": args.steps,
+        "seeds": args.seeds,
+        "target": args.target if args.target_gain is None else f"start + {args.target_gain}",
+    }
     if not args.skip_auto:
         res = part_auto(args, extra, done)
-        text, ratio = auto_table(res, args.target)
+        text, ratio = auto_table(res, result["target"])
         print(text)
         result["auto_lag_vs_best_fixed"] = ratio
         result["auto_lag_met"] = (

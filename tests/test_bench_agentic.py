@@ -93,3 +93,15 @@ def test_reuse_reads_back_a_finished_run_of_the_same_config_and_trains_no_other(
     # another budget is another run: trained, not read back
     bench.run_one(folder, "sync", 0, 0.1, 30.0, ["run.steps=3"], reuse=True)
     assert len(trained) == 1
+
+
+def test_a_target_gain_is_added_to_the_runs_own_start():
+    summary = {"heldout_acc_end": 0.3, "wall_s": 3.0, "heldout_acc_start": 0.2}
+    summary["ledger"] = {"balanced": True}
+    recs = [{"step": 1, "wall_s": 1.0, "heldout_acc": 0.23}, {"step": 2, "wall_s": 2.0}]
+    recs.append({"step": 3, "wall_s": 3.0, "heldout_acc": 0.26})
+    res = {"summary": summary, "records": recs, "eval_in_wall": False}
+    # start 0.20 + 0.05: step 1's 0.23 is short of 0.25, step 3's 0.26 reaches it
+    m = bench.measures(res, 0.9, gain=0.05)
+    assert abs(m["target"] - 0.25) < 1e-12 and m["time_to_target_s"] == 3.0
+    assert bench.measures(res, 0.9)["time_to_target_s"] is None  # the absolute 0.9: never

@@ -43,3 +43,24 @@ def test_a_stopped_run_is_counted_not_medianed():
     assert ratio["time_ratio"] == 7.0 / 5.0
     _, none = bench.auto_table({"K=8": [dict(stopped)], "auto": [_run(5.0, True)]}, 0.25)
     assert none["time_ratio"] is None
+
+
+def test_paired_differences_are_per_seed_points_with_a_bootstrap_interval():
+    # seeds 0-2: auto 0.30, 0.20, 0.25 against K=8's 0.28, 0.25, 0.25: +2, -5, 0 points
+    # (mean -1); seed 3 ran for auto only, so it is not paired
+    res = {
+        "K=8": [{"seed": s, "acc": a} for s, a in ((0, 0.28), (1, 0.25), (2, 0.25))],
+        "auto": [{"seed": s, "acc": a} for s, a in ((0, 0.30), (1, 0.20), (2, 0.25), (3, 0.9))],
+    }
+    p = bench.paired(res, "K=8")
+    assert p["diffs"] == [2.0, -5.0, 0.0] and abs(p["mean"] + 1.0) < 1e-12
+    lo, hi = p["interval90"]
+    assert -5.0 <= lo <= p["mean"] <= hi <= 2.0  # bootstrap means lie within the data's range
+    assert bench.paired({"K=8": [], "auto": res["auto"]}, "K=8")["mean"] is None
+
+
+def test_a_target_gain_sets_each_runs_target_from_its_own_start():
+    from argparse import Namespace
+
+    assert bench.run_target(Namespace(target=0.25, target_gain=None), 0.1) == 0.25
+    assert abs(bench.run_target(Namespace(target=0.25, target_gain=0.06), 0.102) - 0.162) < 1e-12
