@@ -26,6 +26,7 @@ from slipstream.sim.calibrate import (
     nonneg_lstsq,
     predict,
     save_calibration,
+    sim_config,
 )
 from slipstream.sim.cli import sim_main
 from slipstream.sim.runs import RunError, read_run
@@ -247,3 +248,26 @@ def test_the_step_records_prompt_length_is_what_the_calibration_reads(tmp_path: 
         m["prompt_len_mean"] = PROMPT
     cal = fit_profile(run)
     assert cal.prompt_len == PROMPT and cal.prefills_per_group == 1  # fallback: 6 and 4
+
+
+@pytest.mark.parametrize("policy", [None, "keep", "drop", "abort"])
+def test_the_simulation_of_a_run_drops_stale_groups_as_the_run_did(
+    tmp_path: Path, policy: str | None
+) -> None:
+    """The simulated run treats a group older than its bound as the recorded run did: its
+    `[schedule] lag_policy`, or the trainer's default (drop) when the config is silent."""
+    run_dir = fake_run(tmp_path / "run", 8, schedule="double_buffer", steps=6)
+    if policy is not None:
+        config = run_dir / "config.toml"
+        text = config.read_text().replace("[schedule]\n", f'[schedule]\nlag_policy = "{policy}"\n')
+        config.write_text(text)
+    run = read_run(run_dir)
+    assert sim_config(run, fit_profile(run)).lag_policy == (policy or "drop")
+
+
+def test_an_unknown_lag_policy_in_a_run_folder_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    run_dir = fake_run(tmp_path / "run", 8, steps=4)
+    config = run_dir / "config.toml"
+    config.write_text(config.read_text().replace("[schedule]\n", '[schedule]\nlag_policy = "x"\n'))
+    with pytest.raises(RunError, match=r"config.toml.*lag_policy"):
+        sim_config(read_run(run_dir), fit_profile(read_run(run_dir)))

@@ -17,6 +17,10 @@ pipeline 32 (sampler busy within 6.3 % on all nine):
     recording 2   -9.3 / -3.7 / +4.9 %   (+9.9 %)
     recording 3   -7.3 / -0.9 / -0.1 %   (-12.0 %)   <- this data
 
+Those three were simulated keeping groups older than the bound, while the runs dropped them
+(the trainer's default); simulated as the runs did (`RunRecord.lag_policy`), this data gives
++0.5 / -0.9 / +8.8 % (-12.0 %), sampler busy -3.6 / +6.3 / -0.7 %.
+
 Fitted from step totals instead (the fit without pass sums), the same recordings give
 +1.4 / -0.7 / +4.4, -19.6 / -5.7 / -12.8 and -15.2 / -1.0 / -14.2 %: step totals cannot
 separate the per-pass from the per-row cost (module doc of sim.calibrate), and the

@@ -205,7 +205,13 @@ def sim_config(
     # More steps than the run had: the prediction is of the expected step, not of one draw.
     steps = max(len(run.metrics), 200)
     return SimConfig(
-        cluster, work, preset(run.schedule, lag), steps=steps, seed=seed, warmup_steps=1
+        cluster,
+        work,
+        preset(run.schedule, lag),
+        steps=steps,
+        seed=seed,
+        lag_policy=run.lag_policy,
+        warmup_steps=1,
     )
 
 

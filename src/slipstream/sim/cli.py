@@ -118,7 +118,12 @@ def _sim_parser() -> argparse.ArgumentParser:
         help="sampler GPUs (default: colocated for sync and tail_batching, else balanced)",
     )
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--lag-policy", default="keep", choices=["keep", "drop", "abort"])
+    p.add_argument(
+        "--lag-policy",
+        default="drop",
+        choices=["keep", "drop", "abort"],
+        help="a group older than --max-lag: drop it (the trainer's default), keep it, or abort it",
+    )
     p.add_argument(
         "--calibrate", type=Path, metavar="RUN_DIR", help="fit the CPU profile from a local run"
     )

@@ -15,9 +15,10 @@ import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from slipstream.schedule.presets import preset
+from slipstream.sim.simulator import LagPolicy
 
 # Per-step metrics the calibration fits on (see calibrate.py).
 REQUIRED_METRICS = (
@@ -83,6 +84,15 @@ class RunRecord:
             ks = [r["schedule/max_lag"] for r in self.metrics if "schedule/max_lag" in r]
             return max(ks) if ks else int(self.config["schedule"].get("max_lag_max", 8))
         return int(value) if value is not None else preset(self.schedule).max_lag
+
+    @property
+    def lag_policy(self) -> LagPolicy:
+        """`[schedule] lag_policy`: what the run did with a group older than its bound
+        (the trainer's default, "drop", when the config does not say)."""
+        value = str(self.config.get("schedule", {}).get("lag_policy", "drop"))
+        if value not in ("keep", "drop", "abort"):
+            raise RunError(f"{self.path / 'config.toml'}: unknown [schedule] lag_policy {value!r}")
+        return cast(LagPolicy, value)
 
     @property
     def num_samplers(self) -> int:

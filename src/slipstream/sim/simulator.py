@@ -100,9 +100,10 @@ class SimConfig:
     schedule: ScheduleSpec
     steps: int = 100
     seed: int = 0
-    lag_policy: LagPolicy = "keep"
+    lag_policy: LagPolicy = "drop"
     """A group older than max_lag when trained: keep it (importance-ratio corrected), drop
-    it, or abort it in the sampler as soon as it crosses the bound."""
+    it, or abort it in the sampler as soon as it crosses the bound. The default is the
+    trainer's (`[schedule] lag_policy`)."""
     failures: FailureModel | None = None
     warmup_steps: int = 2
     """Steps left out of step-time and throughput statistics (the pipeline filling)."""
