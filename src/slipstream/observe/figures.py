@@ -34,7 +34,7 @@ KIND_COLORS = {
     "down": "#222222",
 }
 # Schedules whose samplers never run ahead of the trainer: every token has lag 0 and the
-# importance ratio is 1 (DESIGN.md, schedule table), so their staleness needs no recording.
+# importance ratio is 1 (docs/design.md, the presets' table), so their staleness needs no recording.
 ON_POLICY = {"sync", "tail_batching"}
 TIMELINE_STEPS = 12  # the timeline shows the first steps: enough to see the rhythm, still legible
 

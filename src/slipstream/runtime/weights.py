@@ -62,8 +62,8 @@ def seqlock_read(
 
 class SharedWeights:
     """Implements `channels.WeightChannel` over shared memory; create it in the trainer from
-    the model's parameters, hand it to the sampler processes at spawn (it pickles as handles
-    to the same memory)."""
+    the model's parameters, hand it to the sampler processes when they start (forked from the fork
+    server, it pickles as handles to the same memory)."""
 
     def __init__(self, params: Mapping[str, torch.Tensor], ctx: Any) -> None:
         self._layout: list[tuple[str, torch.dtype, int, int, tuple[int, ...]]] = []
