@@ -9,6 +9,7 @@ a learning signal from the first step and no warm start to wait for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -204,25 +204,29 @@ def test_a_sampler_error_stops_the_run_and_leaves_no_process(assets, tmp_path):
     assert json.loads((tmp_path / "err" / "ledger.json").read_text())["balanced"]
 
 
-def _marked(marker: str) -> list[int]:
-    """Pids of live processes whose environment carries `marker`."""
+def _in_session(sid: int) -> list[int]:
+    """Pids of live (not zombie) processes of session `sid`, read from `/proc/PID/stat` alone.
+
+    A process keeps its session when its parent dies, so an orphan is still found. Only `stat`
+    is read: `/proc/PID/environ` (how this test first marked its processes) takes the target's
+    memory-map lock, and a read of it blocks for as long as another process holds that lock;
+    CI once hung in this test for over an hour, and `environ` was the one read in it without a
+    bound."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            if marker.encode() in (d / "environ").read_bytes():
-                stat = (d / "stat").read_text()
-                if stat.rsplit(")", 1)[1].split()[0] != "Z":  # a zombie is already dead
-                    out.append(int(d.name))
-        except OSError:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
             continue
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            out.append(int(d.name))
     return out
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_ctrl_c_stops_every_process(assets, tmp_path):
-    marker = f"SLIPSTREAM_TEST_MARKER={uuid.uuid4().hex}"
     run_dir = tmp_path / "sigint"
     script = tmp_path / "run.py"
     script.write_text(
@@ -236,8 +240,10 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
             train_async(_cfg(Path({str(assets)!r}), Path({str(run_dir)!r}), 'schedule.name="pipeline"', "run.steps=100000"))
     """)
     )
-    env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.PIPE)
+    # a session of its own: every process the run starts is found by its session id
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stderr=subprocess.PIPE, start_new_session=True
+    )
     try:
         end = time.monotonic() + 120
         metrics = run_dir / "metrics.jsonl"
@@ -245,20 +251,24 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.monotonic() < end, "the run never got going"
             time.sleep(0.2)
-        assert len(_marked(marker.split("=")[1])) >= 2  # the parent and its sampler
+        assert len(_in_session(proc.pid)) >= 2  # the parent and its sampler
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert proc.returncode != 0
     # the samplers are gone when the parent exits; the fork server they were forked from
     # (runtime.processes) exits when its parent's pipe closes, after the interpreter's
     # teardown (0.85 s measured): an orphan would still be there at the deadline
     deadline = time.monotonic() + 10
-    while _marked(marker.split("=")[1]) and time.monotonic() < deadline:
+    while _in_session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _marked(marker.split("=")[1]) == []
+    leftover = _in_session(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # no orphan outlives a failed test
+    assert leftover == []
     assert json.loads((run_dir / "ledger.json").read_text())["balanced"]
 
 
