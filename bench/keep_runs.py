@@ -4,11 +4,11 @@ A benchmark's run folders (`bench_out/...`, ignored by git) vanish with the mach
 on; a headline that takes several sessions to measure (bench/algorithms.py's 16 seeds) needs
 its finished runs kept. This copies every finished run folder under SRC (one holding
 `summary.json` and `config.toml`) to the same relative path under DST, with `metrics.jsonl`
-cut down to the keys given (by default those bench/algorithms.py's `curve` and the agentic
-bench's time to target read), so that `--reuse --runs-dir DST` reads them back as if they had
+cut down to the keys given (by default every key that bench/algorithms.py's `curve` and
+bench/agentic.py's `measures` read), so that `--reuse --runs-dir DST` reads them back as if they had
 just run. Checkpoints, logs and everything else are left out.
 
-Run: python bench/keep_runs.py SRC DST [--keys step,tokens/generated,heldout_acc,wall_s]
+Run: python bench/keep_runs.py SRC DST [--keys step,tokens/generated,heldout_acc,...]
 
 Prints one line per run kept and ends with one JSON line: {"runs": N, "bytes": total}.
 """
@@ -21,7 +21,22 @@ import shutil
 import sys
 from pathlib import Path
 
-KEYS = ("step", "tokens/generated", "heldout_acc", "wall_s", "time/eval_s")
+KEYS = (
+    "step",
+    "tokens/generated",
+    "heldout_acc",
+    "eval/heldout_acc",
+    "wall_s",
+    "time/eval_s",
+    "time/eval_start_s",  # the clock of deferred evaluation (observe.clock)
+    "engine/busy_frac",
+    "runtime/sampler_busy",
+    "staleness/ess_token",
+    "staleness/lag_mean",
+    "staleness/lag_hist",
+    "env/turns_mean",
+)
+"""What bench/algorithms.py's `curve` and bench/agentic.py's `measures` read of a run's records."""
 
 
 def trim_metrics(text: str, keys: tuple[str, ...]) -> str:
