@@ -21,14 +21,16 @@ import shutil
 import sys
 from pathlib import Path
 
+from slipstream.observe.clock import EVAL_S, EVAL_START_S
+from slipstream.observe.runs import HELDOUT_KEYS
+
 KEYS = (
     "step",
     "tokens/generated",
-    "heldout_acc",
-    "eval/heldout_acc",
+    *HELDOUT_KEYS,
     "wall_s",
-    "time/eval_s",
-    "time/eval_start_s",  # the clock of deferred evaluation (observe.clock)
+    EVAL_S,
+    EVAL_START_S,  # the clock of deferred evaluation (observe.clock)
     "engine/busy_frac",
     "runtime/sampler_busy",
     "staleness/ess_token",
