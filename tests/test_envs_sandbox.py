@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import alive, cwd_of, live_processes
 from slipstream.envs import PythonTool, SandboxLimits, ToolCall, call_tool, run_python, tool_specs
 from slipstream.envs.sandbox import unshare_works
 
@@ -77,28 +78,13 @@ def test_output_cut_to_the_limit_keeping_head_and_tail() -> None:
 
 
 def _sandboxes_in(folder: Path, leaders: bool = False) -> list[int]:
-    """Live (not zombie) processes whose working directory is under `folder` (`leaders`:
-    only those that lead a session)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            live = fields[0] != "Z" and (not leaders or fields[3] == d.name)
-            if live and os.readlink(d / "cwd").startswith(str(folder)):
-                out.append(int(d.name))
-        except OSError:
-            continue
-    return out
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a live process (not gone, not a zombie)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    """Live processes whose working directory is under `folder` (`leaders`: only those that
+    lead a session)."""
+    return [
+        pid
+        for pid, f in live_processes()
+        if (not leaders or int(f[3]) == pid) and (cwd_of(pid) or "").startswith(str(folder))
+    ]
 
 
 # forks a child that leaves for a session of its own (out of reach of a `killpg`) and forks a
@@ -137,7 +123,7 @@ def test_processes_that_leave_the_sandbox_session_die_when_the_call_returns(
     pids = [int(p) for p in r.output.split()]
     try:
         assert (r.error.split(" ")[0], len(pids)) == (error, 2), r
-        left = [p for p in pids if _alive(p)]
+        left = [p for p in pids if alive(p)]
     finally:
         for pid in pids:
             with contextlib.suppress(OSError):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import os
 import signal
 import threading
@@ -15,6 +14,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 
+from procs import cwd_of, live_processes
 from scripted_env import ByMode
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Engine, SamplingParams
@@ -449,13 +449,7 @@ def test_a_process_step_that_exits_is_an_error_and_its_worker_lives() -> None:
 
 def _child_cwd(pid: int) -> str | None:
     """The working directory of a live child of process `pid` (None: it has none)."""
-    for d in glob.glob("/proc/[0-9]*"):
-        with contextlib.suppress(OSError, IndexError):
-            with open(f"{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid and fields[0] != "Z":
-                return os.readlink(f"{d}/cwd")
-    return None
+    return next((cwd_of(c) for c, f in live_processes() if int(f[1]) == pid), None)
 
 
 @pytest.mark.slow  # ~15 s on the loaded 2-core machine: a forkserver and two workers in turn

@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from procs import in_session
 from slipstream.config import load_config
 from slipstream.model import load_pretrained
 from slipstream.run.launch import train_async
@@ -204,27 +205,6 @@ def test_a_sampler_error_stops_the_run_and_leaves_no_process(assets, tmp_path):
     assert json.loads((tmp_path / "err" / "ledger.json").read_text())["balanced"]
 
 
-def _in_session(sid: int) -> list[int]:
-    """Pids of live (not zombie) processes of session `sid`, read from `/proc/PID/stat` alone.
-
-    A process keeps its session when its parent dies, so an orphan is still found. Only `stat`
-    is read: `/proc/PID/environ` (how this test first marked its processes) takes the target's
-    memory-map lock, and a read of it blocks for as long as another process holds that lock;
-    CI once hung in this test for over an hour, and `environ` was the one read in it without a
-    bound."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
-            out.append(int(d.name))
-    return out
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_ctrl_c_stops_every_process(assets, tmp_path):
     run_dir = tmp_path / "sigint"
@@ -251,7 +231,7 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.monotonic() < end, "the run never got going"
             time.sleep(0.2)
-        assert len(_in_session(proc.pid)) >= 2  # the parent and its sampler
+        assert len(in_session(proc.pid)) >= 2  # the parent and its sampler
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:
@@ -263,9 +243,9 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
     # (runtime.processes) exits when its parent's pipe closes, after the interpreter's
     # teardown (0.85 s measured): an orphan would still be there at the deadline
     deadline = time.monotonic() + 10
-    while _in_session(proc.pid) and time.monotonic() < deadline:
+    while in_session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    leftover = _in_session(proc.pid)
+    leftover = in_session(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # no orphan outlives a failed test
     assert leftover == []
