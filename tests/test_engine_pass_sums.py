@@ -8,7 +8,7 @@ import torch
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.engine.stats import PASS_SUMS, EngineStats, pass_context
 from slipstream.model.llama import CausalLM, ModelConfig
-from slipstream.sim.calibrate import PASS_KEYS
+from slipstream.sim.calibrate import PASS_KEYS, context_scale
 
 
 def _engine(slots: int) -> Engine:
@@ -58,3 +58,40 @@ def test_an_untimed_forward_is_counted_but_not_fitted() -> None:
 def test_the_calibration_reads_the_names_the_engine_writes() -> None:
     """Consistency check: sim.calibrate spells the keys out (it must not import torch)."""
     assert tuple(f"engine/{k}" for k in PASS_SUMS) == PASS_KEYS
+
+
+def _step_row(engine: Engine, lens: list[int]) -> dict[str, object]:
+    """The step metrics sim.calibrate.context_scale reads, from the engine's own counters."""
+    s = engine.stats
+    return {
+        "completion_lens": lens,
+        "engine/prefill_tokens": s.prefill_tokens,
+        "engine/pass_rows": s.pass_rows,
+        "engine/pass_ctx": s.pass_ctx,
+    }
+
+
+def test_the_simulators_context_count_is_the_engines_for_equal_prompts() -> None:
+    """With every prompt of the mean length, the simulator's count of the keys read is the
+    engine's exactly (context_scale 1.0): the formula is the engine's bookkeeping, not a fit."""
+    engine = _engine(slots=3)
+    reqs = [
+        Request([2, 3, 4, 5], SamplingParams(temperature=0.0, max_new_tokens=n), seed=i)
+        for i, n in enumerate((2, 3, 6))
+    ]
+    engine.generate(reqs)
+    assert context_scale([_step_row(engine, [2, 3, 6])]) == 1.0
+
+
+def test_longer_prompts_with_longer_completions_read_more_than_the_mean_prompt_says() -> None:
+    """Prompts of 2 and 8 tokens with 2 and 8 new tokens: the forwards read 6 + 120 keys (hand
+    count: 3 + 3 and 36 + 84), the mean prompt (5) counts 30 + 69 = 99."""
+    engine = _engine(slots=2)
+    engine.generate(
+        [
+            Request([2, 3], SamplingParams(temperature=0.0, max_new_tokens=2), seed=0),
+            Request([2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(temperature=0.0, max_new_tokens=8)),
+        ]
+    )
+    assert engine.stats.pass_ctx == 126
+    assert context_scale([_step_row(engine, [2, 8])]) == 126 / 99

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from slipstream.sim.calibrate import (
+    context_scale,
     fit_passes,
     fit_profile,
     load_calibration,
@@ -115,6 +116,35 @@ def test_nonneg_lstsq_recovers_and_clamps() -> None:
     assert nonneg_lstsq(X, X @ np.array([0.5, 2.0])) == pytest.approx([0.5, 2.0])
     coef = nonneg_lstsq(X, X @ np.array([1.0, -0.3]))
     assert (coef >= 0).all() and coef[1] == 0
+
+
+def test_context_scale_golden() -> None:
+    """Completions of 3 and 5 tokens after prompts of 4 (8 prefilled tokens; rows 2 + 4 + 8):
+    the simulator counts 2 x 4 x 5 / 2 = 20 prefill keys and (2 x 4 + 3) + (4 x 4 + 10) = 37
+    decode keys; forwards that read 114 are 2x that. A step whose rows its lengths do not
+    account for (an overlapping schedule logs the trained groups only) is not counted; none
+    counted: 1.0."""
+    step = {"completion_lens": [3, 5], "engine/prefill_tokens": 8, "engine/pass_rows": 14}
+    assert context_scale([{**step, "engine/pass_ctx": 114}]) == 2.0
+    partial = {**step, "engine/pass_rows": 30, "engine/pass_ctx": 1000}
+    assert context_scale([{**step, "engine/pass_ctx": 57}, partial]) == 1.0
+    assert context_scale([partial]) == 1.0 and context_scale([]) == 1.0
+
+
+def test_the_profile_reads_keys_at_the_measured_rate(tmp_path: Path) -> None:
+    """fit_profile scales the fitted cost per key by context_scale of the run (consistency
+    check of the wiring: the same run, its forwards said to read twice the keys counted)."""
+    run = read_run(fake_run(tmp_path / "a", batch_prompts=8))
+    base = fit_profile(run).hardware.decode_ctx_s
+    assert base is not None and base > 0
+    for m in run.metrics:
+        lens = np.asarray(m["completion_lens"], dtype=np.float64)
+        m["engine/pass_rows"] = float((lens - 1).sum()) + m["engine/prefill_tokens"]
+        counted = len(lens) * PROMPT * (PROMPT + 1) / 2
+        m["engine/pass_ctx"] = 2 * (
+            counted + float(((lens - 1) * PROMPT + lens * (lens - 1) / 2).sum())
+        )
+    assert fit_profile(run).hardware.decode_ctx_s == pytest.approx(2 * base)
 
 
 def test_fit_recovers_the_true_costs(tmp_path: Path) -> None:

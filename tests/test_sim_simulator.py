@@ -76,6 +76,22 @@ def test_in_flight_weights_make_later_tokens_fresher() -> None:
     assert asyn.token_lag_mean == pytest.approx(asyn.sample_lag_token_mean)
 
 
+@pytest.mark.parametrize("name", ["async", "pipeline"])
+@pytest.mark.parametrize("policy", ["keep", "drop", "abort"])
+def test_drain_issues_only_what_the_steps_left_train(name: str, policy: str) -> None:
+    """`drain` bounds the live groups by min(K + 1, steps left) x B, as the orchestrator does:
+    the run ends with nothing in flight, and its last step, waiting for the slowest of the
+    last groups with no new work to fill the slots, is slower than its steady steps. Without
+    it, (K + 1) x B groups stay admitted to the end."""
+    steady = simulate(small(name, 2, lag_policy=policy, steps=40))
+    drained = simulate(small(name, 2, lag_policy=policy, steps=40, drain=True))
+    assert _adds_up(drained.groups), drained.groups
+    assert drained.groups["in_flight_end"] == 0 < steady.groups["in_flight_end"]
+    assert drained.groups["admitted"] < steady.groups["admitted"]
+    times = np.diff(drained.step_end_s)
+    assert times[-1] > np.median(times[5:-3])
+
+
 def test_pipeline_keeps_samplers_busier_than_sync_on_long_tails() -> None:
     sync = simulate(small("sync"))
     pipe = simulate(small("pipeline", 4))

@@ -23,6 +23,12 @@ range from the whole batch to one within each step. Generation time outside the 
 sampler's loop, scoring: about 5 % here) is spread over them in proportion (the three are
 scaled by `time/generate_s` over the forwards' seconds).
 
+The simulator gives every sample the mean prompt length, so it counts fewer keys read than
+the forwards do when prompts vary and longer prompts have longer completions (about 1.27x
+fewer on the built-in task, whose larger operands make both longer); `e` is scaled by that
+ratio, measured on the calibration run's own steps (`context_scale`). Before, a pipeline's
+generation was predicted about 10 % short on this machine.
+
 Training is `time/train_s = c + d * tokens/trained`, where `tokens/trained` is the loss
 (completion) tokens of the groups the filters kept, so the profile also records the trained
 share of generated tokens (`trained_frac`), which the simulator applies to its completions.
@@ -34,8 +40,14 @@ What a step costs beyond generation and training in a run without overlap (`sync
 
 `predict` then simulates a second run from its config.toml with the fitted profile and the
 first run's empirical lengths (the same task), and compares step time and sampler busy fraction
-with what that run measured. Not modelled: processes of one host competing for cores when
-sampling and training overlap; the micro-batch size's effect on training time.
+with what that run measured. Each simulation has the run's own number of steps, with the
+orchestrator's end of run (`SimConfig.drain`: no more groups admitted than the steps left
+train, so the last step waits for its slowest groups with the slots emptying), and the
+prediction is the mean of `REPLICATES` of them. Not modelled: processes of one host competing
+for cores when sampling and training overlap (a pipeline's training steps run 10-25 % slower
+here than the sync run's line gives, hidden behind generation); the micro-batch size's effect
+on training time; a forward's cost departing from its line at row counts the calibration run
+never had.
 """
 
 from __future__ import annotations
@@ -116,6 +128,32 @@ def fit_passes(metrics: list[dict[str, Any]]) -> np.ndarray | None:
     return nonneg_lstsq(L.T, np.linalg.solve(L, gs)) / scale
 
 
+def context_scale(metrics: list[dict[str, Any]]) -> float:
+    """Keys the run's forwards read (`engine/pass_ctx`) over the keys the simulator's
+    constant-prompt count gives for the same completions (1.0 when it cannot tell).
+
+    The simulator gives every sample the mean prompt length `P`, so a sample of `L` tokens
+    reads `P (P + 1) / 2` keys in its prefill and `(L - 1) P + L (L - 1) / 2` in its decode
+    rows (engine.stats.pass_context). Prompt lengths vary, and longer prompts (larger
+    operands) have longer completions, so the forwards read more: about 1.2x on the built-in
+    task. Only steps whose `completion_lens` account for every row their forwards computed
+    are counted (a synchronous run's; an overlapping schedule's steps log the trained groups
+    only)."""
+    measured = counted = 0.0
+    for m in metrics:
+        lens = np.asarray(m.get("completion_lens") or [], dtype=np.float64)
+        if not len(lens) or "engine/pass_ctx" not in m:
+            continue
+        prompt = float(m["engine/prefill_tokens"]) / len(lens)
+        rows = float((lens - 1).sum()) + float(m["engine/prefill_tokens"])
+        if abs(rows - float(m["engine/pass_rows"])) > 0.5:
+            continue
+        counted += len(lens) * prompt * (prompt + 1) / 2
+        counted += float(((lens - 1) * prompt + lens * (lens - 1) / 2).sum())
+        measured += float(m["engine/pass_ctx"])
+    return measured / counted if counted > 0 else 1.0
+
+
 def _rel_rms(pred: np.ndarray, y: np.ndarray) -> float:
     return float(np.sqrt(np.mean((pred - y) ** 2)) / max(np.mean(y), 1e-12))
 
@@ -158,7 +196,7 @@ def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration
         name=f"cpu@{run.path.name}",
         decode_overhead_s=float(a),
         decode_seq_s=float(b),
-        decode_ctx_s=float(e),
+        decode_ctx_s=float(e) * context_scale(run.metrics),
         prefill_token_s=float(b),
         train_overhead_s=float(c),
         train_token_s=float(d),
@@ -202,28 +240,42 @@ def sim_config(
         trained_frac=cal.trained_frac,
     )
     lag = run.max_lag if run.schedule in ("async", "pipeline") else None
-    # More steps than the run had: the prediction is of the expected step, not of one draw.
-    steps = max(len(run.metrics), 200)
     return SimConfig(
         cluster,
         work,
         preset(run.schedule, lag),
-        steps=steps,
+        steps=max(len(run.metrics), 2),
         seed=seed,
         lag_policy=run.lag_policy,
         warmup_steps=1,
+        drain=True,
     )
 
 
-def predict(cal: Calibration, run: RunRecord, lengths: Empirical | None = None) -> dict[str, float]:
+REPLICATES = 8
+"""Simulations of a run's own length that `predict` averages: the prediction is of the
+expected run, not of one draw of lengths."""
+
+
+def predict(
+    cal: Calibration,
+    run: RunRecord,
+    lengths: Empirical | None = None,
+    replicates: int = REPLICATES,
+) -> dict[str, float]:
     """Predicted and measured step time (s) and sampler busy fraction of `run`, with the
-    relative errors. The first step (warm-up) is left out of both."""
-    res = simulate(sim_config(run, cal, lengths))
+    relative errors. The first step (warm-up) is left out of both.
+
+    Each simulation runs as many steps as `run` had, so its first steps (the pipeline
+    filling) and its last ones (admission bounded by the steps left: the samplers drain with
+    fewer and fewer sequences) weigh in the mean as they do in the measured run; the mean of
+    `replicates` simulations (seeds 0, 1, ...) is the prediction."""
+    results = [simulate(sim_config(run, cal, lengths, seed=i)) for i in range(replicates)]
     measured = run.metrics[1:] or run.metrics
     step = float(np.mean([float(m["step_time_s"]) for m in measured]))
     busy = float(np.mean([float(m["sampler_busy"]) for m in measured]))
-    pred_step = float(res.step_times_s.mean())
-    pred_busy = res.sampler_busy_frac
+    pred_step = float(np.mean([r.step_times_s.mean() for r in results]))
+    pred_busy = float(np.mean([r.sampler_busy_frac for r in results]))
     return {
         "step_time_s": step,
         "step_time_s_pred": pred_step,

@@ -204,7 +204,11 @@ class EventLoop:
     def _admit(self, e: EngineState) -> bool:
         if e.down or e.groups >= self.quota:
             return False
-        if self.taken + self.live // self.B - e.version > self.K:
+        # `drain`: the orchestrator's bound, live groups < min(K + 1, steps left) x B, so the
+        # last steps issue only what they will train, as a recorded run's last steps do
+        left = self.cfg.steps - self.taken if self.cfg.drain else self.K + 1
+        bound = self.live >= min(self.K + 1, left) * self.B
+        if bound or self.taken + self.live // self.B - e.version > self.K:
             e.blocked = True
             return False
         e.blocked = False

@@ -107,6 +107,11 @@ class SimConfig:
     failures: FailureModel | None = None
     warmup_steps: int = 2
     """Steps left out of step-time and throughput statistics (the pipeline filling)."""
+    drain: bool = False
+    """Continuous batching admits no more groups than the steps left will train (the
+    orchestrator's `min(K + 1, steps left) x B`), so the samplers drain over the last steps,
+    as in a recorded run of `steps` steps (calibrate.predict); off, every step is a steady
+    one (the figures and plans)."""
 
     def validate(self) -> None:
         c, s = self.cluster, self.schedule
