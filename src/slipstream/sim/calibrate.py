@@ -24,7 +24,7 @@ sampler's loop, scoring: about 5 % here) is spread over them in proportion (the 
 scaled by `time/generate_s` over the forwards' seconds).
 
 The simulator gives every sample the mean prompt length, so it counts fewer keys read than
-the forwards do when prompts vary and longer prompts have longer completions (about 1.27x
+the forwards do when prompts vary and longer prompts have longer completions (1.27-1.28x
 fewer on the built-in task, whose larger operands make both longer); `e` is scaled by that
 ratio, measured on the calibration run's own steps (`context_scale`). Before, a pipeline's
 generation was predicted about 10 % short on this machine.
@@ -135,8 +135,8 @@ def context_scale(metrics: list[dict[str, Any]]) -> float:
     The simulator gives every sample the mean prompt length `P`, so a sample of `L` tokens
     reads `P (P + 1) / 2` keys in its prefill and `(L - 1) P + L (L - 1) / 2` in its decode
     rows (engine.stats.pass_context). Prompt lengths vary, and longer prompts (larger
-    operands) have longer completions, so the forwards read more: about 1.2x on the built-in
-    task. Only steps whose `completion_lens` account for every row their forwards computed
+    operands) have longer completions, so the forwards read more: 1.27-1.28x on the
+    built-in task. Only steps whose `completion_lens` account for every row their forwards computed
     are counted (a synchronous run's; an overlapping schedule's steps log the trained groups
     only)."""
     measured = counted = 0.0

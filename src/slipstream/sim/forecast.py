@@ -173,12 +173,13 @@ def ckpt_cost(rows: list[dict[str, Any]], ckpt_every: int, eval_every: int) -> f
 
 
 def sim_step_s(run: RunRecord, lens: list[list[int]], steps: int, seeds: int) -> float:
-    """Mean simulated step time of `run`'s config, calibrated on its rows, with `lens`."""
+    """Mean simulated step time of `run`'s config, calibrated on its rows, with `lens`
+    (steady steps: no end of run, `SimConfig.drain` off)."""
     cal = fit_profile(run)
     lengths = Empirical.from_steps(lens, run.group_size)
     out = []
     for seed in range(seeds):
-        cfg = replace(sim_config(run, cal, lengths, seed=seed), steps=steps)
+        cfg = replace(sim_config(run, cal, lengths, seed=seed), steps=steps, drain=False)
         out.append(float(simulate(cfg).step_times_s.mean()))
     return float(np.mean(out))
 
