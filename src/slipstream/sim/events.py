@@ -65,6 +65,7 @@ class EventLoop:
         self.sync_s = weight_sync_time(c.model, c.hardware, c.colocated)
         self.B, self.G, self.K = w.batch_prompts, w.group_size, s.max_lag
         self.continuous = s.batching == "continuous"
+        self.drain = cfg.drain
         self.in_flight = s.weight_sync == "in_flight"
         self.rng = np.random.default_rng(cfg.seed)
         self.source = PromptSource(w, s.prompt_order == "by_expected_length", self.rng)
@@ -206,9 +207,8 @@ class EventLoop:
             return False
         # `drain`: the orchestrator's bound, live groups < min(K + 1, steps left) x B, so the
         # last steps issue only what they will train, as a recorded run's last steps do
-        left = self.cfg.steps - self.taken if self.cfg.drain else self.K + 1
-        bound = self.live >= min(self.K + 1, left) * self.B
-        if bound or self.taken + self.live // self.B - e.version > self.K:
+        ending = self.drain and self.live >= (self.cfg.steps - self.taken) * self.B
+        if ending or self.taken + self.live // self.B - e.version > self.K:
             e.blocked = True
             return False
         e.blocked = False
