@@ -82,7 +82,7 @@ def test_drain_issues_only_what_the_steps_left_train(name: str, policy: str) -> 
     """`drain` bounds the live groups by min(K + 1, steps left) x B, as the orchestrator does:
     the run ends with nothing in flight, and its last step, waiting for the slowest of the
     last groups with no new work to fill the slots, is slower than its steady steps. Without
-    it, (K + 1) x B groups stay admitted to the end."""
+    it, groups no step will train are still admitted and in flight at the end."""
     steady = simulate(small(name, 2, lag_policy=policy, steps=40))
     drained = simulate(small(name, 2, lag_policy=policy, steps=40, drain=True))
     assert _adds_up(drained.groups), drained.groups
