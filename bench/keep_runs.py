@@ -5,8 +5,9 @@ on; a headline that takes several sessions to measure (bench/algorithms.py's 16 
 its finished runs kept. This copies every finished run folder under SRC (one holding
 `summary.json` and `config.toml`) to the same relative path under DST, with `metrics.jsonl`
 cut down to the keys given (by default every key that bench/algorithms.py's `curve` and
-bench/agentic.py's `measures` read), so that `--reuse --runs-dir DST` reads them back as if they had
-just run. Checkpoints, logs and everything else are left out.
+bench/agentic.py's `measures` read), so that a readback reads them as if they had just run
+(bench/algorithms.py `--reuse --runs-dir DST`, bench/agentic.py `--reuse --out DST`).
+Checkpoints, logs and everything else are left out.
 
 Run: python bench/keep_runs.py SRC DST [--keys step,tokens/generated,heldout_acc,...]
 
