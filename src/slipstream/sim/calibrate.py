@@ -217,6 +217,12 @@ def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration
     return Calibration(hw, prompt, run.prefills_per_group, str(run.path), errors, frac)
 
 
+def source_lengths(cal: Calibration) -> Empirical:
+    """The completion lengths of the run `cal` was fitted on (read from its folder)."""
+    source = read_run(Path(cal.source), require=("completion_lens",))
+    return Empirical.from_steps(source.completion_lens(), source.group_size)
+
+
 def sim_config(
     run: RunRecord, cal: Calibration, lengths: Empirical | None = None, seed: int = 0
 ) -> SimConfig:
@@ -226,8 +232,7 @@ def sim_config(
         raise RunError(f"{run.path}: no model_info.json and no [model] section")
     model = ModelShape.from_info(run.model_info)
     if lengths is None:
-        source = read_run(Path(cal.source), require=("completion_lens",))
-        lengths = Empirical.from_steps(source.completion_lens(), source.group_size)
+        lengths = source_lengths(cal)
     lengths = Empirical(lengths.groups, max_len=min(lengths.max_len, run.max_new_tokens))
     n = run.num_samplers
     cluster = Cluster(cal.hardware, model, n + 1, n, tp=1, slots=run.max_batch)
@@ -270,6 +275,8 @@ def predict(
     filling) and its last ones (admission bounded by the steps left: the samplers drain with
     fewer and fewer sequences) weigh in the mean as they do in the measured run; the mean of
     `replicates` simulations (seeds 0, 1, ...) is the prediction."""
+    if lengths is None:  # read once, not once per replicate
+        lengths = source_lengths(cal)
     results = [simulate(sim_config(run, cal, lengths, seed=i)) for i in range(replicates)]
     measured = run.metrics[1:] or run.metrics
     step = float(np.mean([float(m["step_time_s"]) for m in measured]))
