@@ -23,8 +23,11 @@ Run (about 3 minutes on this 2-core machine; a heavy job, so under the shared lo
 
 `--write-test-data` copies the runs, trimmed to the keys the calibration reads, to
 tests/data/simcal/ (what tests/test_sim_out_of_sample.py checks). `--no-record` skips the
-runs and predicts from the folders already in `--out`. Ends with one JSON line:
-`{"targets": {NAME: {step_time_err, sampler_busy_err}}, "max_abs_err": X}`.
+runs and predicts from the folders already in `--out`. Beside each prediction, `line`: the
+calibration run's forward line (a + b rows + e keys, fitted on its forwards) applied to the
+target's own forwards, predicted over measured seconds; it tells the cost line's error from
+the simulation's. Ends with one JSON line:
+`{"targets": {NAME: {step_time_err, sampler_busy_err, forward_line_err}}, "max_abs_err": X}`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import json
 import shutil
 from pathlib import Path
 
-from slipstream.sim.calibrate import fit_profile, predict
+from slipstream.sim.calibrate import PASS_KEYS, fit_passes, fit_profile, predict
 from slipstream.sim.forecast import KEEP as FORECAST_KEYS
 from slipstream.sim.runs import read_run
 
@@ -94,10 +97,29 @@ def trim(src: Path, dst: Path) -> None:
     (dst / "metrics.jsonl").write_text(text)
 
 
+def forward_line_err(source: list[dict], target: list[dict]) -> float | None:
+    """The calibration run's forward line (`fit_passes`: a + b rows + e keys) on the target's
+    own forwards, their summed seconds predicted over measured, less 1: the cost line's share
+    of a prediction's error, with no simulation (the target's passes, rows and keys as they
+    were). None when either run lacks the forward-pass sums."""
+    coef = fit_passes(source)
+    if coef is None or any(k not in m for m in target for k in PASS_KEYS):
+        return None
+    n, rows, keys, seconds = (sum(float(m[k]) for m in target) for k in PASS_KEYS[:4])
+    return float(coef @ [n, rows, keys]) / seconds - 1
+
+
 def compare(folder: Path) -> dict[str, dict[str, float]]:
     """Fit on folder/SOURCE, predict every other run in RUNS."""
-    cal = fit_profile(read_run(folder / SOURCE))
-    return {n: predict(cal, read_run(folder / n)) for n in RUNS if n != SOURCE}
+    source = read_run(folder / SOURCE)
+    cal = fit_profile(source)
+    out = {}
+    for n in RUNS:
+        if n != SOURCE:
+            run = read_run(folder / n)
+            line = forward_line_err(source.metrics, run.metrics)
+            out[n] = {**predict(cal, run), "forward_line_err": line}
+    return out
 
 
 def main() -> None:
@@ -120,17 +142,28 @@ def main() -> None:
             trim(out / name, data / name)
     results = compare(out)
     print(f"calibrated on {SOURCE} ({args.steps} steps each, steps after the first compared)")
-    print(f"{'target':14} {'step s':>8} {'pred':>8} {'err':>7} {'busy':>6} {'pred':>6} {'err':>7}")
+    print(
+        f"{'target':14} {'step s':>8} {'pred':>8} {'err':>7} {'busy':>6} {'pred':>6} {'err':>7}"
+        f" {'line':>7}"
+    )
     for n, r in results.items():
+        line = "-" if r["forward_line_err"] is None else f"{r['forward_line_err']:+.1%}"
         print(
             f"{n:14} {r['step_time_s']:8.3f} {r['step_time_s_pred']:8.3f} "
             f"{r['step_time_err']:+7.1%} {r['sampler_busy']:6.1%} {r['sampler_busy_pred']:6.1%} "
-            f"{r['sampler_busy_err']:+7.1%}"
+            f"{r['sampler_busy_err']:+7.1%} {line:>7}"
         )
+    print(
+        "(line: the calibration run's forward line on the target's own forwards, predicted "
+        "over measured seconds, no simulation)"
+    )
     errs = [abs(r[k]) for r in results.values() for k in ("step_time_err", "sampler_busy_err")]
     line = {
         "targets": {
-            n: {k: round(r[k], 4) for k in ("step_time_err", "sampler_busy_err")}
+            n: {
+                k: None if r[k] is None else round(r[k], 4)
+                for k in ("step_time_err", "sampler_busy_err", "forward_line_err")
+            }
             for n, r in results.items()
         },
         "max_abs_err": round(max(errs), 4),
