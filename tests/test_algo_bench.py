@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_algorithms", Path(__file__).parents[1] / "bench" / "algorithms.py"
-)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from benchload import load_bench
+
+bench = load_bench("algorithms")
 
 CURVE = [(0, 0.1), (100, 0.2), (200, 0.4), (300, 0.3)]
 

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
+from benchload import load_bench
 from slipstream.config import load_config
 from slipstream.config.load import dump_config
 
 
-def _bench() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / "algorithms.py"
-    spec = importlib.util.spec_from_file_location("bench_algorithms", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_algorithms"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_a_finished_run_is_reused_under_a_relative_or_an_absolute_folder(tmp_path, monkeypatch):
-    bench = _bench()
+    bench = load_bench("algorithms")
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "runs" / "seed6" / "no_filters"
     folder.mkdir(parents=True)

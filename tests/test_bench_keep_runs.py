@@ -3,24 +3,12 @@ original does (its curve and its `--reuse` match), without the keys and files it
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
+from benchload import load_bench
 from slipstream.config import load_config
 from slipstream.config.load import dump_config
-
-
-def _load(name: str) -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[f"bench_{name}"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _fake_run(folder: Path) -> None:
@@ -39,7 +27,7 @@ def _fake_run(folder: Path) -> None:
 
 
 def test_the_kept_copy_reads_back_as_the_original(tmp_path, monkeypatch):
-    keep, algorithms = _load("keep_runs"), _load("algorithms")
+    keep, algorithms = load_bench("keep_runs"), load_bench("algorithms")
     src, dst = tmp_path / "runs", tmp_path / "kept"
     _fake_run(src / "seed0" / "no_filters")
     _fake_run(src / "seed0" / "zv+soft_band")
@@ -64,7 +52,7 @@ def test_the_kept_copy_reads_back_as_the_original(tmp_path, monkeypatch):
 
 
 def test_trim_keeps_the_order_and_leaves_absent_keys_absent():
-    keep = _load("keep_runs")
+    keep = load_bench("keep_runs")
     text = '{"b": 2, "a": 1, "c": 3}\n\n{"c": 4}\n'
     assert keep.trim_metrics(text, ("a", "b")) == '{"a": 1, "b": 2}\n{}\n'
 
@@ -73,7 +61,7 @@ def test_a_kept_agentic_run_measures_as_the_original():
     """bench/agentic.py's `measures` on the kept records equals it on the full ones: deferred
     evaluation's clock (`time/eval_start_s`), engine busy, ESS and the lag histogram are kept
     (the first kept set dropped them, and stop 24's sweep read back 2.54x for 2.65x)."""
-    keep, agentic = _load("keep_runs"), _load("agentic")
+    keep, agentic = load_bench("keep_runs"), load_bench("agentic")
     records = [
         {"step": 1, "wall_s": 2.0, "time/eval_s": 0.0, "time/eval_start_s": 0.5, "loss": 1.0,
          "engine/busy_frac": 0.8, "staleness/ess_token": 0.99, "staleness/lag_mean": 1.5,

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchload import load_bench
 from slipstream.observe.progress import fields
 from slipstream.sim.calibrate import nonneg_lstsq
 from slipstream.sim.forecast import (
@@ -214,19 +215,8 @@ def test_live_view_shows_the_interval() -> None:
     assert fields({}, eta_s=50.0) == [("ETA", "50s")]
 
 
-def _bench():
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "bench" / "forecast.py"
-    spec = importlib.util.spec_from_file_location("bench_forecast", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_bench_scores_the_logged_forecasts_against_the_end() -> None:
-    bench = _bench()
+    bench = load_bench("forecast")
     rows = rows_of([1.0] * 20)  # walls 1.1, 2.2, ..., 22.0
     for r in rows:
         left = 20 - r["step"]

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pytest
 
+from benchload import load_bench
 from slipstream.sim.calibrate import context_scale, fit_passes, fit_profile, predict
 from slipstream.sim.runs import read_run
 
@@ -109,24 +110,13 @@ def test_keys_read_per_key_counted_carry_over_to_another_batch_size(data: Path) 
     assert abs(other / source - 1) < 0.03
 
 
-def _bench():  # bench/sim_calibration.py, a script: loaded by path
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "bench" / "sim_calibration.py"
-    spec = importlib.util.spec_from_file_location("bench_sim_calibration", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_forward_line_check_on_the_recorded_runs() -> None:
     """The bench's `line` column: the calibration run's forward line on a target's forwards.
     On its own run the least-squares line's residuals sum to zero (the intercept's normal
     equation, its coefficient being positive here), so the check reads 0 there; on the test
     data's targets it reads what the bench printed when the data was recording s25d (+3.6 /
     -1.0 / -3.7 %)."""
-    bench = _bench()
+    bench = load_bench("sim_calibration")
     source = read_run(DATA / "sync_b16").metrics
     assert bench.forward_line_err(source, source) == pytest.approx(0.0, abs=1e-9)
     got = {n: bench.forward_line_err(source, read_run(DATA / n).metrics) for n in TARGETS}
