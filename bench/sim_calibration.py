@@ -109,11 +109,11 @@ def forward_line_err(source: list[dict], target: list[dict]) -> float | None:
     return float(coef @ [n, rows, keys]) / seconds - 1
 
 
-def compare(folder: Path) -> dict[str, dict[str, float]]:
+def compare(folder: Path) -> dict[str, dict[str, float | None]]:
     """Fit on folder/SOURCE, predict every other run in RUNS."""
     source = read_run(folder / SOURCE)
     cal = fit_profile(source)
-    out = {}
+    out: dict[str, dict[str, float | None]] = {}
     for n in RUNS:
         if n != SOURCE:
             run = read_run(folder / n)
@@ -147,21 +147,27 @@ def main() -> None:
         f" {'line':>7}"
     )
     for n, r in results.items():
-        line = "-" if r["forward_line_err"] is None else f"{r['forward_line_err']:+.1%}"
+        fl = r["forward_line_err"]
+        line_txt = "-" if fl is None else f"{fl:+.1%}"
         print(
             f"{n:14} {r['step_time_s']:8.3f} {r['step_time_s_pred']:8.3f} "
             f"{r['step_time_err']:+7.1%} {r['sampler_busy']:6.1%} {r['sampler_busy_pred']:6.1%} "
-            f"{r['sampler_busy_err']:+7.1%} {line:>7}"
+            f"{r['sampler_busy_err']:+7.1%} {line_txt:>7}"
         )
     print(
         "(line: the calibration run's forward line on the target's own forwards, predicted "
         "over measured seconds, no simulation)"
     )
-    errs = [abs(r[k]) for r in results.values() for k in ("step_time_err", "sampler_busy_err")]
+    errs = [
+        abs(v)
+        for r in results.values()
+        for k in ("step_time_err", "sampler_busy_err")
+        if (v := r[k]) is not None
+    ]
     line = {
         "targets": {
             n: {
-                k: None if r[k] is None else round(r[k], 4)
+                k: None if (v := r[k]) is None else round(v, 4)
                 for k in ("step_time_err", "sampler_busy_err", "forward_line_err")
             }
             for n, r in results.items()
