@@ -37,7 +37,7 @@ import json
 import shutil
 from pathlib import Path
 
-from slipstream.sim.calibrate import PASS_KEYS, fit_passes, fit_profile, predict
+from slipstream.sim.calibrate import fit_passes, fit_profile, pass_sums, predict
 from slipstream.sim.forecast import KEEP as FORECAST_KEYS
 from slipstream.sim.runs import read_run
 
@@ -102,10 +102,10 @@ def forward_line_err(source: list[dict], target: list[dict]) -> float | None:
     own forwards, their summed seconds predicted over measured, less 1: the cost line's share
     of a prediction's error, with no simulation (the target's passes, rows and keys as they
     were). None when either run lacks the forward-pass sums."""
-    coef = fit_passes(source)
-    if coef is None or any(k not in m for m in target for k in PASS_KEYS):
+    coef, sums = fit_passes(source), pass_sums(target)
+    if coef is None or sums is None:
         return None
-    n, rows, keys, seconds = (sum(float(m[k]) for m in target) for k in PASS_KEYS[:4])
+    n, rows, keys, seconds = sums[:4]
     return float(coef @ [n, rows, keys]) / seconds - 1
 
 

@@ -108,14 +108,23 @@ PASS_KEYS = tuple(
 )
 
 
+def pass_sums(metrics: list[dict[str, Any]]) -> list[float] | None:
+    """The run's forward-pass sums (PASS_KEYS, in their order: n, rows, context, seconds and
+    the products), summed over its steps; None when a step lacks them."""
+    if not metrics or any(k not in m for m in metrics for k in PASS_KEYS):
+        return None
+    return [sum(float(m[k]) for m in metrics) for k in PASS_KEYS]
+
+
 def fit_passes(metrics: list[dict[str, Any]]) -> np.ndarray | None:
     """`(a, b, e)` of `seconds = a + b * rows + e * context` over every timed forward of the
     run (least squares, coefficients >= 0), from the summed normal equations the engine logs
     (`engine/pass_*`, engine.stats.PASS_SUMS); None when a step lacks them or there are too
     few forwards."""
-    if not metrics or any(k not in m for m in metrics for k in PASS_KEYS):
+    sums = pass_sums(metrics)
+    if sums is None:
         return None
-    n, r, c, t, rr, rc, cc, rt, ct = (sum(float(m[k]) for m in metrics) for k in PASS_KEYS)
+    n, r, c, t, rr, rc, cc, rt, ct = sums
     if n < 3:
         return None
     G = np.array([[n, r, c], [r, rr, rc], [c, rc, cc]])

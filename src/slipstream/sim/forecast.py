@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from slipstream.sim.calibrate import PASS_KEYS, fit_profile, sim_config
+from slipstream.sim.calibrate import PASS_KEYS, Calibration, fit_profile, sim_config
 from slipstream.sim.lengths import Empirical
 from slipstream.sim.runs import REQUIRED_METRICS, RunRecord
 from slipstream.sim.simulator import SimConfig, simulate
@@ -154,13 +154,14 @@ def log_drift(x: np.ndarray, max_lag: int = 50) -> float:
     )
     G = np.einsum("rlc,l,rld->rcd", X, w, X)
     b = np.einsum("rlc,l,l->rc", X, w, g)
-    best_sse, best_q = float(w @ (g * g)), 0.0  # every coefficient 0
+    gg = float(w @ (g * g))  # the sum of squares with every coefficient 0
+    best_sse, best_q = gg, 0.0
     for r in range(1, 4):
         for cols in itertools.combinations(range(3), r):
             c = list(cols)
             # pinv: at rho = 0 the AR(1) column is the constant one (min-norm, as lstsq)
             coef = np.einsum("rij,rj->ri", np.linalg.pinv(G[:, c][:, :, c]), b[:, c])  # [rho, r]
-            sse = float(w @ (g * g)) - np.einsum("rc,rc->r", coef, b[:, c])
+            sse = gg - np.einsum("rc,rc->r", coef, b[:, c])
             sse[(coef < 0).any(axis=1)] = math.inf
             i = int(np.argmin(sse))
             if sse[i] < best_sse - 1e-15:
@@ -236,10 +237,11 @@ def ckpt_cost(rows: list[dict[str, Any]], ckpt_every: int, eval_every: int) -> f
     return max(float(np.median(seen)) - overhead, 0.0) if seen else 0.0
 
 
-def sim_step_s(run: RunRecord, lens: list[list[int]], steps: int, seeds: int) -> float:
-    """Mean simulated step time of `run`'s config, calibrated on its rows, with `lens`
+def sim_step_s(
+    run: RunRecord, cal: Calibration, lens: list[list[int]], steps: int, seeds: int
+) -> float:
+    """Mean simulated step time of `run`'s config on the profile `cal`, with `lens`
     (steady steps: no end of run, `SimConfig.drain` off)."""
-    cal = fit_profile(run)
     lengths = Empirical.from_steps(lens, run.group_size)
     out = []
     for seed in range(seeds):
@@ -249,13 +251,15 @@ def sim_step_s(run: RunRecord, lens: list[list[int]], steps: int, seeds: int) ->
 
 
 def length_ratio(run: RunRecord, sim_steps: int = 40, seeds: int = 2) -> float:
-    """mu_new / mu_obs of the module doc (2), on the rows after the first; 1 without lengths."""
+    """mu_new / mu_obs of the module doc (2), on the rows after the first; 1 without lengths.
+    Both simulations use one profile, fitted once on those rows."""
     body = RunRecord(run.path, run.config, run.model_info, run.metrics[1:])
     lens = [r["completion_lens"] for r in body.metrics if r.get("completion_lens")]
     if len(lens) < 2:
         return 1.0
-    newest = sim_step_s(body, lens[len(lens) // 2 :], sim_steps, seeds)
-    return newest / sim_step_s(body, lens, sim_steps, seeds)
+    cal = fit_profile(body)
+    newest = sim_step_s(body, cal, lens[len(lens) // 2 :], sim_steps, seeds)
+    return newest / sim_step_s(body, cal, lens, sim_steps, seeds)
 
 
 def evals_left(step: int, total_steps: int, eval_every: int, eval_in_wall: bool = True) -> int:
