@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from slipstream.config import ConfigError, load_config
 from slipstream.schedule.auto_lag import AutoLag, AutoLagRule, LagControl, lag_control
 
-RULE = AutoLagRule(k_min=0, k_max=8, ess_target=0.8, margin=0.03, wait_min=0.05, patience=2)
+RULE = AutoLagRule(
+    min_gain=0.0, k_min=0, k_max=8, ess_target=0.8, margin=0.03, wait_min=0.05, patience=2
+)
 
 
 def drive(auto: AutoLag, ess_of_k, windows: int, wait: float = 0.3, kl: float = 0.0) -> list[int]:
@@ -43,7 +45,7 @@ def test_climbs_to_the_largest_k_above_the_band_and_stays():
 
 
 def test_after_the_first_decrease_increases_are_additive():
-    rule = AutoLagRule(k_min=0, k_max=16, ess_target=0.8, margin=0.0, patience=1)
+    rule = AutoLagRule(min_gain=0.0, k_min=0, k_max=16, ess_target=0.8, margin=0.0, patience=1)
     auto = AutoLag(rule, k=1)
     ks = drive(auto, lambda k: 0.9 if k <= 9 else 0.7, 200)
     down = ks.index(16) + 1  # doubled 1 -> 2 -> 4 -> 8 -> 16, which is below the target
@@ -56,7 +58,7 @@ def test_a_k_below_target_is_left_once_and_never_reentered():
     # ESS 0.9 up to K=5, 0.7 beyond: the slow start reaches K=8 (1 -> 2 -> 4 -> 8; 0.7 <
     # 0.8), is halved to 4 (ceiling 7), climbs 4 -> 5 -> 6 (0.7), is halved to 3 (ceiling 5),
     # climbs 3 -> 4 -> 5 and holds: K=6 and above are never tried again.
-    rule = AutoLagRule(k_min=0, k_max=8, ess_target=0.8, margin=0.0, patience=2)
+    rule = AutoLagRule(min_gain=0.0, k_min=0, k_max=8, ess_target=0.8, margin=0.0, patience=2)
     auto = AutoLag(rule, k=1)
     ks = drive(auto, lambda k: 0.9 if k <= 5 else 0.7, 400)
     assert ks.count(6) == 2 and ks.count(8) == 2  # patience windows under each, then down
@@ -71,7 +73,7 @@ def test_holds_while_the_trainer_does_not_wait():
 
 
 def test_kl_above_limit_lowers_k():
-    rule = AutoLagRule(k_max=8, kl_limit=0.05, patience=1)
+    rule = AutoLagRule(min_gain=0.0, k_max=8, kl_limit=0.05, patience=1)
     auto = AutoLag(rule, k=8)
     auto.observe(0.99, 0.2, 0.5)
     assert auto.k == 4 and auto.changes[-1][2] == "kl_high" and auto.ceiling == 7
@@ -88,7 +90,9 @@ def test_kl_above_limit_lowers_k():
 def test_no_oscillation_under_constant_conditions(slope, top, start, patience, margin):
     # Any ESS non-increasing in K, a trainer that always waits: a finite number of changes
     # (at most one decrease, since the ceiling is then a K with ESS >= target), then K is fixed.
-    rule = AutoLagRule(k_min=0, k_max=8, ess_target=0.8, margin=margin, patience=patience)
+    rule = AutoLagRule(
+        min_gain=0.0, k_min=0, k_max=8, ess_target=0.8, margin=margin, patience=patience
+    )
     auto = AutoLag(rule, k=start)
     ks = drive(auto, lambda k: top - slope * k, 200)
     assert len(auto.changes) <= 2 * rule.k_max + 1
@@ -97,7 +101,7 @@ def test_no_oscillation_under_constant_conditions(slope, top, start, patience, m
 
 
 def test_lag_control_logs_every_change_and_the_watchdog_tighten():
-    ctl = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    ctl = LagControl(AutoLag(AutoLagRule(min_gain=0.0, k_max=4, patience=1), k=1), fixed_k=0)
     rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
     assert ctl(dict(rec)) == 2
     r = dict(rec)
@@ -126,11 +130,11 @@ def test_config():
 
 
 def test_lag_control_state_round_trip():
-    ctl = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    ctl = LagControl(AutoLag(AutoLagRule(min_gain=0.0, k_max=4, patience=1), k=1), fixed_k=0)
     for _ in range(3):
         ctl({"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5})
     ctl.tighten(2, {})
-    other = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    other = LagControl(AutoLag(AutoLagRule(min_gain=0.0, k_max=4, patience=1), k=1), fixed_k=0)
     other.load_state_dict(ctl.state_dict())
     assert other.state_dict() == ctl.state_dict() and other.auto.k == 4
 
@@ -140,7 +144,7 @@ def test_a_restored_controller_decides_as_the_unbroken_one():
     restored after one window of a patience of 2, the controller changes K at the next
     window, as the unbroken one does (it waited `patience` windows more, on averages
     restarted from nothing, and numbered its windows from 0 again)."""
-    rule = AutoLagRule(k_max=8, patience=2)
+    rule = AutoLagRule(min_gain=0.0, k_max=8, patience=2)
     ctl = LagControl(AutoLag(rule, k=1), fixed_k=0)
     rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
     ctl({**rec, "staleness/ess_token": 0.95})
@@ -155,7 +159,7 @@ def test_windows_under_the_watchdog_s_k0_do_not_move_the_controller():
     controller's K: they must not count as its measurements. Their ESS is high and the
     trainer waits, so counting them doubled K at every `patience` windows (1 -> 8 within a
     10-window tighten) and the run came out of the tighten at K = 8, right after an alarm."""
-    ctl = LagControl(AutoLag(AutoLagRule(k_max=8, patience=2), k=1), fixed_k=0)
+    ctl = LagControl(AutoLag(AutoLagRule(min_gain=0.0, k_max=8, patience=2), k=1), fixed_k=0)
     rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
     ctl.tighten(10, {})
     ks = [ctl(dict(rec)) for _ in range(10)]
@@ -168,13 +172,125 @@ def test_a_run_resumed_with_other_bounds_keeps_k_within_them():
     on at 8, outside the bounds the queues and the samplers' abort rule were now sized for),
     and a fixed K with the watchdog's tighten goes on at the configured K, not the old one."""
     rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
-    ctl = LagControl(AutoLag(AutoLagRule(k_max=8, patience=1), k=1), fixed_k=0)
+    ctl = LagControl(AutoLag(AutoLagRule(min_gain=0.0, k_max=8, patience=1), k=1), fixed_k=0)
     while ctl.current < 8:
         ctl(dict(rec))
-    other = LagControl(AutoLag(AutoLagRule(k_max=4, patience=1), k=1), fixed_k=0)
+    other = LagControl(AutoLag(AutoLagRule(min_gain=0.0, k_max=4, patience=1), k=1), fixed_k=0)
     other.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
     assert other.current == other.auto.k == other.auto.ceiling == 4
     assert all(other(dict(rec)) <= 4 for _ in range(5))
     fixed = LagControl(None, fixed_k=2)
     fixed.load_state_dict(LagControl(None, fixed_k=4).state_dict())
     assert fixed.current == 2 and fixed(dict(rec)) == 2
+
+
+# ---- the throughput probe (min_gain > 0): a raise is kept only if it sped the trainer ----
+GAIN = AutoLagRule(k_min=0, k_max=8, ess_target=0.8, patience=2, min_gain=0.1, probe=4)
+
+
+def drive_waits(auto: AutoLag, wait_of_k, windows: int, ess: float = 0.99) -> list[int]:
+    """K after each window, with the trainer's wait seconds per window (1 s of training) a
+    function of the K the window ran under."""
+    ks = []
+    for _ in range(windows):
+        w = wait_of_k(auto.k)
+        auto.observe(ess, 0.0, w / (w + 1.0), wait_s=w, train_s=1.0)
+        ks.append(auto.k)
+    return ks
+
+
+def test_a_raise_that_buys_no_speed_is_undone():
+    # The agentic task's case: the samplers are the bottleneck, the trainer waits 1 s a window
+    # whatever K is. K = 2 is tried for `probe` windows, gains nothing, and K goes back to 1
+    # for good (the ceiling), where it started.
+    auto = AutoLag(GAIN, k=1)
+    ks = drive_waits(auto, lambda k: 1.0, 200)
+    assert [(k, why) for _, k, why in auto.changes] == [(2, "trainer_waits"), (1, "no_gain")]
+    assert auto.ceiling == 1 and ks[-1] == 1 and set(ks[20:]) == {1}
+    assert ks.count(2) == GAIN.probe  # what the probe cost: 4 windows at K = 2
+
+
+def test_raises_continue_while_each_buys_speed_and_stop_at_the_first_that_does_not():
+    # The built-in task's case: K = 2 cuts the wait from 1.0 to 0.3 s (train share 0.50 ->
+    # 0.77, +54 %), K = 4 to 0.28 (+1.5 %: under the 10 % asked): back to 2, and 2 stays.
+    waits = {1: 1.0, 2: 0.3, 4: 0.28, 8: 0.27}
+    auto = AutoLag(GAIN, k=1)
+    ks = drive_waits(auto, lambda k: waits[k], 200)
+    assert [(k, why) for _, k, why in auto.changes] == [
+        (2, "trainer_waits"),
+        (4, "trainer_waits"),
+        (2, "no_gain"),
+    ]
+    assert auto.ceiling == 2 and set(ks[30:]) == {2}
+
+
+def test_with_every_raise_paying_it_climbs_as_the_rule_without_the_probe():
+    # the wait halves with each doubling: every raise is kept, K reaches the ceiling; raises
+    # come `probe` windows apart (the before and after of each comparison)
+    auto = AutoLag(GAIN, k=1)
+    ks = drive_waits(auto, lambda k: 4.0 / k, 100)
+    assert [k for _, k, _ in auto.changes] == [2, 4, 8] and ks[-1] == 8
+    windows = [w for w, _, _ in auto.changes]
+    assert windows == [4, 8, 12]
+
+
+def test_an_ess_drop_during_the_probe_wins_over_it():
+    # K = 2 is below the target: halved at once (after `patience`), not after the probe
+    auto = AutoLag(GAIN, k=1)
+    for _ in range(GAIN.probe):
+        auto.observe(0.99, 0.0, 0.5, wait_s=1.0, train_s=1.0)
+    assert auto.k == 2 and auto.before is not None
+    for _ in range(GAIN.patience):
+        auto.observe(0.5, 0.0, 0.5, wait_s=0.1, train_s=1.0)
+    assert auto.k == 1 and auto.changes[-1][2] == "ess_low" and auto.before is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    waits=st.lists(st.floats(0.0, 3.0), min_size=9, max_size=9),
+    noise=st.floats(0.0, 0.5),
+    slope=st.floats(0.0, 0.1),
+    start=st.integers(0, 8),
+    seed=st.integers(0, 10**6),
+)
+def test_the_probe_never_oscillates(waits, noise, slope, start, seed):
+    # Any wait per K, noisy windows (each wait scaled by up to 1 +- noise), an ESS falling
+    # with K: the ceiling only goes down, so the changes are finite and K settles.
+    import random
+
+    rng = random.Random(seed)
+    auto = AutoLag(GAIN, k=start)
+    ks = []
+    for _ in range(600):
+        w = waits[auto.k] * (1 + noise * (2 * rng.random() - 1))
+        auto.observe(1.0 - slope * auto.k, 0.0, w / (w + 1), wait_s=w, train_s=1.0)
+        ks.append(auto.k)
+    assert len(auto.changes) <= 3 * GAIN.k_max
+    assert len(set(ks[-100:])) == 1
+
+
+def test_a_controller_restored_mid_probe_decides_as_the_unbroken_one():
+    rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5, "step_time_s": 2.0}
+    rec["time/train_s"] = 1.0
+    ctl = LagControl(AutoLag(GAIN, k=1), fixed_k=0)
+    for _ in range(GAIN.probe + 1):  # the raise to 2, and one window of its probe
+        ctl(dict(rec))
+    assert ctl.auto.before is not None
+    other = LagControl(AutoLag(GAIN, k=1), fixed_k=0)
+    other.load_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    assert [ctl(dict(rec)) for _ in range(8)] == [other(dict(rec)) for _ in range(8)]
+    assert ctl.auto.changes == other.auto.changes
+    assert [c[2] for c in ctl.auto.changes] == ["trainer_waits", "no_gain"]
+
+
+def test_lag_control_reads_the_wait_and_train_seconds_of_the_step_record():
+    # the same wait share (0.5) at every K, but the seconds say K = 2 halved the wait: kept
+    ctl = LagControl(AutoLag(GAIN, k=1), fixed_k=0)
+    for _ in range(GAIN.probe):
+        ctl({"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5, "step_time_s": 2.0,
+             "time/train_s": 1.0})  # fmt: skip
+    assert ctl.current == 2
+    for _ in range(GAIN.probe):
+        ctl({"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.2, "step_time_s": 1.25,
+             "time/train_s": 1.0})  # fmt: skip
+    assert ctl.current == 4 and [c[2] for c in ctl.auto.changes] == ["trainer_waits"] * 2

@@ -62,6 +62,7 @@ def _overrides(assets: Path, run_dir: Path) -> list[str]:
         "schedule.max_lag_max=2",
         "schedule.auto_wait_min=0",
         "schedule.ess_target=0.5",
+        "schedule.auto_min_gain=0",  # no throughput probe: K moves on the ESS alone
         'schedule.lag_policy="keep"',
         # and the watchdog: a 30x learning-rate spike at step 3 sets off `step_kl` (2.7 to 4,
         # against 0.02-0.06 on the other steps; limit 0.5), whose rollback restores step 2's

@@ -67,8 +67,8 @@ def test_pipeline_auto_lag_and_rollback(tmp_path, assets):
 
     cfg = small_cfg(
         tmp_path, assets, "auto", 'schedule.name="pipeline"', 'schedule.max_lag="auto"',
-        'runtime.kind="local"', "schedule.max_lag_max=3", "schedule.auto_patience=1", *SPIKE,
-        steps=8,
+        'runtime.kind="local"', "schedule.max_lag_max=3", "schedule.auto_patience=1",
+        "schedule.auto_min_gain=0", *SPIKE, steps=8,
     )  # fmt: skip
     summary = train_async(cfg)
     recs = [r for r in read_jsonl(tmp_path / "auto" / "metrics.jsonl") if "train/loss" in r]

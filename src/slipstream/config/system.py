@@ -44,8 +44,9 @@ class ScheduleConfig(_Section):
     orchestrator tunes K between `max_lag_min` and `max_lag_max` at window boundaries
     (schedule.auto_lag; docs/algorithms.md, "Self-tuning staleness bound"): up while the
     trainer waits for data and the token ESS stays above `ess_target` (+ a margin), doubling
-    until the first decrease and by one after it; halved when the ESS falls below it or
-    `mismatch/kl` exceeds `auto_kl_limit`."""
+    until the first decrease and by one after it, each raise kept only if it sped the
+    trainer by `auto_min_gain`; halved when the ESS falls below it or `mismatch/kl` exceeds
+    `auto_kl_limit`."""
     ess_target: float = Field(0.8, gt=0.0, le=1.0)
     """`auto`: the token ESS (staleness/ess_token) the trained data must keep."""
     max_lag_min: int = Field(0, ge=0)
@@ -62,6 +63,12 @@ class ScheduleConfig(_Section):
     """`auto`: raise K only while the trainer waits for data at least this share of a step."""
     auto_patience: int = Field(2, ge=1)
     """`auto`: windows measured under a K before it may change again."""
+    auto_min_gain: float = Field(0.1, ge=0.0)
+    """`auto`: a raise of K is kept only if it sped the trainer (its share of time training,
+    not waiting for data) by at least this fraction over `auto_probe_windows` windows; else K
+    goes back and stays at most there. 0: no such test (K climbs while the trainer waits)."""
+    auto_probe_windows: int = Field(8, ge=1)
+    """`auto`: windows before and after a raise that `auto_min_gain` compares."""
     min_lag: int = Field(0, ge=0)
     """For measurement: hold every finished group back until the trainer is exactly this many
     versions past its oldest token's version (or, in the first steps, as far as it has come),

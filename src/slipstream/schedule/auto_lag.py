@@ -14,18 +14,26 @@ over windows of the trained tokens' ESS, `mismatch/kl` and the trainer's wait sh
   `ess_target + margin` (and KL at most half its limit): up to the ceiling (initially
   `k_max`), `K <- max(K + 1, 2K)` until the first decrease (a slow start, as in TCP: a
   useful K in `log2 k_max` changes instead of `k_max`), `K <- K + 1` after it.
+- **no gain** (with `min_gain` > 0): a raise is a probe. After it, `probe` windows are
+  measured under the new K and the share of its time the trainer spent training (not waiting
+  for data) compared with the `probe` windows before it: if the raise did not speed the
+  trainer by at least `min_gain`, K goes back and the ceiling becomes that old K. (A larger
+  K only helps when the samplers are held back by the bound: where they are the bottleneck
+  whatever K is, a raise buys staleness and no speed.) Raises need `probe` windows under the
+  current K, so the comparison has its "before".
 - otherwise K holds. Every change needs `patience` windows measured under the current K, and
   resets the averages, so a decision rests only on data trained under the K it judges.
 
 Why it does not oscillate: the band `[target, target + margin)` between the two thresholds
-is hysteresis (an ESS inside it moves nothing), and the ceiling only ever goes down. With
+is hysteresis (an ESS inside it moves nothing), and the ceiling only ever goes down (a
+`no_gain` return lowers it too). With
 constant conditions (ESS a non-increasing function of K, as staler data is further from the
 policy), the slow start doubles K at most `log2 k_max` times, until the ceiling or a first
 K whose ESS is below the target; from then on K climbs one step at a time to the largest K
 whose ESS is above the band, or to the ceiling, and stays; a K whose ESS is below the target
 is left once and never re-entered. So the number of changes is finite (at most
 `k_max - k_min` decreases, each followed by at most `k_max` increases), which rules out a
-limit cycle. tests/test_auto_lag.py drives it with a scripted ESS.
+limit cycle. tests/test_auto_lag.py drives it with a scripted ESS and scripted waits.
 """
 
 from __future__ import annotations
@@ -51,18 +59,22 @@ class AutoLagRule:
     wait_min: float = 0.05  # the trainer "waits for data" above this share of its step
     patience: int = 2  # windows under the current K before the next change
     smoothing: float = 0.5  # weight of the newest window in the averages
+    min_gain: float = 0.1  # a raise must speed the trainer by this much; 0: no probe
+    probe: int = 8  # windows each side of a raise that the gain compares
 
     def __post_init__(self) -> None:
         if not 0 <= self.k_min <= self.k_max:
             raise ValueError(f"need 0 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
         if self.patience < 1 or not 0 < self.smoothing <= 1:
             raise ValueError("patience must be >= 1 and smoothing in (0, 1]")
+        if self.min_gain < 0 or self.probe < 1:
+            raise ValueError("min_gain must be >= 0 and probe >= 1")
 
 
 @dataclass
 class Decision:
     k: int
-    reason: str  # ess_low | kl_high | trainer_waits
+    reason: str  # ess_low | kl_high | trainer_waits | no_gain
 
 
 @dataclass
@@ -78,6 +90,9 @@ class AutoLag:
     wait: float | None = None
     changes: list[tuple[int, int, str]] = field(default_factory=list)  # (window, K, reason)
     windows: int = 0
+    # (wait_s, train_s) of the last `probe` windows under the current K
+    trace: list[tuple[float, float]] = field(default_factory=list)
+    before: tuple[int, float] | None = None  # a raise on probation: the old K, its train share
 
     def __post_init__(self) -> None:
         if self.ceiling < 0:
@@ -93,14 +108,18 @@ class AutoLag:
         a = self.rule.smoothing
         return new if old is None else a * new + (1 - a) * old
 
-    def observe(self, ess: float, kl: float, wait: float) -> Decision | None:
-        """One closed window: its token ESS, `mismatch/kl` and trainer wait share. Returns
-        the new K and why, or None when K holds."""
+    def observe(
+        self, ess: float, kl: float, wait: float, wait_s: float = 0.0, train_s: float = 0.0
+    ) -> Decision | None:
+        """One closed window: its token ESS, `mismatch/kl` and trainer wait share, and the
+        trainer's seconds waiting for data and training (the probe's measure). Returns the
+        new K and why, or None when K holds."""
         r = self.rule
         self.windows += 1
         self.since_change += 1
         self.ess, self.kl = self._avg(self.ess, ess), self._avg(self.kl, kl)
         self.wait = self._avg(self.wait, wait)
+        self.trace = [*self.trace, (wait_s, train_s)][-r.probe :]
         if self.since_change < r.patience:
             return None
         kl_high = r.kl_limit > 0 and self.kl > r.kl_limit
@@ -109,19 +128,39 @@ class AutoLag:
             self.ceiling = max(r.k_min, self.k - 1)
             reason = "ess_low" if self.ess < r.ess_target else "kl_high"
             decision = Decision(max(r.k_min, self.k // 2), reason)
-        elif (
+        elif self.before is not None:  # a raise on probation
+            if len(self.trace) < r.probe:
+                return None
+            k_old, share_old = self.before
+            self.before = None
+            if train_share(self.trace) < (1 + r.min_gain) * share_old:
+                self.ceiling = k_old
+                decision = Decision(k_old, "no_gain")
+        if decision is None and self._may_raise():
+            step = max(1, self.k) if self.slow_start else 1
+            decision = Decision(min(self.ceiling, self.k + step), "trainer_waits")
+            if r.min_gain > 0:
+                self.before = (self.k, train_share(self.trace))
+        if decision is not None:
+            if decision.reason != "trainer_waits":
+                self.before = None
+            self.k = decision.k
+            self.since_change, self.ess, self.kl, self.wait = 0, None, None, None
+            self.trace = []
+            self.changes.append((self.windows, decision.k, decision.reason))
+        return decision
+
+    def _may_raise(self) -> bool:
+        r = self.rule
+        assert self.ess is not None and self.kl is not None and self.wait is not None
+        return (
             self.k < self.ceiling
+            and self.before is None
+            and (r.min_gain <= 0 or len(self.trace) >= r.probe)
             and self.wait >= r.wait_min
             and self.ess >= r.ess_target + r.margin
             and (r.kl_limit <= 0 or self.kl <= r.kl_limit / 2)
-        ):
-            step = max(1, self.k) if self.slow_start else 1
-            decision = Decision(min(self.ceiling, self.k + step), "trainer_waits")
-        if decision is not None:
-            self.k = decision.k
-            self.since_change, self.ess, self.kl, self.wait = 0, None, None, None
-            self.changes.append((self.windows, decision.k, decision.reason))
-        return decision
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """All the controller's future depends on: K, the ceiling, the changes, and the
@@ -134,6 +173,8 @@ class AutoLag:
             "since_change": self.since_change,
             "windows": self.windows,
             "averages": [self.ess, self.kl, self.wait],
+            "trace": [list(t) for t in self.trace],
+            "before": list(self.before) if self.before is not None else None,
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -145,6 +186,17 @@ class AutoLag:
         self.changes = [(int(w), int(k), str(r)) for w, k, r in d.get("changes", [])]
         self.since_change, self.windows = int(d.get("since_change", 0)), int(d.get("windows", 0))
         self.ess, self.kl, self.wait = d.get("averages", [None, None, None])
+        self.trace = [(float(w), float(t)) for w, t in d.get("trace", [])]
+        b = d.get("before")
+        self.before = (min(max(int(b[0]), lo), hi), float(b[1])) if b is not None else None
+
+
+def train_share(trace: list[tuple[float, float]]) -> float:
+    """The share of the trainer's time in `trace` ((wait_s, train_s) per window) spent
+    training, not waiting for data: its speed relative to a trainer that never waits."""
+    wait = sum(w for w, _ in trace)
+    train = sum(t for _, t in trace)
+    return train / (wait + train) if wait + train > 0 else 1.0
 
 
 class LagControl:
@@ -193,10 +245,13 @@ class LagControl:
     def __call__(self, record: dict[str, Any]) -> int:
         # a window the watchdog held at K = 0 says nothing of the controller's K: not observed
         if self.auto is not None and self.zero_for == 0:
+            wait = float(record.get("runtime/trainer_wait", 0.0))
             d = self.auto.observe(
                 float(record.get("staleness/ess_token", 1.0)),
                 float(record.get("mismatch/kl", 0.0)),
-                float(record.get("runtime/trainer_wait", 0.0)),
+                wait,
+                wait * float(record.get("step_time_s", 0.0)),
+                float(record.get("time/train_s", 0.0)),
             )
             if d is not None:
                 self.base_k = d.k
@@ -243,6 +298,8 @@ def lag_control(cfg: Config, fixed_k: int) -> LagControl | None:
             sc.auto_margin,
             sc.auto_wait_min,
             sc.auto_patience,
+            min_gain=sc.auto_min_gain,
+            probe=sc.auto_probe_windows,
         )
         auto = AutoLag(rule, sc.auto_start)
     elif not (wd.enabled and "tighten" in wd.actions.values()):
