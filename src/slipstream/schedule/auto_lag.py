@@ -112,8 +112,9 @@ class AutoLag:
         self, ess: float, kl: float, wait: float, wait_s: float = 0.0, train_s: float = 0.0
     ) -> Decision | None:
         """One closed window: its token ESS, `mismatch/kl` and trainer wait share, and the
-        trainer's seconds waiting for data and training (the probe's measure). Returns the
-        new K and why, or None when K holds."""
+        trainer's seconds waiting for data and training (the probe's measure; left at 0
+        under `min_gain` > 0, every probe finds no gain). Returns the new K and why, or None
+        when K holds."""
         r = self.rule
         self.windows += 1
         self.since_change += 1
