@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -256,8 +257,6 @@ def test_an_ess_drop_during_the_probe_wins_over_it():
 def test_the_probe_never_oscillates(waits, noise, slope, start, seed):
     # Any wait per K, noisy windows (each wait scaled by up to 1 +- noise), an ESS falling
     # with K: the ceiling only goes down, so the changes are finite and K settles.
-    import random
-
     rng = random.Random(seed)
     auto = AutoLag(GAIN, k=start)
     ks = []

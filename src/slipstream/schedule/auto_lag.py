@@ -129,6 +129,7 @@ class AutoLag:
             self.ceiling = max(r.k_min, self.k - 1)
             reason = "ess_low" if self.ess < r.ess_target else "kl_high"
             decision = Decision(max(r.k_min, self.k // 2), reason)
+            self.before = None  # a decrease ends any probe
         elif self.before is not None:  # a raise on probation
             if len(self.trace) < r.probe:
                 return None
@@ -143,8 +144,6 @@ class AutoLag:
             if r.min_gain > 0:
                 self.before = (self.k, train_share(self.trace))
         if decision is not None:
-            if decision.reason != "trainer_waits":
-                self.before = None
             self.k = decision.k
             self.since_change, self.ess, self.kl, self.wait = 0, None, None, None
             self.trace = []
