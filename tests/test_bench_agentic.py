@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -105,3 +106,47 @@ def test_a_target_gain_is_added_to_the_runs_own_start():
     m = bench.measures(res, 0.9, gain=0.05)
     assert abs(m["target"] - 0.25) < 1e-12 and m["time_to_target_s"] == 3.0
     assert bench.measures(res, 0.9)["time_to_target_s"] is None  # the absolute 0.9: never
+
+
+def test_speedup_bounds_censor_an_unreached_run_at_its_budget():
+    # seed 0: both reached, 100 / 20 = 5; seed 1: sync never (budget 300 s), pipeline at
+    # 50 s: at least 300 / 50 = 6; seed 2: pipeline never (budget 80 s), sync at 40 s: at most
+    # 40 / 80 = 0.5. The median of three lies between the medians of (5, 6, 0) and (5, inf,
+    # 0.5): [5, 5]: decided although two seeds are censored.
+    def row(seed: int, sched: str, t: float | None, budget: float) -> dict:
+        return {"tail": 30.0, "seed": seed, "schedule": sched, "time_to_target_s": t,
+                "train_s": budget}  # fmt: skip
+
+    rows = [
+        row(0, "sync", 100.0, 400.0), row(0, "pipeline", 20.0, 90.0),
+        row(1, "sync", None, 300.0), row(1, "pipeline", 50.0, 90.0),
+        row(2, "sync", 40.0, 300.0), row(2, "pipeline", None, 80.0),
+    ]  # fmt: skip
+    per_seed = bench.seed_bounds(rows, "sync", "pipeline", 30.0)
+    assert per_seed == [(5.0, 5.0), (6.0, math.inf), (0.0, 0.5)]
+    assert bench.median_bounds(per_seed) == [5.0, 5.0]
+    assert bench.speedup(rows, "sync", "pipeline", 30.0) is None  # the plain median: undecided
+    # neither reached on seed 0 too: (0, inf), (6, inf), (0, 0.5) -> [0, inf]
+    rows[0]["time_to_target_s"] = rows[1]["time_to_target_s"] = None
+    assert bench.median_bounds(bench.seed_bounds(rows, "sync", "pipeline", 30.0)) == [
+        0.0,
+        math.inf,
+    ]
+    assert bench._finite([0.0, math.inf]) == [0.0, None]
+    assert bench.median_bounds([]) is None
+
+
+def test_measures_report_both_crossings():
+    # start 0.20, target 0.25: 0.26 at step 1 is noise the next two fall back from; the
+    # monotone curve pools (0.26, 0.21, 0.22) to 0.23 and crosses at step 4 (0.27)
+    summary = {"heldout_acc_end": 0.27, "wall_s": 4.0, "heldout_acc_start": 0.20}
+    summary["ledger"] = {"balanced": True}
+    recs = [
+        {"step": i + 1, "wall_s": float(i + 1), "heldout_acc": a}
+        for i, a in enumerate([0.26, 0.21, 0.22, 0.27])
+    ]
+    res = {"summary": summary, "records": recs, "eval_in_wall": False}
+    m = bench.measures(res, 0.25)
+    assert (m["time_to_target_s"], m["time_to_target_monotone_s"]) == (4.0, 4.0)
+    assert m["time_to_target_first_s"] == 1.0
+    assert bench.measures(res, 0.25, crossing="first")["time_to_target_s"] == 1.0

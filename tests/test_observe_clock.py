@@ -5,11 +5,16 @@ its step's evaluation."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slipstream.observe.clock import (
     Reached,
     eval_inside,
+    monotone_fit,
     time_to_target,
     training_times,
     training_total,
@@ -74,3 +79,48 @@ def test_start_accuracy_records_without_eval_times_and_deferred_keys() -> None:
     renamed = [{("eval/heldout_acc" if k == "heldout_acc" else k): v for k, v in r.items()}
                for r in recs]  # fmt: skip
     assert time_to_target(renamed, 0.4, True) == Reached(4, 4.0, 11.0)
+
+
+def test_monotone_fit_golden_values() -> None:
+    # pool adjacent violators by hand: 3 > 2 pools to 2.5; 5 > 1 pools to 3, then 2.5 <= 3
+    assert monotone_fit([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert monotone_fit([1.0, 2.0, 5.0, 1.0]) == [1.0, 2.0, 3.0, 3.0]
+    # one block pooled twice: [4, 1] -> 2.5, then 2.5 > 1 -> (4 + 1 + 1) / 3 = 2
+    assert monotone_fit([4.0, 1.0, 1.0]) == [2.0, 2.0, 2.0]
+    assert monotone_fit([]) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=30))
+def test_monotone_fit_is_the_nearest_non_decreasing_curve(values: list[float]) -> None:
+    fit = monotone_fit(values)
+    assert len(fit) == len(values)
+    assert all(a <= b + 1e-12 for a, b in itertools.pairwise(fit))
+    assert sum(fit) == pytest.approx(sum(values), abs=1e-9)  # each block keeps its mean
+    assert monotone_fit(fit) == pytest.approx(fit)  # a non-decreasing curve is its own fit
+    # no non-decreasing curve is nearer: not the sorted values, not the constant mean
+    err = sum((f - v) ** 2 for f, v in zip(fit, values, strict=True))
+    mean = sum(values) / len(values)
+    assert err <= sum((mean - v) ** 2 for v in values) + 1e-9
+    assert err <= sum((a - v) ** 2 for a, v in zip(sorted(values), values, strict=True)) + 1e-9
+
+
+def curve(accs: list[float]) -> list[dict]:
+    """Records of a run evaluated after every step, 1 s of training a step, no eval time."""
+    return [{"step": i + 1, "wall_s": float(i + 1), "heldout_acc": a} for i, a in enumerate(accs)]
+
+
+def test_monotone_crossing_ignores_a_spike_that_falls_back() -> None:
+    # start 0.20, target 0.25: one evaluation at 0.26 (step 2) then 0.21, 0.22, then a rise
+    recs = curve([0.21, 0.26, 0.21, 0.22, 0.27, 0.28])
+    first = time_to_target(recs, 0.25, eval_in_wall=False, start_acc=0.20)
+    assert first is not None and first.step == 2  # as measured: the spike
+    fit = time_to_target(recs, 0.25, eval_in_wall=False, start_acc=0.20, monotone=True)
+    # fitted: 0.20, 0.21, then (0.26 + 0.21 + 0.22) / 3 = 0.23 for steps 2-4, 0.27, 0.28
+    assert fit is not None and (fit.step, fit.train_s) == (5, 5.0)
+    # a spike the later evaluations hold up is a crossing for both
+    held = curve([0.21, 0.26, 0.25, 0.27])
+    hit = time_to_target(held, 0.25, eval_in_wall=False, start_acc=0.20, monotone=True)
+    assert hit is not None and hit.step == 2
+    # never above the target: never reached, either way
+    assert time_to_target(curve([0.2, 0.24, 0.22]), 0.25, False, 0.2, monotone=True) is None

@@ -81,21 +81,48 @@ def accuracy(record: Mapping[str, Any]) -> float | None:
     return None
 
 
+def monotone_fit(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in squared error (isotonic regression by
+    pooling adjacent violators, equal weights): a run's held-out curve with the noise that
+    makes it fall taken out, each value the mean of the block it is pooled into."""
+    blocks: list[list[float]] = []  # [sum, count] of each pooled block
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, n = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += n
+    return [total / n for total, n in blocks for _ in range(int(n))]
+
+
 def time_to_target(
     records: Sequence[Mapping[str, Any]],
     target: float,
     eval_in_wall: bool,
     start_acc: float | None = None,
+    monotone: bool = False,
 ) -> Reached | None:
     """The first record (in the order written) whose held-out accuracy is at or above
     `target`; None if none is. `start_acc`: the accuracy before the first step, which at or
     above the target is reached at step 0, at 0 s. With deferred evaluation the accuracies
-    are in summary.json, not the records: merge them first (`observe.runs.with_deferred_heldout`)."""
+    are in summary.json, not the records: merge them first (`observe.runs.with_deferred_heldout`).
+
+    `monotone`: compare the run's curve after `monotone_fit` (the start's accuracy first,
+    when given, then every evaluated record's) instead of each evaluation as measured, so
+    that one evaluation's noise above the target, followed by lower ones, is not a crossing:
+    the curve is read as reaching the target where the non-decreasing curve nearest it does."""
     tol = 1e-12
     if start_acc is not None and start_acc >= target - tol:
         return Reached(0, 0.0, 0.0)
-    for r, t in zip(records, training_times(records, eval_in_wall), strict=True):
-        acc = accuracy(r)
-        if acc is not None and acc >= target - tol:
+    times = training_times(records, eval_in_wall)
+    evaluated = [
+        (r, t, acc) for r, t in zip(records, times, strict=True) if (acc := accuracy(r)) is not None
+    ]
+    accs = [acc for _, _, acc in evaluated]
+    if monotone:
+        head = [] if start_acc is None else [start_acc]
+        accs = monotone_fit(head + accs)[len(head) :]
+    for (r, t, _), acc in zip(evaluated, accs, strict=True):
+        if acc >= target - tol:
             return Reached(int(r["step"]), t, _num(r, "wall_s"))
     return None
