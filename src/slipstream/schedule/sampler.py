@@ -212,8 +212,9 @@ class SamplerWorker:
         if self.spec.schedule.batching == "fixed":
             if self._idle():
                 chunk = ch.prompts.get(0)
-                if chunk:
-                    self._sync_weights(ch, batch_start=True)  # weights published before the batch
+                if chunk:  # the weights published before the batch, and no older
+                    self._await_version(ch, max(r.issue_version for r in chunk))
+                    self._sync_weights(ch, batch_start=True)
                     self._admit(chunk)
             return
         if st.draining:
@@ -282,6 +283,23 @@ class SamplerWorker:
             if self.engine.num_active == 0 and (self.runner is None or not self.runner.in_flight):
                 self._load_weights(ch)
                 self.state.draining = False
+
+    def _await_version(self, ch: Channels, version: int) -> None:
+        """Wait until the weight channel shows `version` or newer: a batch's requests carry
+        the trainer's version when they were issued, published before them, and a fixed batch
+        is generated at it (a `sync` batch at any older version is stale, dropped whole). The
+        local runtime publishes in shared memory before it issues, so this returns at once;
+        on Ray the weights' `offer` and the prompts travel as separate calls, and the prompts
+        can land first. Raises TimeoutError after `runtime.startup_timeout_s` (the sampler is
+        then restarted, and a restarted sampler is handed the latest weights)."""
+        deadline = time.monotonic() + self.spec.cfg.runtime.startup_timeout_s
+        while ch.weights.version() < version and not ch.stop.is_set():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"sampler {self.id}: weights v{version}, published before its batch, "
+                    f"never arrived (latest v{ch.weights.version()})"
+                )
+            time.sleep(min(self.poll_s, 0.005))
 
     def _load_weights(self, ch: Channels, wait: bool = False) -> None:
         t0 = time.perf_counter()
