@@ -80,10 +80,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.engine.sampling import Sampled
 from slipstream.engine.stats import EngineStats
 from slipstream.model import load_pretrained
 from slipstream.model.builtin import init_builtin
@@ -481,8 +483,6 @@ def sampling_cost(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     takes: every `sample()` call of the engine is timed during the same runs, so
     `sampling_share_of_step` (T = 0.6, the default) and `_t1` (T = 1.0) are sampling time over
     generation time measured together (a fair ratio on a shared machine)."""
-    import slipstream.engine.engine as engine_module
-
     B, N = args.batch, args.max_new_tokens
     model = load_pretrained(folder).to(args.device, getattr(torch, args.dtype))
     V = model.config.vocab_size
@@ -491,27 +491,29 @@ def sampling_cost(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     prompts = torch.randint(2, min(V, 512), (B, PROMPT_LEN), generator=g).tolist()
     temps = (0.0, 0.6, 1.0)
     spent = dict.fromkeys(map(str, temps), 0.0)
-    plain = engine_module.sample
+    plain = Engine._sample  # both ways a step samples: eagerly, or the sampling graph
 
     def run(temp: float) -> Callable[[], float]:
         params = SamplingParams(temperature=temp, max_new_tokens=N)
         reqs = [Request(p, params, seed=i) for i, p in enumerate(prompts)]
 
-        def timed(*a: torch.Tensor) -> object:
+        def timed(self: Engine, logits: torch.Tensor, *a: Any, **k: Any) -> Sampled:
+            if logits.is_cuda:  # the step's forward is queued, not done: wait for it outside
+                torch.cuda.synchronize(logits.device)
             t0 = time.perf_counter()
-            out = plain(*a)
+            out = plain(self, logits, *a, **k)
             out.tokens.tolist()  # waits for the device
             spent[str(temp)] += time.perf_counter() - t0
             return out
 
         def go() -> float:
             spent[str(temp)] = 0.0
-            engine_module.sample = timed  # type: ignore[assignment]
+            Engine._sample = timed  # type: ignore[method-assign]
             w0 = time.perf_counter()
             try:
                 assert sum(len(c.tokens) for c in engine.generate(reqs)) == B * N
             finally:
-                engine_module.sample = plain
+                Engine._sample = plain  # type: ignore[method-assign]
             return spent[str(temp)] / (time.perf_counter() - w0)
 
         return go

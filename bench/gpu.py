@@ -2,7 +2,7 @@
 and sync against pipeline end to end, for Qwen2.5-0.5B and 1.5B shapes in bfloat16.
 
 Run (on a GPU machine): python bench/gpu.py [--shapes qwen2.5-0.5b,qwen2.5-1.5b]
-[--peak-tflops 989] [--bandwidth-gbs 4800] [--steps 5]. Smoke run on a CPU:
+[--peak-tflops 989] [--bandwidth-gbs 4800] [--steps 5] [--parts trainer,sampler,weights,e2e]. Smoke run on a CPU:
 python bench/gpu.py --device cpu --tiny. Prints a table per part, then one JSON line with
 `trainer_mfu`, `sampler_roofline_share`, `publish_s`, `pause_s`, `pipeline_over_sync` (the
 headline figures at the largest shape measured; every figure per shape is in the line too).
@@ -68,6 +68,9 @@ SHAPES = {
         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True,
     ),
 }  # fmt: skip
+
+
+PARTS = ("trainer", "sampler", "weights", "e2e")
 
 
 def random_model(name: str, device: torch.device, dtype: torch.dtype) -> CausalLM:
@@ -175,18 +178,20 @@ def sampler_part(
     new = args.sampler_new
     stop = cfg.vocab_size  # never sampled: every sequence runs to max_new_tokens
     engine = Engine(model, stop, slots, 64 + new)
-    _fill(engine, min(slots, 8), 4, cfg.vocab_size)  # warm-up: graphs captured, kernels loaded
-    while engine.step():
-        pass
+    # warm-up to the full length: every bucket's graphs captured, kernels loaded
+    _fill(engine, min(slots, 8), new, cfg.vocab_size)
+    while not engine.idle():
+        engine.step()
     engine.stats = type(engine.stats)()
     _fill(engine, slots, new, cfg.vocab_size)
     _sync(device)
     t0 = time.perf_counter()
-    while engine.step():
-        pass
+    while not engine.idle():
+        engine.step()
     _sync(device)
     wall = time.perf_counter() - t0
     st = engine.stats
+    assert st.tokens_generated == slots * new, (st.tokens_generated, slots * new)
     step_s = st.decode_s / max(st.decode_steps, 1)
     weights = product_params(cfg) * 2  # bf16 bytes of every matrix a step multiplies with
     kv = slots * (64 + new / 2) * kv_bytes_per_token(cfg, torch.bfloat16)
@@ -294,19 +299,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     for name in args.shapes:
         print(f"{name} ({ModelConfig(**SHAPES[name]).num_params() / 1e6:.0f}M parameters)")  # type: ignore[arg-type]
-        r: dict[str, Any] = {"trainer": trainer_part(args, name, device)}
-        r["sampler"] = {s: sampler_part(args, name, device, s) for s in args.slots_list}
-        r["weights"] = weights_part(args, name, device)
-        if not args.skip_e2e:
+        r: dict[str, Any] = {}
+        if "trainer" in args.parts:
+            r["trainer"] = trainer_part(args, name, device)
+        if "sampler" in args.parts:
+            r["sampler"] = {s: sampler_part(args, name, device, s) for s in args.slots_list}
+        if "weights" in args.parts:
+            r["weights"] = weights_part(args, name, device)
+        if "e2e" in args.parts:
             r["e2e"] = e2e_part(args, name, device)
         result[name] = r
     last = result[args.shapes[-1]]
+    nan = math.nan
     result.update(
-        trainer_mfu=last["trainer"]["mfu"],
-        sampler_roofline_share=last["sampler"][args.slots_list[-1]]["roofline_share"],
-        publish_s=last["weights"]["publish_s"],
-        pause_s=last["weights"]["pause_s"],
-        pipeline_over_sync=last.get("e2e", {}).get("pipeline_over_sync", math.nan),
+        trainer_mfu=last.get("trainer", {}).get("mfu", nan),
+        sampler_roofline_share=last.get("sampler", {})
+        .get(args.slots_list[-1], {})
+        .get("roofline_share", nan),
+        publish_s=last.get("weights", {}).get("publish_s", nan),
+        pause_s=last.get("weights", {}).get("pause_s", nan),
+        pipeline_over_sync=last.get("e2e", {}).get("pipeline_over_sync", nan),
     )
     return result
 
@@ -330,7 +342,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sampler-new", type=int, default=256, help="tokens each sequence decodes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5, help="end-to-end steps per schedule")
-    ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-e2e", action="store_true", help="every part but end to end")
+    ap.add_argument(
+        "--parts", default=",".join(PARTS), help=f"which parts, comma-separated ({','.join(PARTS)})"
+    )
     args = ap.parse_args(argv)
     if args.tiny:
         args.shapes, args.prompts, args.group, args.prompt_len = "tiny", 2, 2, 8
@@ -338,6 +353,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.sampler_new, args.repeats, args.steps, args.peak_tflops = 8, 1, 2, 1.0
         args.bandwidth_gbs = 20.0
     args.shapes = args.shapes.split(",")
+    args.parts = [p for p in args.parts.split(",") if p]
+    if unknown := set(args.parts) - set(PARTS):
+        ap.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(PARTS)}")
+    if args.skip_e2e:
+        args.parts = [p for p in args.parts if p != "e2e"]
     args.slots_list = [int(s) for s in args.slots.split(",")]
     return args
 

@@ -1,13 +1,15 @@
 """The inverse-CDF sampler at vocabularies of several chunks: it samples the softmax, a row's
 token and log-prob do not depend on its neighbours (filtered, greedy or not), the log-prob is
-log softmax(logits / T) of the token, and a token of probability 0 is never drawn."""
+log softmax(logits / T) of the token, and a token of probability 0 is never drawn. The same for
+the one-chunk arithmetic a GPU uses, and `sample_static` (what a CUDA graph captures) gives
+exactly its tokens and log-probs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from slipstream.engine.sampling import CHUNK, sample
+from slipstream.engine.sampling import CHUNK, sample, sample_static
 
 V = 3 * CHUNK + 7  # three full chunks and a short one
 
@@ -98,3 +100,91 @@ def test_a_chunk_far_above_the_first_is_redone_against_its_own_maximum():
     for i in range(3):
         alone = sample(x[i : i + 1], temp[:1], k[:1], p[:1], seeds[i : i + 1], steps[:1])
         assert (int(alone.tokens), float(alone.logp)) == (int(got.tokens[i]), float(got.logp[i]))
+
+
+def _mixed(n: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Rows at several temperatures, greedy among them, spread logits, a peaked row."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, V, generator=g) * 3
+    x[0] = _peaked()
+    temp = torch.tensor([0.6, 0.0, 1.0, 0.6, 0.6, 0.0, 1.3, 0.6])[:n]
+    seeds = torch.randint(0, 2**31, (n,), generator=g)
+    steps = torch.randint(0, 500, (n,), generator=g)
+    return x, temp, seeds, steps
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sample_static_is_sample_in_one_chunk_bit_for_bit(seed):
+    x, temp, seeds, steps = _mixed(8, seed)
+    k, p = torch.zeros(8, dtype=torch.long), torch.ones(8)
+    ref = sample(x, temp, k, p, seeds, steps, one_chunk=True)
+    got = sample_static(x, temp, seeds, steps)
+    assert got.tokens.tolist() == ref.tokens.tolist()
+    assert got.logp.tolist() == ref.logp.tolist()  # bit for bit
+    assert got.kept_logmass is None
+    # all rows greedy, and none: sample skips the draw or the argmax, sample_static never does
+    for t in (torch.zeros(8), torch.full((8,), 0.7)):
+        a, b = sample(x, t, k, p, seeds, steps, one_chunk=True), sample_static(x, t, seeds, steps)
+        assert (a.tokens.tolist(), a.logp.tolist()) == (b.tokens.tolist(), b.logp.tolist())
+    assert a.tokens.tolist() != x.argmax(-1).tolist()  # at T = 0.7 not all the argmax
+    greedy = sample_static(x, torch.zeros(8), seeds, steps)
+    assert greedy.tokens.tolist() == x.argmax(-1).tolist()
+
+
+def test_one_chunk_rows_do_not_depend_on_their_neighbours_and_log_probs_are_exact():
+    x, temp, seeds, steps = _mixed(8, 3)
+    k, p = torch.zeros(8, dtype=torch.long), torch.ones(8)
+    got = sample(x, temp, k, p, seeds, steps, one_chunk=True)
+    t1 = torch.where(temp > 0, temp, torch.ones_like(temp))
+    ref = (x.double() / t1[:, None]).log_softmax(-1).gather(-1, got.tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(got.logp.double(), ref, atol=2e-6, rtol=0)
+    # a neighbour that filters (top-p) does not move a row's result, nor does being alone,
+    # nor which of sample and sample_static drew it
+    p2 = p.clone()
+    p2[3] = 0.5
+    filt = sample(x, temp, k, p2, seeds, steps, one_chunk=True)
+    static = sample_static(x, temp, seeds, steps)
+    for i in (0, 1, 2, 4, 5, 6, 7):
+        alone = sample_static(x[i : i + 1], temp[i : i + 1], seeds[i : i + 1], steps[i : i + 1])
+        want = (int(got.tokens[i]), float(got.logp[i]))
+        assert (int(filt.tokens[i]), float(filt.logp[i])) == want
+        assert (int(alone.tokens), float(alone.logp)) == want
+        assert (int(static.tokens[i]), float(static.logp[i])) == want
+
+
+@pytest.mark.slow
+def test_one_chunk_draws_follow_the_softmax():
+    n, temp = 3000, 0.7
+    x = _peaked()
+    got = sample_static(x[None].expand(n, V), torch.full((n,), temp), torch.arange(n), torch.zeros(n, dtype=torch.long))  # fmt: skip
+    p = (x.double() / temp).softmax(-1)
+    freq = torch.bincount(got.tokens, minlength=V).double() / n
+    strong = [5, CHUNK + 9, 2 * CHUNK + 100, 3 * CHUNK + 3]
+    torch.testing.assert_close(freq[strong], p[strong], atol=0.03, rtol=0)
+
+
+def test_the_engine_samples_graph_steps_through_its_sample_graph_unless_a_row_filters():
+    """The routing a GPU engine uses, on the CPU's fixed-shape step: decode-only steps go to
+    the engine's sampling graph (here a recording stand-in running `sample_static`, as the
+    captured graph does), prefill steps and every step with a filtering row live go to
+    `sample`."""
+    from slipstream.engine import Engine, Request, SamplingParams
+    from test_engine import EOS, _model, _prompts
+
+    engine = Engine(_model(1), EOS, num_slots=3, max_len=24, decode_graph=True)
+    calls: list[bool] = []  # per graph-routed step: was a filtering request live?
+
+    def graph(logits: torch.Tensor):
+        calls.append(any(s is not None and s.kept_logmass is not None for s in engine.slots))
+        return sample_static(logits, engine._temp, engine._seed, engine._ntok)
+
+    engine._sample_graph = graph  # type: ignore[assignment]
+    reqs = [Request(p, SamplingParams(0.8, max_new_tokens=6), seed=i) for i, p in enumerate(_prompts(3))]  # fmt: skip
+    engine.generate(reqs)
+    plain = len(calls)
+    assert plain == engine.stats.graph_decode_steps > 0 and not any(calls)
+    calls.clear()
+    filt = Request(_prompts(1, seed=5)[0], SamplingParams(0.8, top_k=3, max_new_tokens=20))
+    engine.generate([filt, *reqs])
+    assert not any(calls)  # never while the filtering request was live
+    assert len(calls) < engine.stats.graph_decode_steps - plain  # it was live for some steps

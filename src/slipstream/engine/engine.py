@@ -49,7 +49,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -57,6 +57,7 @@ from slipstream.engine.admission import PrefillAdmission
 from slipstream.engine.forward import (
     DecodeGraph,
     PartRows,
+    SampleGraph,
     SlotKV,
     cat_parts,
     decode_part,
@@ -67,6 +68,7 @@ from slipstream.engine.forward import (
 )
 from slipstream.engine.packed import PackedWeights
 from slipstream.engine.parking import KVPark
+from slipstream.engine.request import Completion, Request
 from slipstream.engine.sampling import Sampled, sample
 from slipstream.engine.stats import EngineStats, pass_context
 from slipstream.model.llama import CausalLM
@@ -77,46 +79,6 @@ KVMode = Literal["keep", "recompute"]
 # a view of the cache. Free slots inside the range ride along as dummy rows; below this density
 # of live slots the wasted rows cost more than gathering the live slots' keys.
 _MIN_DENSITY = 0.5
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample one request. temperature 0 is greedy; top_k 0 and top_p 1 keep all."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 64
-
-
-@dataclass
-class Request:
-    """One sequence to generate. `seed` fixes its sampling noise (see engine.sampling)."""
-
-    prompt_tokens: list[int]
-    params: SamplingParams
-    seed: int = 0
-    key: Any = None  # the caller's handle, returned with the completion
-    park: bool = False  # a turn of an episode: keep its KV when it stops (engine.parking)
-
-
-@dataclass
-class Completion:
-    """What the engine returns for a request: tokens with per-token log-probs and versions.
-
-    `logp[t]` is the behaviour log-prob of `tokens[t]` (temperature-scaled full softmax) under
-    the weights of version `versions[t]`; `kept_logmass[t]` is log of the probability mass kept
-    by top-k / top-p (None for a request without them; see engine.sampling for its use).
-    """
-
-    request: Request
-    tokens: list[int]
-    logp: list[float]
-    versions: list[int]
-    finish_reason: FinishReason
-    t_start: float
-    t_end: float
-    kept_logmass: list[float] | None = None
 
 
 @dataclass
@@ -215,6 +177,12 @@ class Engine:
         self._seed = torch.zeros(num_slots, dtype=torch.long, device=dev)
         self._all_slots = torch.arange(num_slots, device=dev)
         self._graph_live = torch.zeros(num_slots, dtype=torch.long, device=dev)  # the graph's input
+        # a graph step's sampling, replayed as a CUDA graph of its own (engine.forward.SampleGraph)
+        self._sample_graph = (
+            SampleGraph(self._temp, self._seed, self._ntok)
+            if self.decode_graph and dev.type == "cuda"
+            else None
+        )
 
     # ---- intake -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -463,14 +431,7 @@ class Engine:
         assert logits is not None
         # the sampling parameters of the output rows: views when the rows are a slot range
         rows = dec.rows if dec is not None and not admitted else cat_parts(slot_ids)
-        got = sample(
-            logits,
-            self._temp[rows],
-            self._top_k[rows],
-            self._top_p[rows],
-            self._seed[rows],
-            self._ntok[rows],
-        )
+        got = self._sample(logits, rows, graph_step=not parts)
         if dec is not None:  # free rows riding in the range keep their state (maybe admitted now)
             self._last[dec.rows] = torch.where(
                 dec.live.bool(), got.tokens[:n_dec], self._last[dec.rows]
@@ -490,6 +451,23 @@ class Engine:
         if self.admission is not None and timed and not (n_dec and n_pre):  # one kind of forward
             self.admission.observe(prefill=n_pre > 0, seconds=seconds)
         return done
+
+    def _sample(
+        self, logits: torch.Tensor, rows: slice | torch.Tensor, graph_step: bool
+    ) -> Sampled:
+        """Tokens and log-probs of the output `rows`; a graph step (every slot, decode alone)
+        replays the sampling graph unless a live row filters (same tokens either way)."""
+        filters = (s is not None and s.kept_logmass is not None for s in self.slots)
+        if graph_step and self._sample_graph is not None and not any(filters):
+            return self._sample_graph(logits)
+        return sample(
+            logits,
+            self._temp[rows],
+            self._top_k[rows],
+            self._top_p[rows],
+            self._seed[rows],
+            self._ntok[rows],
+        )
 
     def _record(self, order: list[int | None], got: Sampled) -> list[Completion]:
         """Append each live row's token, log-prob and version; release finished slots."""

@@ -26,14 +26,18 @@ recomputation (tests/test_engine.py holds that at 1e-5, for Llama, Qwen2 and Qwe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 from slipstream.engine.packed import PackedWeights
+from slipstream.engine.sampling import Sampled, sample_static
 from slipstream.model.llama import ModelConfig, RMSNorm
+
+_Out = TypeVar("_Out")
 
 
 class SlotKV:
@@ -277,24 +281,62 @@ class DecodeGraph:
         if not self._capture:
             return self._step(b)
         if b not in self._graphs:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._step(b)
-            torch.cuda.current_stream().wait_stream(side)
             # The graphs share one memory pool: a graph's intermediates may reuse blocks that
             # another's capture freed, which is safe because replays never overlap (one stream)
             # and each replay's logits are consumed (sampled) before the next replay; the
-            # logits themselves stay allocated. thread_local: a trainer thread launching work
-            # on the same GPU during a capture is neither captured nor an error.
+            # logits themselves stay allocated.
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                logits = self._step(b)
-            self._graphs[b] = (graph, logits)
+            self._graphs[b] = capture_graph(lambda: self._step(b), self._pool)
             self.captures += 1
         graph, logits = self._graphs[b]
         graph.replay()
         return logits
+
+
+def capture_graph(fn: Callable[[], _Out], pool: Any) -> tuple[Any, _Out]:
+    """`fn` captured as a CUDA graph in memory pool `pool`, after two warm-up runs on a side
+    stream; returns the graph and `fn`'s outputs (the buffers each replay rewrites).
+    thread_local: a trainer thread launching work on the same GPU during a capture is neither
+    captured nor an error."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        out = fn()
+    return graph, out
+
+
+class SampleGraph:
+    """A decode step's sampling (`sample_static`) captured as a CUDA graph, one per logits
+    buffer of the decode graph (one per bucket), replayed in place.
+
+    Eager, sampling a step launches some sixty small kernels and reads the host between them;
+    at 256 slots and Qwen2.5's vocabulary that was 26 to 56 % of a decode step on an H200
+    (bench/engine.py, before this). Replayed, it costs the passes over the logits it must make.
+    The inputs are the engine's own per-slot tensors (temperature, seed, tokens sampled so far),
+    read at each replay; the outputs are rewritten by the next replay, so a step consumes them
+    before the next. Unfiltered rows only: the engine samples eagerly (`sample`, the same
+    arithmetic for those rows) while any live row filters."""
+
+    def __init__(self, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor):
+        self.inputs = (temperature, seeds, steps)
+        self._graphs: dict[tuple[int, tuple[int, ...]], tuple[Any, Sampled]] = {}
+        self._pool: Any = None
+
+    @torch.no_grad()
+    def __call__(self, logits: torch.Tensor) -> Sampled:
+        key = (logits.data_ptr(), tuple(logits.shape))
+        if key not in self._graphs:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            self._graphs[key] = capture_graph(
+                lambda: sample_static(logits, *self.inputs), self._pool
+            )
+        graph, out = self._graphs[key]
+        graph.replay()
+        return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 from typing import NamedTuple, cast
 
-from slipstream.engine.engine import Completion
+from slipstream.engine.request import Completion
 
 
 class GroupMember(NamedTuple):

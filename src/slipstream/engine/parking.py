@@ -33,7 +33,8 @@ import torch
 from slipstream.engine.forward import SlotKV
 
 if TYPE_CHECKING:  # the engine imports this module
-    from slipstream.engine.engine import Engine, Request
+    from slipstream.engine.engine import Engine
+    from slipstream.engine.request import Request
 
 
 @dataclass

@@ -10,7 +10,8 @@ request sampled inside a continuous batch gives the same tokens as sampled alone
 reproducible from its seeds. One uniform per row instead of one Gumbel variate per vocabulary
 entry: at a 151,936-token vocabulary, hashing the whole `[rows, vocab]` table cost several
 times the decode step's own matrix products on a CPU. On a CPU the chunks stay in cache and no
-`[rows, vocab]` temporary is allocated; elsewhere the whole row is one chunk (fewer kernels).
+`[rows, vocab]` temporary is allocated; elsewhere the whole row is one chunk (fewer kernels),
+and on a GPU a decode step's sampling is captured as a CUDA graph (`sample_static`).
 
 Behaviour log-probability. We record `log p(a)`, `p = softmax(logits / temperature)` over the
 whole vocabulary: the distribution the trainer evaluates (`train.batch.token_logprobs`), so
@@ -93,6 +94,7 @@ def sample(
     top_p: torch.Tensor,
     seeds: torch.Tensor,
     steps: torch.Tensor,
+    one_chunk: bool | None = None,
 ) -> Sampled:
     """Next tokens `[B]` and their behaviour log-probs `[B]` from last-position logits `[B, V]`.
 
@@ -106,7 +108,45 @@ def sample(
     neighbour in the batch filters or is greedy. The recorded log-prob is `x_a / t - m - log
     sum(e)` over the whole row, computed with a float64 sum of float32 block sums (closer to
     the exact value than a float32 `log_softmax`).
+
+    `one_chunk` (default: off on a CPU, on elsewhere) takes the row as one chunk, shifted by
+    its maximum, with the temperature's scale as a `[B, 1]` tensor: fewer kernels and no host
+    read of the temperatures, the arithmetic `sample_static` shares.
     """
+    one = logits.device.type != "cpu" if one_chunk is None else one_chunk
+    greedy = temperature <= 0
+    filtered = not (bool((top_k <= 0).all()) and bool((top_p >= 1.0).all()))
+    return _sample(
+        logits, temperature, (top_k, top_p) if filtered else None, seeds, steps, one,
+        any_greedy=bool(greedy.any()), all_greedy=bool(greedy.all()),
+    )  # fmt: skip
+
+
+def sample_static(
+    logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
+) -> Sampled:
+    """`sample` of unfiltered rows (top-k 0, top-p 1) in one chunk, without a single host
+    synchronisation: every row is drawn and argmaxed, and the greedy rows take the argmax. This
+    is what a CUDA graph can capture (engine.forward.SampleGraph); its tokens and log-probs are
+    those of `sample(..., one_chunk=True)` bit for bit, so a row's result does not depend on
+    which of the two a step used (tests/test_engine_sampling.py)."""
+    return _sample(logits, temperature, None, seeds, steps, True, any_greedy=True, all_greedy=False)
+
+
+def _sample(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    filters: tuple[torch.Tensor, torch.Tensor] | None,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+    one_chunk: bool,
+    any_greedy: bool,
+    all_greedy: bool,
+) -> Sampled:
+    """`sample` with its host decisions made: `filters` (top-k, top-p) when any row filters,
+    whether any or all rows are greedy, and whether the row is one chunk (`one_chunk`: the
+    scale is a `[B, 1]` tensor, the reference the row's maximum; else chunks of `CHUNK` and the
+    rows' runs of one temperature, read on the host)."""
     logits = logits.float()
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None].float()
@@ -114,31 +154,31 @@ def sample(
     # the exponentials in base 2: exp(y) = 2^(y log2 e), and exp2 runs about 25 % faster than
     # exp on a CPU; the exponent's extra rounding is a relative 1e-7 of it
     inv_t2 = inv_t * LOG2E
-    runs = temperature_runs(inv_t2)
-    filtered = not (bool((top_k <= 0).all()) and bool((top_p >= 1.0).all()))
-    keep = torch.isfinite(filter_logits(logits / t, top_k, top_p)) if filtered else None
-    chunk = CHUNK if logits.device.type == "cpu" else logits.shape[-1]
-    any_greedy = bool(greedy.any())
-    sums = _block_sums(logits, inv_t2, runs, keep, chunk, with_tops=any_greedy)
+    scale: Scale = inv_t2 if one_chunk else temperature_runs(inv_t2)
+    keep = None
+    if filters is not None:
+        keep = torch.isfinite(filter_logits(logits / t, *filters))
+    chunk = logits.shape[-1] if one_chunk else CHUNK
+    sums = _block_sums(logits, inv_t2, scale, keep, chunk, with_tops=any_greedy and not one_chunk)
     ref = sums.ref  # a logit of the row, the sums' reference
     log_full = sums.full.sum(dim=-1).log()  # log sum_a exp(x_a / t - m), float64
-    if any_greedy:
-        assert sums.tops is not None
-        best = _argmax(logits, sums.tops, chunk)
-    if bool(greedy.all()):
+    if any_greedy:  # one chunk: argmax is one pass and takes the first of equal maxima too
+        best = logits.argmax(dim=-1) if one_chunk else _argmax(logits, sums.tops, chunk)
+    if all_greedy:
         tokens = best
     else:
-        tokens = _draw(logits, runs, inv_t2, sums, keep, row_uniform(seeds, steps))
+        tokens = _draw(logits, scale, inv_t2, sums, keep, row_uniform(seeds, steps))
         if any_greedy:
             tokens = torch.where(greedy, best, tokens)
     # x_a / t - m in float64: `r` need not be the row's maximum, so x_a - r can be large
     s_a = (logits.gather(-1, tokens[:, None]).double() - ref.double()) * inv_t.double()
     logp = (s_a.squeeze(-1) - log_full).float()
-    logmass = (sums.kept.sum(dim=-1).log() - log_full).float() if filtered else None
+    logmass = (sums.kept.sum(dim=-1).log() - log_full).float() if keep is not None else None
     return Sampled(tokens, logp, logmass)
 
 
 Runs = list[tuple[int, int, float]]  # rows [r0, r1) sharing one `log2 e / t`
+Scale = Runs | torch.Tensor  # the rows' `log2 e / t`: runs read on the host, or a [B, 1] tensor
 
 
 def temperature_runs(inv_t: torch.Tensor) -> Runs:
@@ -155,7 +195,7 @@ def temperature_runs(inv_t: torch.Tensor) -> Runs:
 
 
 def _exp_chunk(
-    x: torch.Tensor, runs: Runs, neg_m: torch.Tensor, out: torch.Tensor | None = None
+    x: torch.Tensor, scale: Scale, neg_m: torch.Tensor, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """`exp(x / t - m)` of a `[B, n]` slice of logits, given `neg_m = -m log2 e / t` `[B, 1]`
     and each run of rows' `log2 e / t`, into `out` when given: the scaling and the shift as
@@ -163,10 +203,14 @@ def _exp_chunk(
     then an add with a `[B, 1]` factor, and four for `addcmul`), then `exp2` in place. Every
     element goes through the same arithmetic whatever the runs, so a row's values do not
     depend on its neighbours' temperatures; the largest entry of `m`'s own slice comes out
-    exactly 0 (`2^0 = 1`)."""
+    exactly 0 (`2^0 = 1`). `scale` as a `[B, 1]` tensor: one `addcmul` for all rows, with no
+    host read (a row's arithmetic is then the same kernel's whatever its neighbours)."""
     out = torch.empty_like(x) if out is None else out
-    for r0, r1, a in runs:
-        torch.add(neg_m[r0:r1], x[r0:r1], alpha=a, out=out[r0:r1])
+    if isinstance(scale, torch.Tensor):
+        torch.addcmul(neg_m, x, scale, out=out)
+    else:
+        for r0, r1, a in scale:
+            torch.add(neg_m[r0:r1], x[r0:r1], alpha=a, out=out[r0:r1])
     return out.exp2_()
 
 
@@ -181,7 +225,7 @@ class BlockSums(NamedTuple):
 def _block_sums(
     logits: torch.Tensor,
     inv_t: torch.Tensor,
-    runs: Runs,
+    scale: Scale,
     keep: torch.Tensor | None,
     chunk: int,
     with_tops: bool,
@@ -197,7 +241,10 @@ def _block_sums(
     it) is redone against its own largest logit, for the rows it overflows in (rare: about
     88.7 t above `r`). The block sums are then rescaled to the largest shift in float64.
     Each row's shifts depend on its own logits alone, so a row's sums do not depend on its
-    neighbours. `with_tops` also keeps each chunk's largest logit (for greedy rows)."""
+    neighbours. `with_tops` also keeps each chunk's largest logit (for greedy rows).
+
+    One chunk (`chunk >= V`): `r` is the row's maximum, so no block can overflow and nothing
+    is checked on the host (a row with no finite logit gives NaN sums, as any softmax would)."""
     B, V = logits.shape
     n_chunks, n_blocks = -(-V // chunk), -(-V // SUB)
     dev = logits.device
@@ -206,7 +253,7 @@ def _block_sums(
     kept = full if keep is None else torch.empty_like(full)
     scratch = torch.empty(B, min(chunk, V), dtype=torch.float32, device=dev)
     ref = logits[:, :chunk].amax(dim=-1, keepdim=True)
-    if not bool(torch.isfinite(ref).all()):  # a first chunk without a finite logit
+    if n_chunks > 1 and not bool(torch.isfinite(ref).all()):  # a first chunk, no finite logit
         ref = torch.where(torch.isfinite(ref), ref, logits.amax(dim=-1, keepdim=True))
     neg = -(ref * inv_t)
     spans = [(c * chunk, min((c + 1) * chunk, V)) for c in range(n_chunks)]
@@ -214,11 +261,13 @@ def _block_sums(
         x = logits[:, a:b]
         if tops is not None:
             torch.amax(x, dim=-1, keepdim=True, out=tops[:, c : c + 1])
-        e = _exp_chunk(x, runs, neg, scratch[:, : b - a])
+        e = _exp_chunk(x, scale, neg, scratch[:, : b - a])
         _sum_blocks(e, full[:, a // SUB :])
         if keep is not None:
             _sum_blocks(e.masked_fill_(~keep[:, a:b], 0.0), kept[:, a // SUB :])
     shifts = ref.expand(B, n_blocks)  # a view: every block shifted by `r`
+    if n_chunks == 1:  # against the row's maximum: nothing overflowed
+        return BlockSums(shifts, ref, full, kept, tops)
     over = ~torch.isfinite(full)  # [B, n]: a block that overflowed against `r`
     if not bool(over.any()):  # the usual case: nothing to redo or rescale
         return BlockSums(shifts, ref, full, kept, tops)
@@ -231,7 +280,7 @@ def _block_sums(
         x = logits[:, a:b]
         shift = torch.where(rows, x.amax(dim=-1, keepdim=True), ref)
         shifts[:, j] = shift
-        e = _exp_chunk(x, runs, -(shift * inv_t), scratch[:, : b - a])
+        e = _exp_chunk(x, scale, -(shift * inv_t), scratch[:, : b - a])
         _sum_blocks(e, full[:, j])
         if keep is not None:
             _sum_blocks(e.masked_fill_(~keep[:, a:b], 0.0), kept[:, j])
@@ -254,9 +303,10 @@ def _sum_blocks(e: torch.Tensor, out: torch.Tensor) -> None:
         out[:, whole] = e[:, whole * SUB :].sum(dim=-1)
 
 
-def _argmax(logits: torch.Tensor, tops: torch.Tensor, chunk: int) -> torch.Tensor:
+def _argmax(logits: torch.Tensor, tops: torch.Tensor | None, chunk: int) -> torch.Tensor:
     """The first index of each row's largest logit `[B]`, from the chunk maxima: the first
     chunk holding it, then the first entry inside that chunk (as `argmax` over the row)."""
+    assert tops is not None
     V = logits.shape[1]
     cols = _block_cols(tops.argmax(dim=-1), min(chunk, V), V)
     return cols.gather(-1, logits.gather(-1, cols).argmax(dim=-1, keepdim=True)).squeeze(-1)
@@ -271,7 +321,7 @@ def _block_cols(j: torch.Tensor, width: int, V: int) -> torch.Tensor:
 
 def _draw(
     logits: torch.Tensor,
-    runs: Runs,
+    scale: Scale,
     inv_t: torch.Tensor,
     sums: BlockSums,
     keep: torch.Tensor | None,
@@ -287,7 +337,7 @@ def _draw(
     rest = rest * ((sums.ref - shift).double() * inv_t.double()).squeeze(-1).exp2()
     cols = _block_cols(j, SUB, V)
     neg = torch.where(torch.isfinite(shift), -(shift * inv_t), torch.zeros_like(shift))
-    e = _exp_chunk(logits.gather(-1, cols), runs, neg)
+    e = _exp_chunk(logits.gather(-1, cols), scale, neg)
     # an index past the vocabulary (the last block may be short) has no mass
     mass = (j[:, None] * SUB + torch.arange(SUB, device=j.device)[None, :]) < V
     if keep is not None:

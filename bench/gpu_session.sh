@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Every GPU check of slipstream in one go, sized for a GPU lent for a few minutes: the CUDA
+# tests, the sampler's cost at Qwen2.5's vocabulary, bench/gpu.py, and the README's "Train on a
+# GPU" command on a chat model folder built here. Each part has its own time limit and log, so
+# one that fails or runs long does not take the others with it.
+#
+#   bash bench/gpu_session.sh            # logs and JSON lines under $OUT (default gpu_out/)
+#   PARTS="tests engine" bash bench/gpu_session.sh
+#
+# Where slipstream's dependencies are missing (a machine with torch and transformers but no
+# pydantic, say), wheels in .whl/ are installed into /tmp/site first (no network needed).
+set -u
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+PARTS=${PARTS:-"env tests engine gpu readme"}
+DEVICE=${DEVICE:-cuda}  # the README command's trainer.device (cpu: a smoke run of the part)
+ROOT=$(pwd)
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d .whl ] && ! python3 -c "import pydantic" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+slip() { python3 -c "import sys; from slipstream.cli import main; sys.exit(main())" "$@"; }
+
+part() {  # part NAME SECONDS CMD...: run CMD with a time limit, output to $OUT/NAME.log
+    local name=$1 limit=$2 t0=$SECONDS
+    shift 2
+    case " $PARTS " in *" $name "*) ;; *) return 0 ;; esac
+    echo "=== $name (limit ${limit}s)"
+    timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name: exit $rc after $((SECONDS - t0))s"
+    tail -n 25 "$OUT/$name.log"
+}
+
+env_check() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
+    python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, torch.version.cuda, transformers.__version__, torch.cuda.get_device_name(0))"
+    python3 -c "import slipstream.cli, pydantic, math_verify; print('slipstream imports')"
+}
+
+readme_command() {  # the README's GPU command, on a tiny chat model folder made here
+    local w=/tmp/slip_readme
+    rm -rf "$w" && python3 tests/chat_model.py "$w" || return 1
+    python3 -c "
+import json, pyarrow.parquet as pq
+rows = pq.read_table('$w/train.parquet').to_pylist()
+open('$w/train.jsonl', 'w').write(''.join(json.dumps(r) + '\n' for r in rows))"
+    cd "$w" || return 1
+    slip train model.path=model model.dtype=bfloat16 trainer.device="$DEVICE" \
+        task.kind=jsonl task.path=train.jsonl schedule.name=pipeline runtime.kind=local \
+        engine.memory_fraction=0.4 trainer.micro_batch_tokens=16384 \
+        trainer.activation_checkpointing=true \
+        'task.rewards=[{fn="rewards.py:short_answer", weight=0.5}, {fn="rewards.py:compute_score"}]' \
+        run.steps=6 run.dir=run trainer.batch_prompts=4 sampling.group_size=4 \
+        sampling.max_new_tokens=16 run.quiet=true
+    local rc=$?
+    python3 -c "
+import json; s = json.load(open('run/summary.json'))
+print({k: s.get(k) for k in ('steps', 'placement', 'weight_channel', 'trainer_peak_gib')}, 'ledger balanced:', s['ledger']['balanced'])"
+    cp run/summary.json "$ROOT/$OUT/readme_summary.json" 2>/dev/null
+    cd "$ROOT" && return $rc
+}
+
+export OUT ROOT DEVICE
+export -f slip env_check readme_command
+part env 60 bash -c env_check
+part tests 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_engine_cuda.py \
+    tests/test_pipeline_cuda.py tests/test_runtime_cuda_weights.py tests/test_placement.py \
+    tests/test_engine_sampling.py
+part readme 100 bash -c readme_command
+part engine 90 bash -c "python3 bench/engine.py --part sampling --vocab 151936 --batch 256 \
+    --max-new-tokens 32 --repeats 3 && python3 bench/engine.py --part sampling \
+    --model qwen2.5-0.5b --dtype bfloat16 --batch 256 --max-new-tokens 32 --repeats 3"
+part gpu 180 bash -c "python3 bench/gpu.py --parts trainer,sampler,weights --repeats 2 && \
+    python3 bench/gpu.py --shapes qwen2.5-0.5b --parts e2e --steps 4 --prompts 16 \
+    --completion-len 256"
+grep -h '^{' "$OUT"/*.log >"$OUT/json_lines.txt" 2>/dev/null
+echo "=== done"

@@ -1,0 +1,48 @@
+"""What the engine is asked and what it returns: a request, how to sample it, its completion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from slipstream.types import FinishReason
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request. temperature 0 is greedy; top_k 0 and top_p 1 keep all."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+
+
+@dataclass
+class Request:
+    """One sequence to generate. `seed` fixes its sampling noise (see engine.sampling)."""
+
+    prompt_tokens: list[int]
+    params: SamplingParams
+    seed: int = 0
+    key: Any = None  # the caller's handle, returned with the completion
+    park: bool = False  # a turn of an episode: keep its KV when it stops (engine.parking)
+
+
+@dataclass
+class Completion:
+    """What the engine returns for a request: tokens with per-token log-probs and versions.
+
+    `logp[t]` is the behaviour log-prob of `tokens[t]` (temperature-scaled full softmax) under
+    the weights of version `versions[t]`; `kept_logmass[t]` is log of the probability mass kept
+    by top-k / top-p (None for a request without them; see engine.sampling for its use).
+    """
+
+    request: Request
+    tokens: list[int]
+    logp: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    t_start: float
+    t_end: float
+    kept_logmass: list[float] | None = None
