@@ -203,8 +203,9 @@ def _exp_chunk(
     then an add with a `[B, 1]` factor, and four for `addcmul`), then `exp2` in place. Every
     element goes through the same arithmetic whatever the runs, so a row's values do not
     depend on its neighbours' temperatures; the largest entry of `m`'s own slice comes out
-    exactly 0 (`2^0 = 1`). `scale` as a `[B, 1]` tensor: one `addcmul` for all rows, with no
-    host read (a row's arithmetic is then the same kernel's whatever its neighbours)."""
+    exactly 0 (`2^0 = 1`). `scale` as a `[B, 1]` tensor (the one-chunk path, a GPU's): one
+    `addcmul` for all rows, one pointwise kernel there, with no host read (a row's arithmetic
+    is then the same kernel's whatever its neighbours); the pass counts above are a CPU's."""
     out = torch.empty_like(x) if out is None else out
     if isinstance(scale, torch.Tensor):
         torch.addcmul(neg_m, x, scale, out=out)
