@@ -11,7 +11,7 @@
 # pydantic, say), wheels in .whl/ are installed into /tmp/site first (no network needed).
 set -u
 OUT=${OUT:-gpu_out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 PARTS=${PARTS:-"env tests engine gpu readme"}
 DEVICE=${DEVICE:-cuda}  # the README command's trainer.device (cpu: a smoke run of the part)
 ROOT=$(pwd)
@@ -40,8 +40,8 @@ env_check() {
 }
 
 readme_command() {  # the README's GPU command, on a tiny chat model folder made here
-    local w=/tmp/slip_readme
-    rm -rf "$w" && python3 tests/chat_model.py "$w" || return 1
+    local w
+    w=$(mktemp -d) && python3 tests/chat_model.py "$w" || return 1
     python3 -c "
 import json, pyarrow.parquet as pq
 rows = pq.read_table('$w/train.parquet').to_pylist()
@@ -58,8 +58,8 @@ open('$w/train.jsonl', 'w').write(''.join(json.dumps(r) + '\n' for r in rows))"
     python3 -c "
 import json; s = json.load(open('run/summary.json'))
 print({k: s.get(k) for k in ('steps', 'placement', 'weight_channel', 'trainer_peak_gib')}, 'ledger balanced:', s['ledger']['balanced'])"
-    cp run/summary.json "$ROOT/$OUT/readme_summary.json" 2>/dev/null
-    cd "$ROOT" && return $rc
+    cp run/summary.json "$OUT/readme_summary.json" 2>/dev/null
+    cd "$ROOT" && rm -rf "$w" && return $rc
 }
 
 export OUT ROOT DEVICE
