@@ -66,8 +66,7 @@ Measured (defaults, 2026-11-30):
   attention call). An earlier version of the floor timed each kernel alone in a warm loop
   (3.5 ms), with its weights in cache; a step reads them from memory.
 
-Threads: `--threads 1` by default so that CPU figures are stable on a shared machine; both
-sides always run with the same number.
+Threads: `--threads 1` by default (stable CPU figures on a shared machine), the same on both sides.
 """
 
 from __future__ import annotations
@@ -80,7 +79,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -479,10 +477,9 @@ def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
 
 # ---- 4. sampling at temperature ---------------------------------------------------------------
 def sampling_cost(args: argparse.Namespace, folder: Path) -> dict[str, float]:
-    """Generation at temperature 0 (greedy), 0.6 and 1.0, and the share of it the sampler
-    takes: every `sample()` call of the engine is timed during the same runs, so
-    `sampling_share_of_step` (T = 0.6, the default) and `_t1` (T = 1.0) are sampling time over
-    generation time measured together (a fair ratio on a shared machine)."""
+    """Generation at T = 0, 0.6 and 1.0 and the sampler's share of it (`Engine._sample`, eager or
+    the sampling graph, timed in the same runs): `sampling_share_of_step` (T = 0.6) and `_t1`
+    (T = 1.0) are sampling over generation time measured together (fair on a shared machine)."""
     B, N = args.batch, args.max_new_tokens
     model = load_pretrained(folder).to(args.device, getattr(torch, args.dtype))
     V = model.config.vocab_size
@@ -497,11 +494,13 @@ def sampling_cost(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         params = SamplingParams(temperature=temp, max_new_tokens=N)
         reqs = [Request(p, params, seed=i) for i, p in enumerate(prompts)]
 
-        def timed(self: Engine, logits: torch.Tensor, *a: Any, **k: Any) -> Sampled:
+        def timed(
+            self: Engine, logits: torch.Tensor, rows: slice | torch.Tensor, graph_step: bool
+        ) -> Sampled:
             if logits.is_cuda:  # the step's forward is queued, not done: wait for it outside
                 torch.cuda.synchronize(logits.device)
             t0 = time.perf_counter()
-            out = plain(self, logits, *a, **k)
+            out = plain(self, logits, rows, graph_step)
             out.tokens.tolist()  # waits for the device
             spent[str(temp)] += time.perf_counter() - t0
             return out

@@ -342,7 +342,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sampler-new", type=int, default=256, help="tokens each sequence decodes")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5, help="end-to-end steps per schedule")
-    ap.add_argument("--skip-e2e", action="store_true", help="every part but end to end")
     ap.add_argument(
         "--parts", default=",".join(PARTS), help=f"which parts, comma-separated ({','.join(PARTS)})"
     )
@@ -356,8 +355,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.parts = [p for p in args.parts.split(",") if p]
     if unknown := set(args.parts) - set(PARTS):
         ap.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(PARTS)}")
-    if args.skip_e2e:
-        args.parts = [p for p in args.parts if p != "e2e"]
     args.slots_list = [int(s) for s in args.slots.split(",")]
     return args
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,9 @@ from slipstream.engine.packed import PackedWeights
 from slipstream.engine.sampling import Sampled, sample_static
 from slipstream.model.llama import ModelConfig, RMSNorm
 
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
 _Out = TypeVar("_Out")
 
 
@@ -44,7 +47,12 @@ class SlotKV:
     """Keys and values of a pool of slots, per layer `[S + 1, kv_heads, L, head_dim]` (S: scratch)."""
 
     def __init__(
-        self, cfg: ModelConfig, num_slots: int, max_len: int, dtype: torch.dtype, device: Any
+        self,
+        cfg: ModelConfig,
+        num_slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
     ) -> None:
         assert cfg.head_dim is not None
         shape = (num_slots + 1, cfg.num_key_value_heads, max_len, cfg.head_dim)
@@ -253,8 +261,12 @@ class DecodeGraph:
         self.buckets = sorted({min(1 << k, L) for k in range(4, max(L, 16).bit_length() + 1)})
         self._rows = torch.arange(S, device=dev)  # slot ids, and the rows to logit: all
         self._capture = capture
-        self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # bucket: (graph, its logits)
-        self._pool: Any = None  # one memory pool for all buckets' graphs (see __call__)
+        self._graphs: dict[
+            int, tuple[torch.cuda.CUDAGraph, torch.Tensor]
+        ] = {}  # bucket: (graph, its logits)
+        self._pool: _POOL_HANDLE | None = (
+            None  # one memory pool for all buckets' graphs (see __call__)
+        )
         self.captures = 0  # graphs captured so far (a call that captures is not a step's time)
 
     def bucket(self, span: int) -> int:
@@ -294,7 +306,7 @@ class DecodeGraph:
         return logits
 
 
-def capture_graph(fn: Callable[[], _Out], pool: Any) -> tuple[Any, _Out]:
+def capture_graph(fn: Callable[[], _Out], pool: _POOL_HANDLE) -> tuple[torch.cuda.CUDAGraph, _Out]:
     """`fn` captured as a CUDA graph in memory pool `pool`, after two warm-up runs on a side
     stream; returns the graph and `fn`'s outputs (the buffers each replay rewrites).
     thread_local: a trainer thread launching work on the same GPU during a capture is neither
@@ -325,8 +337,8 @@ class SampleGraph:
 
     def __init__(self, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor):
         self.inputs = (temperature, seeds, steps)
-        self._graphs: dict[tuple[int, tuple[int, ...]], tuple[Any, Sampled]] = {}
-        self._pool: Any = None
+        self._graphs: dict[tuple[int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, Sampled]] = {}
+        self._pool: _POOL_HANDLE | None = None
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor) -> Sampled:
