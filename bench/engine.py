@@ -1,11 +1,11 @@
 """Generation throughput of slipstream's engine: against `transformers`, and continuous
 batching against static batches on the heavy-tailed built-in task.
 
-Run: python bench/engine.py [--device auto|cpu|cuda] [--model tiny|qwen2.5-0.5b]
-[--vocab N] [--part all|sampling] [--dtype float32|bfloat16] [--batch 64] [--max-new-tokens 128]
-[--repeats 3] [--eager] [--quick]. Prints four readable tables, then one JSON line with the headline figures. `--device auto`
-(the default) runs on a GPU when there is one, where the engine replays its decode steps as CUDA
-graphs (`--eager`: it does not).
+Run: python bench/engine.py [--device auto|cpu|cuda] [--model tiny|qwen2.5-0.5b] [--vocab N]
+[--part all|sampling] [--dtype float32|bfloat16] [--batch 64] [--max-new-tokens 128] [--repeats 3]
+[--eager] [--quick]. Prints four tables, then one JSON line of the headline figures. `--device
+auto` (the default) runs on a GPU when there is one, where the engine replays its decode steps as
+CUDA graphs (`--eager`: it does not).
 
 1. Engine vs `transformers.generate`. A random model (`--model`: `tiny`, a Llama of hidden 256,
    4 layers, vocab 512, the default; or `qwen2.5-0.5b`, Qwen2.5-0.5B's shape, 494M parameters)
@@ -36,7 +36,8 @@ graphs (`--eager`: it does not).
 4. Sampling at temperature: the engine at temperature 0, 0.6 and 1.0 on part 1's model
    (`--vocab 151936` gives it Qwen2.5's vocabulary), each of its `sample()` calls timed during
    the runs; `sampling_share_of_step` is sampling time over generation time at T = 0.6 (`_t1`:
-   at T = 1.0), both measured together (`--part sampling` runs this part alone).
+   at T = 1.0), both measured together (`--part sampling` runs this part alone). Where the
+   engine samples through the fused kernel (a GPU with Triton), the same without it beside it.
 
 Measured (defaults, 2026-11-30):
 
@@ -54,7 +55,7 @@ Measured (defaults, 2026-11-30):
   chains part early whoever computes them; on the CPU, with the tiny model and 32 tokens,
   transformers in bfloat16 parts from itself in float32 at a median token 14.5, the engine in
   bfloat16 from transformers in bfloat16 at 18). Without graphs the engine is no faster than
-  `generate` in bfloat16 (its RMS norms take the module's unfused path outside float32).
+  `generate` in bfloat16 (the RMS norms' unfused path outside float32).
 - this 2-core CPU, one thread (final code): engine 5,855 tokens/s (10.93 ms a step) against
   transformers 3,810 (16.80 ms): 1.54x (1.46 to 1.82 over earlier runs, 1.50 earlier the same
   day); continuous vs static 1.70x; weight-update pause 12.3 ms (`keep`), 301 ms
@@ -63,8 +64,7 @@ Measured (defaults, 2026-11-30):
   MKL and SDPA kernels here; the rest of the engine's step is norms, rotary embeddings, cache
   writes, sampling, and a cost of this machine (an operation that follows a large one runs
   several times slower than alone: a 64 x 128 multiply takes 3 us alone, 28 us right after an
-  attention call). An earlier version of the floor timed each kernel alone in a warm loop
-  (3.5 ms), with its weights in cache; a step reads them from memory.
+  attention call).
 
 Threads: `--threads 1` by default (stable CPU figures on a shared machine), the same on both sides.
 """
@@ -348,15 +348,9 @@ def continuous_vs_static(args: argparse.Namespace) -> dict[str, float]:
     lens = sorted(r.params.max_new_tokens for r in reqs)
     med, p99 = lens[len(lens) // 2], lens[int(0.99 * (len(lens) - 1))]
     total = sum(lens)
+    graphs = graph_setting(args)
     engines = {
-        name: Engine(
-            model,
-            NO_STOP,
-            B,
-            max_len,
-            mixed_prefill=mixed,
-            decode_graph=graph_setting(args),
-        )
+        name: Engine(model, NO_STOP, B, max_len, mixed_prefill=mixed, decode_graph=graphs)
         for name, mixed in (("static", True), ("mixed=True", True), ("mixed=False", False))
     }
 
@@ -442,22 +436,11 @@ def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
         f"({sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M parameters)"
     )
     for mode in ("keep", "recompute"):
-        engine = Engine(
-            ours,
-            NO_STOP,
-            B,
-            PROMPT_LEN + 64,
-            kv_mode=mode,
-            decode_graph=graph_setting(args),  # type: ignore[arg-type]
-        )
+        graphs = graph_setting(args)
+        engine = Engine(ours, NO_STOP, B, PROMPT_LEN + 64, kv_mode=mode, decode_graph=graphs)  # type: ignore[arg-type]
+        params = SamplingParams(1.0, max_new_tokens=64)
         for i in range(B):
-            engine.add(
-                Request(
-                    [2 + (i + j) % 500 for j in range(PROMPT_LEN)],
-                    SamplingParams(1.0, max_new_tokens=64),
-                    seed=i,
-                )
-            )
+            engine.add(Request([2 + (i + j) % 500 for j in range(PROMPT_LEN)], params, seed=i))
         for _ in range(32):
             engine.step()
         pauses = []
@@ -479,20 +462,32 @@ def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
 def sampling_cost(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     """Generation at T = 0, 0.6 and 1.0 and the sampler's share of it (`Engine._sample`, eager or
     the sampling graph, timed in the same runs): `sampling_share_of_step` (T = 0.6) and `_t1`
-    (T = 1.0) are sampling over generation time measured together (fair on a shared machine)."""
+    (T = 1.0) are sampling over generation time measured together (fair on a shared machine).
+    Where the engine samples through the fused kernel (engine.fused: CUDA with Triton), an
+    engine without it runs beside it, interleaved (`_unfused` keys)."""
     B, N = args.batch, args.max_new_tokens
     model = load_pretrained(folder).to(args.device, getattr(torch, args.dtype))
     V = model.config.vocab_size
-    engine = Engine(model, NO_STOP, B, PROMPT_LEN + N, decode_graph=graph_setting(args))
+    engines = {"": Engine(model, NO_STOP, B, PROMPT_LEN + N, decode_graph=graph_setting(args))}
+    if engines[""].fused_sampling:
+        engines["_unfused"] = Engine(
+            model,
+            NO_STOP,
+            B,
+            PROMPT_LEN + N,
+            decode_graph=graph_setting(args),
+            fused_sampling=False,
+        )
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(2, min(V, 512), (B, PROMPT_LEN), generator=g).tolist()
-    temps = (0.0, 0.6, 1.0)
-    spent = dict.fromkeys(map(str, temps), 0.0)
+    runs = [(x, mode) for mode in engines for x in (0.0, 0.6, 1.0)]
+    spent = {f"{x:g}{m}": 0.0 for x, m in runs}
     plain = Engine._sample  # both ways a step samples: eagerly, or the sampling graph
 
-    def run(temp: float) -> Callable[[], float]:
+    def run(temp: float, mode: str) -> Callable[[], float]:
         params = SamplingParams(temperature=temp, max_new_tokens=N)
         reqs = [Request(p, params, seed=i) for i, p in enumerate(prompts)]
+        key = f"{temp:g}{mode}"
 
         def timed(
             self: Engine, logits: torch.Tensor, rows: slice | torch.Tensor, graph_step: bool
@@ -502,38 +497,38 @@ def sampling_cost(args: argparse.Namespace, folder: Path) -> dict[str, float]:
             t0 = time.perf_counter()
             out = plain(self, logits, rows, graph_step)
             out.tokens.tolist()  # waits for the device
-            spent[str(temp)] += time.perf_counter() - t0
+            spent[key] += time.perf_counter() - t0
             return out
 
         def go() -> float:
-            spent[str(temp)] = 0.0
+            spent[key] = 0.0
             Engine._sample = timed  # type: ignore[method-assign]
             w0 = time.perf_counter()
             try:
-                assert sum(len(c.tokens) for c in engine.generate(reqs)) == B * N
+                assert sum(len(c.tokens) for c in engines[mode].generate(reqs)) == B * N
             finally:
                 Engine._sample = plain  # type: ignore[method-assign]
-            return spent[str(temp)] / (time.perf_counter() - w0)
+            return spent[key] / (time.perf_counter() - w0)
 
         return go
 
-    t = side_by_side({str(x): run(x) for x in temps}, args.repeats)
+    t = side_by_side({f"{x:g}{m}": run(x, m) for x, m in runs}, args.repeats)
     print(
         f"4. Sampling cost, {B} slots, vocab {V:,}, {N} new tokens "
-        f"({describe(args.model, V)}; median of {args.repeats})"
+        f"({describe(args.model, V)}; median of {args.repeats}; fused kernel: "
+        f"{'on, and off beside it' if len(engines) > 1 else 'off'})"
     )
-    print(f"   {'temperature':14s}{'tokens/s':>10s}{'ms/step':>9s}{'sampling share':>16s}")
+    print(f"   {'temperature':22s}{'tokens/s':>10s}{'ms/step':>9s}{'sampling share':>16s}")
     res: dict[str, float] = {"vocab": V}
-    for x in temps:
-        share = median_result(t[str(x)])
-        print(
-            f"   {x:<14g}{B * N / t[str(x)].wall_s:10,.0f}{t[str(x)].wall_s / N * 1e3:9.1f}"
-            f"{share:16.1%}"
-        )
-        res[f"sampled_tokens_per_s_t{x:g}"] = B * N / t[str(x)].wall_s
-        res[f"sampling_share_t{x:g}"] = share
-    res["sampling_share_of_step"] = res["sampling_share_t0.6"]
-    res["sampling_share_of_step_t1"] = res["sampling_share_t1"]
+    for x, m in runs:
+        k = f"{x:g}{m}"
+        share, wall = median_result(t[k]), t[k].wall_s
+        print(f"   {x:<5g}{m:17s}{B * N / wall:10,.0f}{wall / N * 1e3:9.1f}{share:16.1%}")
+        res[f"sampled_tokens_per_s_t{k}"] = B * N / wall
+        res[f"sampling_share_t{k}"] = share
+    for m in engines:
+        res[f"sampling_share_of_step{m}"] = res[f"sampling_share_t0.6{m}"]
+        res[f"sampling_share_of_step_t1{m}"] = res[f"sampling_share_t1{m}"]
     print()
     return res
 

@@ -67,7 +67,7 @@ export -f slip env_check readme_command
 part env 60 bash -c env_check
 part tests 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_engine_cuda.py \
     tests/test_pipeline_cuda.py tests/test_runtime_cuda_weights.py tests/test_placement.py \
-    tests/test_engine_sampling.py
+    tests/test_engine_sampling.py tests/test_engine_fused.py
 part readme 100 bash -c readme_command
 part engine 90 bash -c "python3 bench/engine.py --part sampling --vocab 151936 --batch 256 \
     --max-new-tokens 32 --repeats 3 && python3 bench/engine.py --part sampling \

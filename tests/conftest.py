@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+# Without CUDA, Triton kernels (engine.fused) run under Triton's interpreter on CPU tensors;
+# the switch is read when Triton is first imported, so it is set before any test imports it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="module")

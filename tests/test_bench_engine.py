@@ -4,6 +4,7 @@ report the keys the issue names. (The figures themselves are measured by running
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -55,3 +56,25 @@ def test_engine_bench_parts_report_the_headline_keys(tmp_path, capsys):
 def test_model_presets_describe_their_shape():
     assert bench.describe("tiny") == "tiny: llama hidden 256, 4 layers, vocab 512"
     assert "24 layers" in bench.describe("qwen2.5-0.5b")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_sampling_part_reports_the_share_and_runs_the_unfused_engine_beside_the_fused(
+    tmp_path, monkeypatch, fused
+):
+    """Part 4 at toy sizes: its shares lie in (0, 1); where the engine samples through the fused
+    kernel (forced here, under Triton's interpreter), an engine without it runs beside it."""
+    if fused:
+        pytest.importorskip("triton")
+        if os.environ.get("TRITON_INTERPRET") != "1":  # a CUDA machine: the kernel is compiled
+            pytest.skip("the fused kernel on CPU tensors needs Triton's interpreter")
+        import slipstream.engine.engine as engine_module
+
+        monkeypatch.setattr(engine_module, "fused_default", lambda device: True)
+    folder = bench.hf_model_folder(tmp_path / "model", seed=0, name="tiny")
+    res = bench.sampling_cost(_args(), folder)
+    suffixes = ["", "_unfused"] if fused else [""]
+    for m in suffixes:
+        for key in (f"sampling_share_of_step{m}", f"sampling_share_of_step_t1{m}"):
+            assert 0 < res[key] < 1, key
+    assert ("sampling_share_of_step_unfused" in res) == fused

@@ -119,10 +119,13 @@ def test_capture_while_another_thread_uses_the_gpu():
     assert [c.tokens for c in outs] == [c.tokens for c in reference]
 
 
-def test_sample_graph_equals_eager_sampling_bit_for_bit():
+@pytest.mark.parametrize("fused", [False, True])
+def test_sample_graph_equals_eager_sampling_bit_for_bit(fused):
     """The captured sampling (SampleGraph) against `sample` on the same GPU rows, at Qwen2.5's
-    vocabulary: same tokens and log-probs, and the inputs are read at each replay (temperatures,
-    seeds, steps and logits changed in place)."""
+    vocabulary, through the fused kernel and without it: same tokens and log-probs, and the
+    inputs are read at each replay (temperatures, seeds, steps and logits changed in place)."""
+    if fused:
+        pytest.importorskip("triton")
     from slipstream.engine.forward import SampleGraph
     from slipstream.engine.sampling import sample
 
@@ -132,11 +135,11 @@ def test_sample_graph_equals_eager_sampling_bit_for_bit():
     temp = torch.tensor([0.6, 0.0, 1.0, 0.8] * (B // 4), device=CUDA)
     seeds = torch.arange(B, device=CUDA) * 7919
     steps = torch.arange(B, device=CUDA) % 5
-    graph = SampleGraph(temp, seeds, steps)
+    graph = SampleGraph(temp, seeds, steps, fused)
     k, p = torch.zeros(B, dtype=torch.long, device=CUDA), torch.ones(B, device=CUDA)
     for round_ in range(3):
         got = graph(logits)
-        ref = sample(logits, temp, k, p, seeds, steps)
+        ref = sample(logits, temp, k, p, seeds, steps, fused=fused)
         assert got.tokens.tolist() == ref.tokens.tolist(), round_
         assert got.logp.tolist() == ref.logp.tolist(), round_
         logits.copy_(torch.randn(B, V, device=CUDA, generator=g) * 3)

@@ -69,7 +69,7 @@ from slipstream.engine.forward import (
 from slipstream.engine.packed import PackedWeights
 from slipstream.engine.parking import KVPark
 from slipstream.engine.request import Completion, Request
-from slipstream.engine.sampling import Sampled, sample
+from slipstream.engine.sampling import Sampled, fused_default, sample
 from slipstream.engine.stats import EngineStats, pass_context
 from slipstream.model.llama import CausalLM
 from slipstream.types import FinishReason
@@ -126,6 +126,7 @@ class Engine:
         mixed_prefill: bool = True,
         decode_graph: bool | None = None,
         defer_prefill: bool | None = None,
+        fused_sampling: bool | None = None,
     ) -> None:
         if kv_mode not in ("keep", "recompute"):
             raise ValueError(f"kv_mode must be 'keep' or 'recompute', got {kv_mode!r}")
@@ -177,9 +178,13 @@ class Engine:
         self._seed = torch.zeros(num_slots, dtype=torch.long, device=dev)
         self._all_slots = torch.arange(num_slots, device=dev)
         self._graph_live = torch.zeros(num_slots, dtype=torch.long, device=dev)  # the graph's input
+        # sampling's pass over the logits as one Triton kernel (engine.fused); None: where it
+        # runs, a CUDA device with Triton. Fixed for the engine's life: the kernel's rounding
+        # is its own, and a request's tokens must not depend on which path drew them.
+        self.fused_sampling = fused_default(dev) if fused_sampling is None else fused_sampling
         # a graph step's sampling, replayed as a CUDA graph of its own (engine.forward.SampleGraph)
         self._sample_graph = (
-            SampleGraph(self._temp, self._seed, self._ntok)
+            SampleGraph(self._temp, self._seed, self._ntok, self.fused_sampling)
             if self.decode_graph and dev.type == "cuda"
             else None
         )
@@ -467,6 +472,7 @@ class Engine:
             self._top_p[rows],
             self._seed[rows],
             self._ntok[rows],
+            fused=self.fused_sampling,
         )
 
     def _record(self, order: list[int | None], got: Sampled) -> list[Completion]:

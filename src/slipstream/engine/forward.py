@@ -335,8 +335,11 @@ class SampleGraph:
     before the next. Unfiltered rows only: the engine samples eagerly (`sample`, the same
     arithmetic for those rows) while any live row filters."""
 
-    def __init__(self, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor):
+    def __init__(
+        self, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, fused: bool
+    ):
         self.inputs = (temperature, seeds, steps)
+        self.fused = fused  # through engine.fused's kernel, as the engine's eager sampling
         self._graphs: dict[tuple[int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, Sampled]] = {}
         self._pool: _POOL_HANDLE | None = None
 
@@ -347,7 +350,7 @@ class SampleGraph:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             self._graphs[key] = capture_graph(
-                lambda: sample_static(logits, *self.inputs), self._pool
+                lambda: sample_static(logits, *self.inputs, fused=self.fused), self._pool
             )
         graph, out = self._graphs[key]
         graph.replay()

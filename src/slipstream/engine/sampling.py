@@ -11,7 +11,9 @@ reproducible from its seeds. One uniform per row instead of one Gumbel variate p
 entry: at a 151,936-token vocabulary, hashing the whole `[rows, vocab]` table cost several
 times the decode step's own matrix products on a CPU. On a CPU the chunks stay in cache and no
 `[rows, vocab]` temporary is allocated; elsewhere the whole row is one chunk (fewer kernels),
-and on a GPU a decode step's sampling is captured as a CUDA graph (`sample_static`).
+on a GPU a decode step's sampling is captured as a CUDA graph (`sample_static`), and where
+Triton runs, one kernel reads the logits once for the block sums and the argmax
+(`engine.fused`; its own rounding, so a device samples through it for a whole run or not).
 
 Behaviour log-probability. We record `log p(a)`, `p = softmax(logits / temperature)` over the
 whole vocabulary: the distribution the trainer evaluates (`train.batch.token_logprobs`), so
@@ -95,6 +97,7 @@ def sample(
     seeds: torch.Tensor,
     steps: torch.Tensor,
     one_chunk: bool | None = None,
+    fused: bool | None = None,
 ) -> Sampled:
     """Next tokens `[B]` and their behaviour log-probs `[B]` from last-position logits `[B, V]`.
 
@@ -112,25 +115,51 @@ def sample(
     `one_chunk` (default: off on a CPU, on elsewhere) takes the row as one chunk, shifted by
     its maximum, with the temperature's scale as a `[B, 1]` tensor: fewer kernels and no host
     read of the temperatures, the arithmetic `sample_static` shares.
+
+    `fused` (default: where `engine.fused.available` says so, a CUDA device with Triton) takes
+    the block sums, the row maximum and the argmax in one read of the logits
+    (`engine.fused.tile_sums`, one chunk); its tokens are then the kernel's, not bit for bit
+    the eager path's (the kernel's `exp2`), so a device samples through one or the other for
+    a whole run.
     """
-    one = logits.device.type != "cpu" if one_chunk is None else one_chunk
+    if fused is None:
+        fused = fused_default(logits.device)
+    one = (logits.device.type != "cpu" if one_chunk is None else one_chunk) or fused
     greedy = temperature <= 0
     filtered = not (bool((top_k <= 0).all()) and bool((top_p >= 1.0).all()))
     return _sample(
         logits, temperature, (top_k, top_p) if filtered else None, seeds, steps, one,
-        any_greedy=bool(greedy.any()), all_greedy=bool(greedy.all()),
+        any_greedy=bool(greedy.any()), all_greedy=bool(greedy.all()), fused=fused,
     )  # fmt: skip
 
 
+def fused_default(device: torch.device) -> bool:
+    """Whether `sample` on `device` goes through the fused kernel by default: on a CUDA device
+    where Triton runs it (`engine.fused.available`); never on a CPU (Triton is not imported)."""
+    if device.type != "cuda":
+        return False
+    from slipstream.engine import fused
+
+    return fused.available(device)
+
+
 def sample_static(
-    logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    seeds: torch.Tensor,
+    steps: torch.Tensor,
+    fused: bool = False,
 ) -> Sampled:
     """`sample` of unfiltered rows (top-k 0, top-p 1) in one chunk, without a single host
     synchronisation: every row is drawn and argmaxed, and the greedy rows take the argmax. This
     is what a CUDA graph can capture (engine.forward.SampleGraph); its tokens and log-probs are
-    those of `sample(..., one_chunk=True)` bit for bit, so a row's result does not depend on
-    which of the two a step used (tests/test_engine_sampling.py)."""
-    return _sample(logits, temperature, None, seeds, steps, True, any_greedy=True, all_greedy=False)
+    those of `sample(..., one_chunk=True, fused=fused)` bit for bit, so a row's result does not
+    depend on which of the two a step used (tests/test_engine_sampling.py,
+    tests/test_engine_fused.py)."""
+    return _sample(
+        logits, temperature, None, seeds, steps, True, any_greedy=True, all_greedy=False,
+        fused=fused,
+    )  # fmt: skip
 
 
 def _sample(
@@ -142,12 +171,15 @@ def _sample(
     one_chunk: bool,
     any_greedy: bool,
     all_greedy: bool,
+    fused: bool = False,
 ) -> Sampled:
     """`sample` with its host decisions made: `filters` (top-k, top-p) when any row filters,
     whether any or all rows are greedy, and whether the row is one chunk (`one_chunk`: the
     scale is a `[B, 1]` tensor, the reference the row's maximum; else chunks of `CHUNK` and the
-    rows' runs of one temperature, read on the host)."""
-    logits = logits.float()
+    rows' runs of one temperature, read on the host); `fused`: the one-chunk sums from
+    `engine.fused.tile_sums`, reading the logits in their own dtype."""
+    if not fused:
+        logits = logits.float()
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)[:, None].float()
     inv_t = 1.0 / t
@@ -157,13 +189,17 @@ def _sample(
     scale: Scale = inv_t2 if one_chunk else temperature_runs(inv_t2)
     keep = None
     if filters is not None:
-        keep = torch.isfinite(filter_logits(logits / t, *filters))
-    chunk = logits.shape[-1] if one_chunk else CHUNK
-    sums = _block_sums(logits, inv_t2, scale, keep, chunk, with_tops=any_greedy and not one_chunk)
+        keep = torch.isfinite(filter_logits(logits.float() / t, *filters))
+    if fused:
+        sums, best = _fused_block_sums(logits, inv_t2, keep)
+    else:
+        chunk = logits.shape[-1] if one_chunk else CHUNK
+        tops = any_greedy and not one_chunk
+        sums = _block_sums(logits, inv_t2, scale, keep, chunk, with_tops=tops)
+        if any_greedy:  # one chunk: argmax is one pass and takes the first of equal maxima too
+            best = logits.argmax(dim=-1) if one_chunk else _argmax(logits, sums.tops, chunk)
     ref = sums.ref  # a logit of the row, the sums' reference
     log_full = sums.full.sum(dim=-1).log()  # log sum_a exp(x_a / t - m), float64
-    if any_greedy:  # one chunk: argmax is one pass and takes the first of equal maxima too
-        best = logits.argmax(dim=-1) if one_chunk else _argmax(logits, sums.tops, chunk)
     if all_greedy:
         tokens = best
     else:
@@ -294,6 +330,28 @@ def _block_sums(
     return BlockSums(shifts, ref, full, kept, tops)
 
 
+def _fused_block_sums(
+    logits: torch.Tensor, inv_t: torch.Tensor, keep: torch.Tensor | None
+) -> tuple[BlockSums, torch.Tensor]:
+    """`_block_sums` of one chunk from the fused kernel's tile sums, and the rows' argmax `[B]`
+    (the first index of the largest logit): each block was exponentiated against its tile's
+    maximum; rescaled here to the row's maximum in float64, as `_block_sums` does after an
+    overflow. A tile with no finite logit has shift -inf and sums 0."""
+    from slipstream.engine import fused
+
+    got = fused.tile_sums(logits, inv_t, SUB, keep)
+    n_tiles = got.tile_max.shape[1]
+    ref = got.tile_max.amax(dim=-1, keepdim=True)
+    tile_ids = torch.arange(n_tiles, device=logits.device).expand_as(got.tile_max)
+    first = torch.where(got.tile_max == ref, tile_ids, n_tiles).amin(dim=-1, keepdim=True)
+    best = got.tile_arg.gather(-1, first).squeeze(-1)
+    shifts = got.tile_max.repeat_interleave(fused.TILE // SUB, dim=-1)[:, : got.full.shape[1]]
+    factor = ((shifts.double() - ref.double()) * inv_t.double()).exp2()
+    full = got.full.double() * factor
+    kept = got.kept.double() * factor if got.kept is not None else full
+    return BlockSums(shifts, ref, full, kept, None), best
+
+
 def _sum_blocks(e: torch.Tensor, out: torch.Tensor) -> None:
     """Sums (float32) of consecutive blocks of `SUB` entries of `e` `[B, n]` (the last block
     may be short) into the first `ceil(n / SUB)` columns of `out`."""
@@ -338,7 +396,7 @@ def _draw(
     rest = rest * ((sums.ref - shift).double() * inv_t.double()).squeeze(-1).exp2()
     cols = _block_cols(j, SUB, V)
     neg = torch.where(torch.isfinite(shift), -(shift * inv_t), torch.zeros_like(shift))
-    e = _exp_chunk(logits.gather(-1, cols), scale, neg)
+    e = _exp_chunk(logits.gather(-1, cols).float(), scale, neg)
     # an index past the vocabulary (the last block may be short) has no mass
     mass = (j[:, None] * SUB + torch.arange(SUB, device=j.device)[None, :]) < V
     if keep is not None:
