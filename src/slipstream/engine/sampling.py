@@ -203,7 +203,7 @@ def _sample(
     if all_greedy:
         tokens = best
     else:
-        tokens = _draw(logits, scale, inv_t2, sums, keep, row_uniform(seeds, steps))
+        tokens = _draw(logits, scale, inv_t2, sums, keep, row_uniform(seeds, steps), fused)
         if any_greedy:
             tokens = torch.where(greedy, best, tokens)
     # x_a / t - m in float64: `r` need not be the row's maximum, so x_a - r can be large
@@ -385,18 +385,23 @@ def _draw(
     sums: BlockSums,
     keep: torch.Tensor | None,
     u: torch.Tensor,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Inverse-CDF draw `[B]`: the block of `SUB` entries where `u x total` falls, then the
     entry inside it (the block's exponentials recomputed as they were summed, against its
-    shift; cumulative sums in float64)."""
+    shift, `fused`: as the kernel does, `x - shift` first; cumulative sums in float64)."""
     B, V = logits.shape
     rows = torch.arange(B, device=logits.device)
     j, rest = _locate(sums.kept, u * sums.kept.sum(dim=-1))
     shift = sums.shifts[rows, j][:, None]
     rest = rest * ((sums.ref - shift).double() * inv_t.double()).squeeze(-1).exp2()
     cols = _block_cols(j, SUB, V)
-    neg = torch.where(torch.isfinite(shift), -(shift * inv_t), torch.zeros_like(shift))
-    e = _exp_chunk(logits.gather(-1, cols).float(), scale, neg)
+    x = logits.gather(-1, cols).float()
+    if fused:
+        e = ((x - torch.where(torch.isfinite(shift), shift, 0.0)) * inv_t).exp2_()
+    else:
+        neg = torch.where(torch.isfinite(shift), -(shift * inv_t), torch.zeros_like(shift))
+        e = _exp_chunk(x, scale, neg)
     # an index past the vocabulary (the last block may be short) has no mass
     mass = (j[:, None] * SUB + torch.arange(SUB, device=j.device)[None, :]) < V
     if keep is not None:
