@@ -2,7 +2,8 @@
 and sync against pipeline end to end, for Qwen2.5-0.5B and 1.5B shapes in bfloat16.
 
 Run (on a GPU machine): python bench/gpu.py [--shapes qwen2.5-0.5b,qwen2.5-1.5b]
-[--peak-tflops 989] [--bandwidth-gbs 4800] [--steps 5] [--parts trainer,sampler,weights,e2e]. Smoke run on a CPU:
+[--peak-tflops 989] [--bandwidth-gbs 4800] [--steps 5] [--parts trainer,sampler,weights,e2e]
+[--parts profile]. Smoke run on a CPU:
 python bench/gpu.py --device cpu --tiny. Prints a table per part, then one JSON line with
 `trainer_mfu`, `sampler_roofline_share`, `publish_s`, `pause_s`, `pipeline_over_sync` (the
 headline figures at the largest shape measured; every figure per shape is in the line too).
@@ -30,6 +31,9 @@ Random weights of the real shapes (normal(0, 0.02), made on the device: nothing 
    zero-variance filtering is off and every group trains), `sync` in one process against
    `pipeline` with one sampler process on the same GPU (colocated; on a second GPU where there
    is one), `--steps` steps each (at least 2); steps/s between the first and last step records.
+5. Profile (`--parts profile`, not in the default set): parts 1 and 2 (at the largest slot
+   count) under torch.profiler, the `--profile-top` operators by self device time each, as a
+   table and in the JSON line: where a trainer step's and a decode run's time goes.
 """
 
 from __future__ import annotations
@@ -70,7 +74,8 @@ SHAPES = {
 }  # fmt: skip
 
 
-PARTS = ("trainer", "sampler", "weights", "e2e")
+PARTS = ("trainer", "sampler", "weights", "e2e", "profile")
+DEFAULT_PARTS = PARTS[:4]  # `profile` on request: its tracing slows the parts it watches
 
 
 def random_model(name: str, device: torch.device, dtype: torch.dtype) -> CausalLM:
@@ -208,6 +213,47 @@ def sampler_part(
     return out
 
 
+def top_ops(events: Any, device: torch.device, n: int) -> list[dict[str, Any]]:
+    """The `n` operators with the most self time on `device` (CPU time on a CPU) from a
+    profiler's `key_averages()`: name, calls, milliseconds, share of all operators' time."""
+
+    def own(e: Any) -> float:
+        if device.type != "cuda":
+            return float(e.self_cpu_time_total)
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)))
+
+    total = sum(own(e) for e in events) or 1.0
+    ranked = sorted(events, key=own, reverse=True)[:n]
+    return [
+        {"op": e.key, "calls": int(e.count), "ms": own(e) / 1e3, "share": own(e) / total}
+        for e in ranked
+    ]
+
+
+def profile_part(args: argparse.Namespace, name: str, device: torch.device) -> dict[str, Any]:
+    """The trainer part and the sampler part (at the largest slot count) under torch.profiler:
+    where their device time goes (`--profile-top` operators each), to find what holds MFU and
+    the roofline share down. Their figures under the profiler are not the parts' figures."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    runs = {
+        "trainer": lambda: trainer_part(args, name, device),
+        "sampler": lambda: sampler_part(args, name, device, args.slots_list[-1]),
+    }
+    out: dict[str, Any] = {}
+    for what, fn in runs.items():
+        with profile(activities=acts) as prof:
+            fn()
+        out[what] = top_ops(prof.key_averages(), device, args.profile_top)
+        print(f"  profile  {name:14s} {what}: top {args.profile_top} operators by self time")
+        for row in out[what]:
+            print(
+                f"    {row['share']:6.1%} {row['ms']:10.1f} ms {row['calls']:7d}x  {row['op'][:70]}"
+            )
+    return out
+
+
 def weights_part(args: argparse.Namespace, name: str, device: torch.device) -> dict[str, float]:
     """Median publish time into the channel and the engine's pause to take the weights in."""
     import torch.multiprocessing as mp
@@ -308,6 +354,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             r["weights"] = weights_part(args, name, device)
         if "e2e" in args.parts:
             r["e2e"] = e2e_part(args, name, device)
+        if "profile" in args.parts:
+            r["profile"] = profile_part(args, name, device)
         result[name] = r
     last = result[args.shapes[-1]]
     nan = math.nan
@@ -343,8 +391,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5, help="end-to-end steps per schedule")
     ap.add_argument(
-        "--parts", default=",".join(PARTS), help=f"which parts, comma-separated ({','.join(PARTS)})"
+        "--parts",
+        default=",".join(DEFAULT_PARTS),
+        help=f"which parts, comma-separated ({','.join(PARTS)}; default: all but profile)",
     )
+    ap.add_argument("--profile-top", type=int, default=15, help="operators the profile lists")
     args = ap.parse_args(argv)
     if args.tiny:
         args.shapes, args.prompts, args.group, args.prompt_len = "tiny", 2, 2, 8

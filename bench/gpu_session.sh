@@ -7,12 +7,15 @@
 #   bash bench/gpu_session.sh            # logs and JSON lines under $OUT (default gpu_out/)
 #   PARTS="tests engine" bash bench/gpu_session.sh
 #
+# Every part's limit adds up to more than one 600 s device call: run it as two calls, e.g.
+# PARTS="env tests readme engine" then PARTS="env gpu profile".
+#
 # Where slipstream's dependencies are missing (a machine with torch and transformers but no
 # pydantic, say), wheels in .whl/ are installed into /tmp/site first (no network needed).
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-PARTS=${PARTS:-"env tests engine gpu readme"}
+PARTS=${PARTS:-"env tests engine gpu readme profile"}
 DEVICE=${DEVICE:-cuda}  # the README command's trainer.device (cpu: a smoke run of the part)
 ROOT=$(pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -65,15 +68,17 @@ print({k: s.get(k) for k in ('steps', 'placement', 'weight_channel', 'trainer_pe
 export OUT ROOT DEVICE
 export -f slip env_check readme_command
 part env 60 bash -c env_check
-part tests 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_engine_cuda.py \
+part tests 180 python3 -m pytest -q -p no:cacheprovider -rs tests/test_engine_cuda.py \
     tests/test_pipeline_cuda.py tests/test_runtime_cuda_weights.py tests/test_placement.py \
     tests/test_engine_sampling.py tests/test_engine_fused.py
 part readme 100 bash -c readme_command
-part engine 90 bash -c "python3 bench/engine.py --part sampling --vocab 151936 --batch 256 \
+part engine 120 bash -c "python3 bench/engine.py --part sampling --vocab 151936 --batch 256 \
     --max-new-tokens 32 --repeats 3 && python3 bench/engine.py --part sampling \
     --model qwen2.5-0.5b --dtype bfloat16 --batch 256 --max-new-tokens 32 --repeats 3"
 part gpu 180 bash -c "python3 bench/gpu.py --parts trainer,sampler,weights --repeats 2 && \
     python3 bench/gpu.py --shapes qwen2.5-0.5b --parts e2e --steps 4 --prompts 16 \
     --completion-len 256"
+part profile 150 python3 bench/gpu.py --shapes qwen2.5-0.5b --parts profile --repeats 1 \
+    --slots 256 --sampler-new 64
 grep -h '^{' "$OUT"/*.log >"$OUT/json_lines.txt" 2>/dev/null
 echo "=== done"

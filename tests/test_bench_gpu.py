@@ -43,3 +43,19 @@ def test_cpu_tiny_smoke_reports_the_headline_keys(capsys):
     assert math.isnan(line["pipeline_over_sync"])  # end to end skipped here
     tiny = line["tiny"]
     assert set(tiny["sampler"]) == {"4", "8"} and tiny["trainer"]["tokens_per_s"] > 0
+
+
+def test_profile_part_lists_where_time_goes_and_is_not_a_default_part(capsys):
+    assert "profile" not in bench.parse([]).parts
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        bench.main(["--device", "cpu", "--tiny", "--parts", "profile", "--profile-top", "4"])
+    finally:
+        torch.set_num_threads(n)
+    prof = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tiny"]["profile"]
+    for part in ("trainer", "sampler"):
+        rows = prof[part]
+        assert len(rows) == 4 and all(0 < r["share"] <= 1 and r["calls"] > 0 for r in rows)
+        assert [r["ms"] for r in rows] == sorted((r["ms"] for r in rows), reverse=True)
+    assert any("mm" in r["op"] for r in prof["trainer"])  # the products are where time goes
