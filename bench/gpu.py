@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd.profiler_util import FunctionEventAvg
 
 from slipstream.config import TrainerConfig, load_config
 from slipstream.engine import Engine, Request, SamplingParams
@@ -213,11 +214,11 @@ def sampler_part(
     return out
 
 
-def top_ops(events: Any, device: torch.device, n: int) -> list[dict[str, Any]]:
+def top_ops(events: list[FunctionEventAvg], device: torch.device, n: int) -> list[dict[str, Any]]:
     """The `n` operators with the most self time on `device` (CPU time on a CPU) from a
     profiler's `key_averages()`: name, calls, milliseconds, share of all operators' time."""
 
-    def own(e: Any) -> float:
+    def own(e: FunctionEventAvg) -> float:
         if device.type != "cuda":
             return float(e.self_cpu_time_total)
         return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)))
