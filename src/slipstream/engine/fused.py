@@ -9,9 +9,10 @@ Here one kernel reads each logit once, in its own dtype: a program per (row, til
 entries) takes the tile's maximum and its first index, and the tile's block sums of
 `exp2((x - m_tile) log2 e / t)`, against the tile's own maximum (so nothing overflows and no
 second pass waits for the row's maximum; `x - m_tile` first, exact near the top where the mass
-is, where the eager path's `x log2 e / t - m log2 e / t` rounds a product of the logit's size). `sampling` then rescales the block sums to the row's
-maximum in float64 (a `[rows, vocab / SUB]` table, 128 times smaller than the logits), as its
-multi-chunk path does after an overflow.
+is, where the eager path's `x log2 e / t - m log2 e / t` rounds a product of the logit's
+size). `sampling` then rescales the block sums to the row's maximum in float64 (a
+`[rows, vocab / SUB]` table, 128 times smaller than the logits), as its multi-chunk path does
+after an overflow.
 
 Invariance. A program reads one row's tile and that row's scale; the reduction trees are fixed
 by `TILE` and `SUB`, not by the batch, so a row's sums, and with them its token, do not depend
