@@ -261,12 +261,9 @@ class DecodeGraph:
         self.buckets = sorted({min(1 << k, L) for k in range(4, max(L, 16).bit_length() + 1)})
         self._rows = torch.arange(S, device=dev)  # slot ids, and the rows to logit: all
         self._capture = capture
-        self._graphs: dict[
-            int, tuple[torch.cuda.CUDAGraph, torch.Tensor]
-        ] = {}  # bucket: (graph, its logits)
-        self._pool: _POOL_HANDLE | None = (
-            None  # one memory pool for all buckets' graphs (see __call__)
-        )
+        # bucket: (graph, its logits); one memory pool for all buckets' graphs (see __call__)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool: _POOL_HANDLE | None = None
         self.captures = 0  # graphs captured so far (a call that captures is not a step's time)
 
     def bucket(self, span: int) -> int:

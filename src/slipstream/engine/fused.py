@@ -111,20 +111,17 @@ def tile_sums(
     B, V = logits.shape
     n_tiles, n_blocks = -(-V // TILE), -(-V // sub)
     dev = logits.device
+    if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("the fused sampling kernel runs on CPU tensors only under "
+                           "TRITON_INTERPRET=1 set before Triton is imported (tests)")  # fmt: skip
     scale = scale.reshape(B).float().contiguous()
     full = torch.empty(B, n_blocks, dtype=torch.float32, device=dev)
     kept = torch.empty_like(full) if keep is not None else None
     tile_max = torch.empty(B, n_tiles, dtype=torch.float32, device=dev)
     tile_arg = torch.empty(B, n_tiles, dtype=torch.int64, device=dev)
-    if keep is not None:
-        keep_u8 = keep.contiguous().view(torch.uint8)
-        keep_arg: torch.Tensor = keep_u8
-        keep_stride = keep_u8.stride(0)
-    else:
-        keep_arg, keep_stride = full, 0  # never read (HAS_KEEP is off)
-    if dev.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("the fused sampling kernel runs on CPU tensors only under "
-                           "TRITON_INTERPRET=1 set before Triton is imported (tests)")  # fmt: skip
+    # without `keep`, any pointer stands in: HAS_KEEP is off and it is never read
+    keep_arg = keep.contiguous().view(torch.uint8) if keep is not None else full
+    keep_stride = keep_arg.stride(0) if keep is not None else 0
     _tile_sums[(B, n_tiles)](
         logits, logits.stride(0), scale, keep_arg, keep_stride, full,
         kept if kept is not None else full, tile_max, tile_arg, V, n_blocks, n_tiles,

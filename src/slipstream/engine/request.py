@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
 
 from slipstream.types import FinishReason
 
@@ -25,7 +25,7 @@ class Request:
     prompt_tokens: list[int]
     params: SamplingParams
     seed: int = 0
-    key: Any = None  # the caller's handle, returned with the completion
+    key: Hashable = None  # the caller's handle (a dict key), returned with the completion
     park: bool = False  # a turn of an episode: keep its KV when it stops (engine.parking)
 
 

@@ -51,8 +51,8 @@ def rewards_of(
         for j in range(n)
     ]
     texts: list[list[str]] = [[""] * n for _ in prompts]
-    for c in engine.generate(reqs):
-        i, j = c.request.key
+    for k, c in enumerate(engine.generate(reqs)):  # in request order
+        i, j = divmod(k, n)
         texts[i][j] = tokenizer.decode(c.tokens)
     return [[v.reward for v in score_completions(task, p, t)] for p, t in zip(prompts, texts)]
 
