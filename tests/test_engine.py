@@ -442,6 +442,26 @@ def test_gumbel_sampling_matches_the_softmax():
     assert got.kept_logmass is None
 
 
+def test_the_count_of_filtering_slots_follows_admissions_finishes_and_aborts():
+    # a graph step replays the sampling graph only while no live slot filters: the engine
+    # keeps that count instead of scanning its slots each step; it must match the scan
+    model = _model()
+    engine = Engine(model, -1, 3, 32)  # eos -1: requests end at their length
+    for i, p in enumerate(_prompts(7, seed=3)):
+        top_p = 0.9 if i % 2 else 1.0
+        engine.add(Request(p, SamplingParams(1.0, top_p=top_p, max_new_tokens=2 + i), seed=i))
+    seen = set()
+    for n in range(40):
+        if n == 3:  # an abort frees a filtering and a plain slot
+            engine.abort(lambda c: c.request.seed in (1, 2))
+        engine.step()
+        live = [s for s in engine.slots if s is not None]
+        count = sum(s.kept_logmass is not None for s in live)
+        assert engine._num_filtering == count
+        seen.add(count)
+    assert engine.num_active == 0 and engine._num_filtering == 0 and {0, 1} <= seen
+
+
 # ---- abort and groups ---------------------------------------------------------------------
 @pytest.mark.parametrize("decode_graph", [False, True])
 def test_abort_by_staleness_returns_partial_sequences_and_frees_slots(decode_graph):

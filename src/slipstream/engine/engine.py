@@ -162,6 +162,7 @@ class Engine:
         self._trace = trace
         self.on_step: Callable[[int, list[Hashable]], None] | None = None  # schedule.record
         self._num_active = 0
+        self._num_filtering = 0  # live slots whose request has top-k / top-p (kept_logmass)
         self._lock = threading.Lock()
         self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
         self._params = dict(model.named_parameters())
@@ -368,6 +369,7 @@ class Engine:
                 r = self.waiting.popleft()
                 mass: list[float] | None = [] if r.params.top_k > 0 or r.params.top_p < 1 else None
                 self.slots[i] = _Slot(r, t_start=now, kept_logmass=mass)
+                self._num_filtering += mass is not None
                 admitted.append(i)
         self._num_active += len(admitted)
         # one indexed write per tensor: a scalar write per slot and tensor costs ~5 us each
@@ -462,8 +464,7 @@ class Engine:
     ) -> Sampled:
         """Tokens and log-probs of the output `rows`; a graph step (every slot, decode alone)
         replays the sampling graph unless a live row filters (same tokens either way)."""
-        filters = (s is not None and s.kept_logmass is not None for s in self.slots)
-        if graph_step and self._sample_graph is not None and not any(filters):
+        if graph_step and self._sample_graph is not None and not self._num_filtering:
             return self._sample_graph(logits)
         return sample(
             logits,
@@ -522,6 +523,7 @@ class Engine:
         s = self._slot(i)
         self.slots[i] = None
         self._num_active -= 1
+        self._num_filtering -= s.kept_logmass is not None
         if reset:
             self._reset([i])
         return s

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Completion, Engine, Request, SamplingParams
@@ -42,7 +41,7 @@ _SEED_STRIDE = 0x9E3779B97F4A7C15  # a turn's sampling seed: the member's seed +
 class Episode:
     """One sample's episode: the history after the prompt, token by token."""
 
-    key: Any  # the caller's handle, hashable (as Request.key, which carries it)
+    key: Hashable  # the caller's handle, hashable (as Request.key, which carries it)
     prompt: Prompt
     seed: int
     prompt_tokens: list[int] = field(default_factory=list)
@@ -127,15 +126,15 @@ class EpisodeRunner:
         params: SamplingParams,
         cfg: EnvConfig,
         max_len: int,
-        on_end: Callable[[Any], None] | None = None,
+        on_end: Callable[[Hashable], None] | None = None,
         workers: Workers | None = None,
     ) -> None:
         self.factory, self.params, self.cfg, self.max_len = factory, params, cfg, max_len
         self.on_end = on_end
         self.owns_workers = workers is None
         self.workers = workers or make_workers(factory, cfg.workers, cfg.isolation)
-        self.episodes: dict[Any, Episode] = {}
-        self.pending: dict[Any, _Pending] = {}
+        self.episodes: dict[Hashable, Episode] = {}
+        self.pending: dict[Hashable, _Pending] = {}
         self._ended: list[Episode] = []
 
     @property
@@ -144,7 +143,7 @@ class EpisodeRunner:
         return len(self.episodes)
 
     def start(
-        self, prompt: Prompt, key: Any, seed: int, prompt_tokens: list[int] | None = None
+        self, prompt: Prompt, key: Hashable, seed: int, prompt_tokens: list[int] | None = None
     ) -> None:
         """Begin an episode: its environment is built and observed in a worker.
         `prompt_tokens` stand for its prompt if building or observing it fails."""
@@ -194,7 +193,7 @@ class EpisodeRunner:
         if self.pending:  # (woken in time for a step's time limit: `pump` returns on any)
             self.workers.pump(min(timeout, self.cfg.step_timeout_s))
 
-    def cancel(self, pred: Callable[[Any], bool]) -> list[Episode]:
+    def cancel(self, pred: Callable[[Hashable], bool]) -> list[Episode]:
         """End (as `aborted`) the episodes whose key satisfies `pred`, wherever they are;
         they are returned here, not by `poll`."""
         out = []
@@ -278,7 +277,7 @@ class EpisodeRunner:
 
 
 def run_episodes(
-    engine: Engine, runner: EpisodeRunner, items: list[tuple[Prompt, Any, int]]
+    engine: Engine, runner: EpisodeRunner, items: Sequence[tuple[Prompt, Hashable, int]]
 ) -> list[Episode]:
     """Run the episodes of `items` (prompt, key, seed) to their end on an idle engine: decode
     while environments step, wait for them only when nothing is left to decode. The episodes

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,9 +98,9 @@ class SamplerSpec:
     placement: Placement | None = None  # None: every sampler on the CPU
 
 
-def _group_member(request: Request) -> tuple[int, int]:
-    """(group id, member index) of a request this sampler issued: its key."""
-    key = request.key
+def _group_member(key: Hashable) -> tuple[int, int]:
+    """(group id, member index): the key of a request (and of an episode) this sampler
+    issued."""
     assert isinstance(key, tuple), key
     return key
 
@@ -259,7 +260,7 @@ class SamplerWorker:
         out = [b.popleft() for _ in range(min(n, len(b)))]
         # a group starts with its first member (the backlog keeps the inbox's order)
         if self.runner is None:  # (episodes count as started when their environment is)
-            self.state.report.started += sum(_group_member(r)[1] == 0 for r in out)
+            self.state.report.started += sum(_group_member(r.key)[1] == 0 for r in out)
         return out
 
     def _wait_for_work(self, ch: Channels) -> None:
@@ -337,7 +338,7 @@ class SamplerWorker:
         if self.runner is not None:  # a turn of an episode: its environment steps next
             self.runner.turn(c)
             return
-        gid, _ = _group_member(c.request)
+        gid, _ = _group_member(c.request.key)
         member = self.state.groups.get(gid)
         if member is None:  # a member finishing in the same step its group was completed
             self.state.report.cancelled_tokens += len(c.tokens)
@@ -349,17 +350,19 @@ class SamplerWorker:
         del self.state.groups[gid]
         if len(member.request.seeds) > G:  # redundant members still out: cancel them
             self.state.report.cancelled_tokens += self._cancel(gid)
-        kept = sorted(member.done[:G], key=lambda x: _group_member(x.request)[1])
+        kept = sorted(member.done[:G], key=lambda x: _group_member(x.request.key)[1])
         group = score_group(self.tok, self.task, member.request.prompt, kept, self.id)
         self._send(ch, SamplerMessage("group", self.id, request=member.request, group=group))
 
     def _cancel(self, gid: int) -> int:
         """Drop group `gid`'s members still waiting or running; tokens they had generated."""
-        self.state.backlog = deque(r for r in self.state.backlog if _group_member(r)[0] != gid)
-        aborted = self.engine.abort(lambda c: _group_member(c.request)[0] == gid)
+        self.state.backlog = deque(r for r in self.state.backlog if _group_member(r.key)[0] != gid)
+        aborted = self.engine.abort(lambda c: _group_member(c.request.key)[0] == gid)
         tokens = sum(len(c.tokens) for c in aborted)  # (an episode's: its turn in the engine)
         if self.runner is not None:  # and its history before that turn
-            tokens += sum(len(e.tokens) for e in self.runner.cancel(lambda k: k[0] == gid))
+            tokens += sum(
+                len(e.tokens) for e in self.runner.cancel(lambda k: _group_member(k)[0] == gid)
+            )
         return tokens
 
     def _poll_episodes(self, ch: Channels) -> None:
@@ -372,7 +375,7 @@ class SamplerWorker:
             self._episode_done(ch, ep)
 
     def _episode_done(self, ch: Channels, ep: Episode) -> None:
-        gid, _ = ep.key
+        gid, _ = _group_member(ep.key)
         member = self.state.groups.get(gid)
         if member is None:
             self.state.report.cancelled_tokens += len(ep.tokens)
@@ -384,7 +387,7 @@ class SamplerWorker:
         del self.state.groups[gid]
         if len(member.request.seeds) > G:
             self.state.report.cancelled_tokens += self._cancel(gid)
-        kept = sorted(member.done[:G], key=lambda e: e.key[1])
+        kept = sorted(member.done[:G], key=lambda e: _group_member(e.key)[1])
         group = episode_group(self.tok, member.request.prompt, kept, self.id)
         self._send(ch, SamplerMessage("group", self.id, request=member.request, group=group))
 
@@ -400,15 +403,19 @@ class SamplerWorker:
             self.log.stale_check(latest)
         K = self.spec.schedule.max_lag
         stale = self.engine.abort(lambda c: bool(c.versions) and latest - min(c.versions) > K)
-        gids = list(dict.fromkeys(_group_member(c.request)[0] for c in stale))
+        gids = list(dict.fromkeys(_group_member(c.request.key)[0] for c in stale))
         if self.runner is not None:  # episodes between turns, or whose earlier turns are stale
-            gids += [k[0] for k, e in self.runner.episodes.items() if e.oldest(latest - K - 1)]
+            gids += [
+                _group_member(k)[0]
+                for k, e in self.runner.episodes.items()
+                if e.oldest(latest - K - 1)
+            ]
             gids = list(dict.fromkeys(gids))
         for gid in gids:
             member = st.groups.pop(gid, None)
             if member is None:
                 continue
-            partial = [c for c in stale if _group_member(c.request)[0] == gid] + member.done
+            partial = [c for c in stale if _group_member(c.request.key)[0] == gid] + member.done
             tokens = sum(len(c.tokens) for c in partial) + self._cancel(gid)
             st.report.aborted_tokens += tokens
             group = Group(member.request.prompt, [])
