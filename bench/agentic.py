@@ -115,7 +115,7 @@ def measures(
     accuracy plus `gain` (runs sharing one warm start and the evaluation's fixed seeds share
     that start, so they share the target). `crossing`: which reading of the curve
     `time_to_target_s` is (module doc); both are kept."""
-    from slipstream.observe.clock import time_to_target, training_total
+    from slipstream.observe.clock import accuracy, time_to_target, training_total
 
     recs, s = res["records"], res["summary"]
     if gain is not None:
@@ -147,6 +147,9 @@ def measures(
         "turns_mean": statistics.mean(r.get("env/turns_mean", 0.0) for r in recs),
         "ledger_balanced": s["ledger"]["balanced"],
         "target": target,
+        # the held-out curve by step (step 0: the start), for the step-by-step comparison
+        "curve": ([[0, start]] if start is not None else [])
+        + [[int(r["step"]), a] for r in recs if (a := accuracy(r)) is not None],
     }
 
 
@@ -187,6 +190,27 @@ def seed_bounds(
         else:
             out.append((0.0, math.inf))
     return out
+
+
+def step_gap(
+    rows: list[dict[str, Any]], base: str, other: str, tail: float
+) -> dict[str, Any] | None:
+    """Held-out accuracy of `other` minus `base` at the same step, averaged over the steps
+    both evaluated after the start, per seed at `tail` and their mean: whether `other` learns
+    less per step (its lag costing it accuracy) or the time-to-target ratio's swings are the
+    curves' noise. None: no seed has both curves."""
+    per_seed = {}
+    for seed in sorted({r["seed"] for r in rows if r["tail"] == tail}):
+        run = {r["schedule"]: r for r in rows if r["seed"] == seed and r["tail"] == tail}
+        if base not in run or other not in run:
+            continue
+        a, b = (dict(map(tuple, run[k].get("curve") or [])) for k in (base, other))
+        steps = sorted(k for k in a.keys() & b.keys() if k > 0)
+        if steps:
+            per_seed[str(seed)] = statistics.mean(b[k] - a[k] for k in steps)
+    if not per_seed:
+        return None
+    return {"mean": statistics.mean(per_seed.values()), "by_seed": per_seed}
 
 
 def median_bounds(bounds: list[tuple[float, float]]) -> list[float] | None:
@@ -291,6 +315,13 @@ def main(argv: list[str]) -> int:
             f"| {r['turns_mean']:.2f} | {r['ledger_balanced']} |"
         )
     top = max(tails)
+    gap = step_gap(rows, "sync", "pipeline", top)
+    if gap is not None:
+        seeds_txt = ", ".join(f"seed {k} {v * 100:+.1f}" for k, v in gap["by_seed"].items())
+        print(
+            f"held-out accuracy at the same step, pipeline minus sync (mean over evaluations, "
+            f"points): {seeds_txt}; mean {gap['mean'] * 100:+.1f}"
+        )
     line = {
         "pipeline_speedup_vs_sync": speedup(rows, "sync", "pipeline", top),
         # JSON has no infinity: an unbounded high end is null
@@ -304,6 +335,8 @@ def main(argv: list[str]) -> int:
             rows, "sync", "pipeline", top, "time_to_target_first_s"
         ),
         "crossing": args.crossing,
+        # pipeline minus sync held-out accuracy at the same steps (mean over evaluations)
+        "pipeline_step_acc_gap": gap,
         "async_speedup_vs_sync": speedup(rows, "sync", "async", top),
         "speedup_by_tail": {f"{t:g}": speedup(rows, "sync", "pipeline", t) for t in tails},
         # the same budget of steps: sync's training time over pipeline's, evaluation excluded

@@ -29,6 +29,27 @@ def test_paired_difference_and_its_standard_error():
     assert (out["b_only"], out["a_only"]) == (1, 1)
 
 
+def test_step_gap_compares_the_curves_at_the_steps_both_evaluated():
+    def row(seed: int, sched: str, curve: list[list[float]]) -> dict:
+        return {"tail": 30.0, "seed": seed, "schedule": sched, "curve": curve}
+
+    rows = [
+        # seed 0: steps 8 and 16 in both (step 0, the start, and step 24, one run's, left out):
+        # pipeline - sync = (0.30 - 0.20 + 0.20 - 0.30) / 2 = 0.0
+        row(0, "sync", [[0, 0.1], [8, 0.2], [16, 0.3], [24, 0.9]]),
+        row(0, "pipeline", [[0, 0.5], [8, 0.3], [16, 0.2]]),
+        # seed 1: -0.1 at step 8
+        row(1, "sync", [[8, 0.4]]),
+        row(1, "pipeline", [[8, 0.3]]),
+        row(2, "sync", [[8, 0.4]]),  # seed 2: no pipeline run, no pair
+    ]
+    gap = bench.step_gap(rows, "sync", "pipeline", 30.0)
+    assert gap is not None and set(gap["by_seed"]) == {"0", "1"}
+    assert abs(gap["by_seed"]["0"]) < 1e-12 and abs(gap["by_seed"]["1"] + 0.1) < 1e-12
+    assert abs(gap["mean"] + 0.05) < 1e-12
+    assert bench.step_gap(rows[4:], "sync", "pipeline", 30.0) is None
+
+
 def test_engine_busy_is_a_median_over_seeds_at_one_tail():
     # sync at tail 30, seeds 0-2: 0.20, 0.25, 0.30 (median 0.25); at tails 10 and 1, seed 0:
     # 0.8, 0.9. Pooling the five would give 0.30, a mix of tails.
@@ -105,6 +126,7 @@ def test_a_target_gain_is_added_to_the_runs_own_start():
     # start 0.20 + 0.05: step 1's 0.23 is short of 0.25, step 3's 0.26 reaches it
     m = bench.measures(res, 0.9, gain=0.05)
     assert abs(m["target"] - 0.25) < 1e-12 and m["time_to_target_s"] == 3.0
+    assert m["curve"] == [[0, 0.2], [1, 0.23], [3, 0.26]]  # the start, then each evaluation
     assert bench.measures(res, 0.9)["time_to_target_s"] is None  # the absolute 0.9: never
 
 
