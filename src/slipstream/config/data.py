@@ -253,7 +253,8 @@ class WarmstartConfig(_Section):
     """Supervised warm start of the built-in model stops once held-out accuracy reaches this.
     None: the task's own (`TARGET_ACC`): 0.1 on the built-in task, 0.25 on `builtin_tools`,
     whose greedy episodes must copy the call and the tool's reply exactly: below about 0.2 most
-    groups of episodes all fail and RL has little signal (README, multi-turn section)."""
+    groups of episodes all fail and RL has little signal (docs/measurements.md, the built-in
+    agentic task)."""
     max_steps: int = Field(3000, ge=1)
     lr: float = Field(3e-3, gt=0.0, lt=1.0)
     batch_size: int = Field(64, ge=1)

@@ -37,7 +37,7 @@ and 87.0 % without the drift term); on series whose level wanders (a random walk
 step under noise of 0.15) 60.5 % (38.5 % without it): below 90 %, since a drift estimated
 from a few tens of steps is itself uncertain. It does not cover a change of the machine's
 load that the observed steps give no hint of. Without the drift term the interval held 67-80 %
-of the forecasts on the built-in task (README).
+of the forecasts on the built-in task (docs/measurements.md, the run-duration forecast).
 """
 
 from __future__ import annotations
