@@ -11,7 +11,8 @@
 # PARTS="env tests readme engine" then PARTS="env gpu profile".
 #
 # Where slipstream's dependencies are missing (a machine with torch and transformers but no
-# pydantic, say), wheels in .whl/ are installed into /tmp/site first (no network needed).
+# pydantic, say), wheels in .whl/ are installed into /tmp/site first (no network needed):
+# `bash bench/gpu_wheels.sh` downloads them beforehand, on a machine with PyPI.
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
