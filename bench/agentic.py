@@ -167,6 +167,18 @@ def speedup(
     return statistics.median(ratios) if ratios else None
 
 
+def paired_runs(
+    rows: list[dict[str, Any]], base: str, other: str, tail: float
+) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """(seed, base's row, other's row) for each seed at `tail` that has both runs, by seed."""
+    out = []
+    for seed in sorted({r["seed"] for r in rows if r["tail"] == tail}):
+        run = {r["schedule"]: r for r in rows if r["seed"] == seed and r["tail"] == tail}
+        if base in run and other in run:
+            out.append((seed, run[base], run[other]))
+    return out
+
+
 def seed_bounds(
     rows: list[dict[str, Any]], base: str, other: str, tail: float, key: str = "time_to_target_s"
 ) -> list[tuple[float, float]]:
@@ -175,11 +187,7 @@ def seed_bounds(
     both, low = high = the ratio; base never, at least base's budget over other's time;
     other never, at most base's time over other's budget; neither, unknown (0, inf)."""
     out = []
-    for seed in sorted({r["seed"] for r in rows if r["tail"] == tail}):
-        run = {r["schedule"]: r for r in rows if r["seed"] == seed and r["tail"] == tail}
-        if base not in run or other not in run:
-            continue
-        b, o = run[base], run[other]
+    for _, b, o in paired_runs(rows, base, other, tail):
         if b[key] is not None and o[key] is not None:
             x = b[key] / max(o[key], 1e-9)
             out.append((x, x))
@@ -200,12 +208,9 @@ def step_gap(
     less per step (its lag costing it accuracy) or the time-to-target ratio's swings are the
     curves' noise. None: no seed has both curves."""
     per_seed = {}
-    for seed in sorted({r["seed"] for r in rows if r["tail"] == tail}):
-        run = {r["schedule"]: r for r in rows if r["seed"] == seed and r["tail"] == tail}
-        if base not in run or other not in run:
-            continue
-        a, b = (dict(map(tuple, run[k].get("curve") or [])) for k in (base, other))
-        steps = sorted(k for k in a.keys() & b.keys() if k > 0)
+    for seed, run_a, run_b in paired_runs(rows, base, other, tail):
+        a, b = (dict(map(tuple, r.get("curve") or [])) for r in (run_a, run_b))
+        steps = {k for k in a.keys() & b.keys() if k > 0}
         if steps:
             per_seed[str(seed)] = statistics.mean(b[k] - a[k] for k in steps)
     if not per_seed:
