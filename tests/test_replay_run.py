@@ -71,6 +71,12 @@ def _overrides(assets: Path, run_dir: Path) -> list[str]:
         "watchdog.inject_lr_spike_at=3",
         "watchdog.inject_lr_spike_steps=1",
         'watchdog.actions={step_kl="rollback"}',
+        # only `step_kl` watched: the other alarms read the batch the trainer happened to get
+        # (which group arrives first is timing), and a `warn` of theirs before the spike opens
+        # an alarm episode that holds step 2's checkpoint back and leaves nothing to restore
+        "watchdog.entropy_drop_rate=0",
+        "watchdog.grad_spike_factor=0",
+        "watchdog.reward_constant_steps=0",
     ]
 
 
