@@ -43,18 +43,30 @@ env_check() {
     python3 -c "import slipstream.cli, pydantic, math_verify; print('slipstream imports')"
 }
 
+readme_args() {  # the settings of the README's "Train on a GPU" command, one per line, but
+    # the paths and the device, which readme_command sets (so the part runs what users read)
+    python3 - <<'PY'
+import shlex
+text = open("README.md").read().split("## Train on a GPU", 1)[1]
+block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+args = shlex.split(block.replace("\\\n", " "))
+assert args[:2] == ["slipstream", "train"], args[:2]
+own = ("model.path=", "task.path=", "trainer.device=")
+print("\n".join(a for a in args[2:] if not a.startswith(own)))
+PY
+}
+
 readme_command() {  # the README's GPU command, on a tiny chat model folder made here
-    local w
+    local w args
+    mapfile -t args < <(readme_args) && [ "${#args[@]}" -gt 0 ] || return 1
     w=$(mktemp -d) && python3 tests/chat_model.py "$w" || return 1
     python3 -c "
 import json, pyarrow.parquet as pq
 rows = pq.read_table('$w/train.parquet').to_pylist()
 open('$w/train.jsonl', 'w').write(''.join(json.dumps(r) + '\n' for r in rows))"
     cd "$w" || return 1
-    slip train model.path=model model.dtype=bfloat16 trainer.device="$DEVICE" \
-        task.kind=jsonl task.path=train.jsonl schedule.name=pipeline runtime.kind=local \
-        engine.memory_fraction=0.4 trainer.micro_batch_tokens=16384 \
-        trainer.activation_checkpointing=true \
+    echo "the README's settings: ${args[*]}"
+    slip train model.path=model task.path=train.jsonl trainer.device="$DEVICE" "${args[@]}" \
         'task.rewards=[{fn="rewards.py:short_answer", weight=0.5}, {fn="rewards.py:compute_score"}]' \
         run.steps=6 run.dir=run trainer.batch_prompts=4 sampling.group_size=4 \
         sampling.max_new_tokens=16 run.quiet=true
@@ -67,7 +79,7 @@ print({k: s.get(k) for k in ('steps', 'placement', 'weight_channel', 'trainer_pe
 }
 
 export OUT ROOT DEVICE
-export -f slip env_check readme_command
+export -f slip env_check readme_args readme_command
 part env 60 bash -c env_check
 part tests 180 python3 -m pytest -q -p no:cacheprovider -rs tests/test_engine_cuda.py \
     tests/test_pipeline_cuda.py tests/test_runtime_cuda_weights.py tests/test_placement.py \

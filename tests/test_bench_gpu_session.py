@@ -1,5 +1,5 @@
 """bench/gpu_session.sh's `readme` part on the CPU (`DEVICE=cpu`): the README's "Train on a GPU"
-command, with its settings, trains a chat model folder built here to the end (the GPU run of
+command, with its settings (read from the README by the script), trains a chat model folder built here to the end (the GPU run of
 the same part is in bench/results/gpu_s29/)."""
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ def test_the_readme_gpu_command_runs_on_the_cpu(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "=== readme: exit 0" in proc.stdout, proc.stdout
+    log = (tmp_path / "readme.log").read_text()
+    assert "the README's settings: model.dtype=bfloat16" in log and "schedule.name=pipeline" in log
     summary = json.loads((tmp_path / "readme_summary.json").read_text())
     assert summary["steps"] == 6 and summary["ledger"]["balanced"]
     assert summary["placement"] == {"trainer": "cpu", "samplers": ["cpu"]}
