@@ -1,6 +1,6 @@
 """bench/gpu_session.sh's `readme` part on the CPU (`DEVICE=cpu`): the README's "Train on a GPU"
-command, with its settings (read from the README by the script), trains a chat model folder built here to the end (the GPU run of
-the same part is in bench/results/gpu_s29/)."""
+command, with its settings (the script reads them from the README), trains a chat model folder
+built here to the end (the GPU run of the same part is in bench/results/gpu_s29/)."""
 
 from __future__ import annotations
 
