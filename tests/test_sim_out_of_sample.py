@@ -124,3 +124,34 @@ def test_forward_line_check_on_the_recorded_runs() -> None:
     for n, w in want.items():
         assert got[n] == pytest.approx(w, abs=0.0015), (n, got[n])
     assert bench.forward_line_err(source, [{"step_time_s": 1.0}]) is None
+
+
+def test_train_line_check_golden() -> None:
+    """The bench's `train` column: the calibration run's training line (fitted on its steps
+    after the first) on a target's steps after the first. Hand-derived: the source's steps lie
+    on 0.01 + 0.001 * tokens (its first step, 5 s, is left out), so a target that trained 100
+    and 300 tokens in 0.22 and 0.42 s is predicted 0.11 + 0.31 = 0.42 s of 0.64: -34.375 %."""
+    bench = load_bench("sim_calibration")
+    source = [{"tokens/trained": 50.0, "time/train_s": 5.0}] + [
+        {"tokens/trained": t, "time/train_s": 0.01 + 0.001 * t} for t in (100.0, 200.0, 400.0)
+    ]
+    target = [
+        {"tokens/trained": 1.0, "time/train_s": 9.0},
+        {"tokens/trained": 100.0, "time/train_s": 0.22},
+        {"tokens/trained": 300.0, "time/train_s": 0.42},
+    ]
+    assert bench.train_line_err(source, target) == pytest.approx(0.42 / 0.64 - 1, abs=1e-9)
+    assert bench.train_line_err(source, source) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_host_probe_reads_proc_stat(tmp_path: Path) -> None:
+    """`cpu_jiffies` sums the first line's eight fields (user, nice, system, idle, iowait, irq,
+    softirq, steal; guest fields after them are already in user) and counts all but idle and
+    iowait as busy; `busy_cores` turns two readings into cores: 100 busy jiffies of 200 on a
+    2-core host is one core."""
+    bench = load_bench("sim_calibration")
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 40 800 50 3 2 10 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert bench.cpu_jiffies(str(stat)) == (160.0, 1010.0)
+    assert bench.busy_cores((160.0, 1010.0), (260.0, 1210.0), 2) == pytest.approx(1.0)
+    assert bench.busy_cores((1.0, 5.0), (1.0, 5.0), 2) == 0.0
