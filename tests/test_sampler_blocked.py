@@ -69,3 +69,31 @@ def test_time_blocked_on_a_full_group_queue_is_its_own_state_not_busy():
     # goodput's useful time is the generating time only
     good = goodput([{**rec, "tokens/generated": 10}], total, samplers=1)
     assert abs(good["useful_s"] - r.busy_s) < 1e-6
+
+
+def test_a_report_sent_inside_a_spell_is_as_of_the_time_accounted():
+    """A group finishing in an engine step is sent before that step's spell is accounted; its
+    report carries the time up to which its counters are accounted, so the busy seconds
+    between two reports never exceed the seconds between them (a step's `sampler_busy` was
+    over 1 on about one pipeline step in six, up to 1.10, when the report carried its send
+    time)."""
+    w = _worker()
+    ch = SimpleNamespace(groups=FullQueue(0.0), stop=SimpleNamespace(is_set=lambda: False))
+    t0 = time.perf_counter()
+    time.sleep(0.02)
+    w._account("wait", t0)  # idle until a prompt came
+    t1 = time.perf_counter()
+    time.sleep(0.05)  # an engine step: a group finishes inside it
+    w._send(ch, SamplerMessage("group", 0))
+    time.sleep(0.05)
+    w._account("generate", t1)  # the step ends
+    w._send(ch, SamplerMessage("stats", 0))
+    first, second = (m.report for m in ch.groups.got)
+    assert first.busy_s == 0.0 and second.busy_s > 0.09
+    assert second.busy_s - first.busy_s <= second.t - first.t + 1e-9
+    stats = StepStats()
+    stats.add_report(first)
+    stats.start()
+    stats.add_report(second)
+    rec = stats.record([], {}, {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}, 0.0, 0.0)
+    assert 0.9 < rec["runtime/sampler_busy"] <= 1.0 + 1e-9

@@ -452,7 +452,11 @@ class SamplerWorker:
     def _send(self, ch: Channels, msg: SamplerMessage) -> None:
         st, r = self.state, self.state.report
         s = self.engine.stats
-        r.t, r.tokens_generated = time.perf_counter(), s.tokens_generated
+        # the report is as of the end of the time accounted so far: one sent inside a spell
+        # not yet accounted (a group finishing in an engine step) would otherwise carry a time
+        # its busy_s has not reached, and the next report's window more busy seconds than
+        # seconds (a step's sampler_busy over 1)
+        r.t, r.tokens_generated = st.span[2] if st.span else r.t_ready, s.tokens_generated
         r.decode_steps, r.prefill_tokens = s.decode_steps, s.prefill_tokens
         for k in PASS_SUMS:
             setattr(r, k, getattr(s, k))
