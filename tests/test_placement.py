@@ -124,6 +124,30 @@ def test_meta_build_runs_no_random_init_and_loads_the_same_weights(tmp_path, mon
     torch.testing.assert_close(loaded(ids), ref(ids), atol=0, rtol=0)
 
 
+def test_meta_build_runs_no_meta_kernel_that_imports_dynamo():
+    """A model built to be loaded (`empty_model`, `load_pretrained`) runs no operator on the
+    meta device whose kernel is a Python reference: the first such call imports torch._dynamo,
+    about a second in every trainer and sampler process (the embedding's normal_ and the rotary
+    frequencies' arange did). In a fresh interpreter, since this one has imported it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from slipstream.model.llama import ModelConfig\n"
+        "from slipstream.model.meta import empty_model\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+        "cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64,"
+        " num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)\n"
+        "m = empty_model(cfg)\n"
+        "assert m.inv_freq.shape == (4,) and m.inv_freq.device.type == 'cpu'\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
 def test_bfloat16_checkpoint_has_its_dtype_and_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

@@ -274,7 +274,13 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # nn.Embedding's own init, but none on the meta device (where models are built to be
+        # loaded): the first normal_ there costs about a second a process (it imports torch's
+        # Python reference kernels, torch._dynamo among them)
+        weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
+        if not weight.is_meta:
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -290,7 +296,12 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.inv_freq: torch.Tensor
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # computed, never loaded; on the meta device left empty, as the embedding's init (the
+        # callers compute it on the model's device)
+        assert cfg.head_dim is not None  # set by ModelConfig.__post_init__
+        meta = self.lm_head.weight.is_meta
+        inv = torch.empty(cfg.head_dim // 2) if meta else rope_inv_freq(cfg)
+        self.register_buffer("inv_freq", inv, persistent=False)
         self.activation_checkpointing = False  # see `hidden`
 
     def forward(
