@@ -155,7 +155,7 @@ def train_line_err(source: list[dict], target: list[dict]) -> float:
     its steps after the first as `fit_profile` fits it) on the target's own steps after the
     first, their summed seconds predicted over measured, less 1: how much slower the target's
     trainer ran than the calibration run's (about 2x on a pipeline with another process on one
-    of two cores; 5-13 % slower on a quiet host)."""
+    of two cores; 5-15 % slower on a quiet host)."""
     src, tgt = source[1:] or source, target[1:] or target
     T = np.array([[1.0, float(m["tokens/trained"])] for m in src])
     c, d = nonneg_lstsq(T, np.array([float(m["time/train_s"]) for m in src]))

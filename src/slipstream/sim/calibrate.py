@@ -45,7 +45,7 @@ orchestrator's end of run (`SimConfig.drain`: no more groups admitted than the s
 train, so the last step waits for its slowest groups with the slots emptying), and the
 prediction is the mean of `REPLICATES` of them. Not modelled: processes of one host competing
 for cores when sampling and training overlap (on a quiet 2-core host a pipeline's training steps
-run 5-13 % slower than the sync run's line gives, hidden behind generation; with another
+run 5-15 % slower than the sync run's line gives, hidden behind generation; with another
 process on one core, about 2x: bench/sim_calibration.py probes the host for that); the
 micro-batch size's effect on training time; a forward's cost departing from its line at row
 counts the calibration run never had; what the task's dynamics change between configurations
