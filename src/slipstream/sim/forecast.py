@@ -65,8 +65,7 @@ MODEL_ERROR = 0.23
 """The simulator's largest relative error on step time out of sample, as measured on this
 workplace's 2-core CPUs on a host not known to be busy (bench/sim_calibration.py, README "Plan
 a cluster run"): the pipeline at batch 32 missed by 22.7 % on one of four recordings at stop 25
-(21.8 % on an earlier CPU's; at most 11.9 % on three recordings of a probed quiet host at stop
-32), rounded up: `slipstream plan` widens its interval by it. Stop 31's 36.9 % (0.37 here
+(21.8 % on an earlier CPU's; at most 11.9 % on six recordings of a probed host at stop 32), rounded up: `slipstream plan` widens its interval by it. Stop 31's 36.9 % (0.37 here
 until stop 32) came from recordings on a host with another process on one core (the pipeline's
 training at half speed, reproduced with a busy loop). No cluster measurement exists yet."""
 
