@@ -151,9 +151,9 @@ def forward_line_err(source: list[dict], target: list[dict]) -> float | None:
 
 
 def train_line_err(source: list[dict], target: list[dict]) -> float:
-    """The calibration run's training line (`time/train_s = c + d * tokens/trained`, fitted on
-    its steps after the first as `fit_profile` fits it) on the target's own steps after the
-    first, their summed seconds predicted over measured, less 1: how much slower the target's
+    """The calibration run's training line (`time/train_s = c + d * tokens/trained`, the form
+    `fit_profile` fits, here on the steps after the first, as compared) on the target's own
+    steps after the first, their summed seconds predicted over measured, less 1: how much slower the target's
     trainer ran than the calibration run's (about 2x on a pipeline with another process on one
     of two cores; 5-15 % slower on a quiet host)."""
     src, tgt = source[1:] or source, target[1:] or target
@@ -190,10 +190,8 @@ def main() -> None:
     if not args.no_record:
         load: dict[str, float] = {}
         for name in args.names.split(","):
-            load[f"before {name}"] = other_load()
-            print(
-                f"recording {name} (host: {load[f'before {name}']:.2f} cores busy) ...", flush=True
-            )
+            load[f"before {name}"] = cores = other_load()
+            print(f"recording {name} (host: {cores:.2f} cores busy) ...", flush=True)
             record(out, name, args.steps, args.seed)
         load["after"] = other_load()
         out.mkdir(parents=True, exist_ok=True)
