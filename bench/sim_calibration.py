@@ -19,17 +19,30 @@ profile and sync_b16's completion lengths). Steps after the first are compared.
 Run (about a minute on this 2-core machine; a heavy job, so under the shared lock):
 
     flock /work/wt/notes/bench.lock timeout 900 python bench/sim_calibration.py \
-        --out bench_out/simcal [--write-test-data]
+        --out bench_out/simcal [--seeds 0,1,2] [--write-test-data]
+
+With one seed (`--seeds 0`, the default) the runs go to out/NAME. One seed's 30 steps draw the
+same prompts in every configuration, so a difference of its task (the share of groups the
+filters keep, the lengths) repeats on every recording and reads as a model error; `--seeds
+0,1,2` records the five runs once per seed, seed after seed (out/seed{S}/NAME), prints each
+seed's comparison, and then the pooled one, which is the headline with several seeds (the rule
+fixed before the first such recording, stop 41): the profile fitted on every seed's `sync_b16`
+together (`sim.runs.pool_runs`: their steps in turn, their lengths together), each target's
+prediction against the mean of its seeds' measured step time and sampler busy (the planner's
+question: what a configuration costs on this task, not on one draw of its prompts).
 
 `--write-test-data` copies the runs, trimmed to the keys the calibration reads, to
-tests/data/simcal/ (what tests/test_sim_out_of_sample.py checks). `--no-record` skips the
+tests/data/simcal/ (one seed) or tests/data/simcal_seeds/seed{S}/ (several; what
+tests/test_sim_out_of_sample.py checks). `--no-record` skips the
 runs and predicts from the folders already in `--out`. Beside each prediction, `line`: the
 calibration run's forward line (a + b rows + e keys, fitted on its forwards) applied to the
 target's own forwards, predicted over measured seconds; it tells the cost line's error from
 the simulation's; `train`: the same for its training line on the target's own trained tokens
 (a trainer slowed by something the calibration run did not have). Ends with one JSON line:
 `{"targets": {NAME: {step_time_err, sampler_busy_err, forward_line_err, train_line_err}},
-"max_abs_err": X, "host_other_cores_max": Y}`.
+"max_abs_err": X, "host_other_cores_max": Y}`; with several seeds `targets` and `max_abs_err`
+are the pooled comparison's (its `line` and `train` checks are the pooled source's line on
+every seed's target steps), and `per_seed` holds each seed's.
 
 The runs time one trainer and one sampler process on a 2-core machine, so they need the whole
 machine: a process of someone else's on one core does not change a sync run (its trainer and
@@ -53,9 +66,16 @@ from pathlib import Path
 
 import numpy as np
 
-from slipstream.sim.calibrate import fit_passes, fit_profile, nonneg_lstsq, pass_sums, predict
+from slipstream.sim.calibrate import (
+    fit_passes,
+    fit_profile,
+    nonneg_lstsq,
+    pass_sums,
+    predict,
+    source_lengths,
+)
 from slipstream.sim.forecast import KEEP as FORECAST_KEYS
-from slipstream.sim.runs import read_run
+from slipstream.sim.runs import pool_runs, read_run
 
 RUNS = {
     "sync_b16": ("sync", 16),
@@ -156,7 +176,11 @@ def train_line_err(source: list[dict], target: list[dict]) -> float:
     steps after the first, their summed seconds predicted over measured, less 1: how much slower the target's
     trainer ran than the calibration run's (about 2x on a pipeline with another process on one
     of two cores; 5-15 % slower on a quiet host)."""
-    src, tgt = source[1:] or source, target[1:] or target
+    return train_rows_err(source[1:] or source, target[1:] or target)
+
+
+def train_rows_err(src: list[dict], tgt: list[dict]) -> float:
+    """`train_line_err` on the steps given, every one of them (no warm-up left out)."""
     T = np.array([[1.0, float(m["tokens/trained"])] for m in src])
     c, d = nonneg_lstsq(T, np.array([float(m["time/train_s"]) for m in src]))
     pred = sum(c + d * float(m["tokens/trained"]) for m in tgt)
@@ -177,67 +201,156 @@ def compare(folder: Path) -> dict[str, dict[str, float | None]]:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="bench_out/simcal")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-record", action="store_true")
-    p.add_argument("--names", default=",".join(RUNS), help="the runs to record (default all)")
-    p.add_argument("--write-test-data", action="store_true")
-    args = p.parse_args()
-    out = Path(args.out)
-    if not args.no_record:
-        load: dict[str, float] = {}
-        for name in args.names.split(","):
-            load[f"before {name}"] = cores = other_load()
-            print(f"recording {name} (host: {cores:.2f} cores busy) ...", flush=True)
-            record(out, name, args.steps, args.seed)
-        load["after"] = other_load()
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "host_load.json").write_text(json.dumps(load, indent=1) + "\n")
-    load_file = out / "host_load.json"
-    host = json.loads(load_file.read_text()) if load_file.exists() else {}
-    if args.write_test_data:
-        data = Path(__file__).resolve().parents[1] / "tests" / "data" / "simcal"
-        for name in RUNS:
-            trim(out / name, data / name)
-    results = compare(out)
-    print(f"calibrated on {SOURCE} ({args.steps} steps each, steps after the first compared)")
+def compare_pooled(folders: list[Path]) -> dict[str, dict[str, float | None]]:
+    """Fit on every folder's SOURCE pooled (`pool_runs`), predict every other run of RUNS in
+    each folder, and compare the mean prediction with the mean measured over the folders (each
+    folder's run weighs alike). `forward_line_err` and `train_line_err`: the pooled source's
+    lines on every folder's target steps (training: each run's steps after its first)."""
+    sources = [read_run(f / SOURCE) for f in folders]
+    cal = fit_profile(pool_runs(sources))
+    lengths = source_lengths(cal)  # once: every folder's run is predicted from the same
+    src_rows = [m for r in sources for m in r.metrics]
+    src_after = [m for r in sources for m in r.metrics[1:]]
+    out: dict[str, dict[str, float | None]] = {}
+    for n in RUNS:
+        if n == SOURCE:
+            continue
+        runs = [read_run(f / n) for f in folders]
+        per = [predict(cal, r, lengths) for r in runs]
+        res: dict[str, float | None] = {}
+        for k, err in (("step_time_s", "step_time_err"), ("sampler_busy", "sampler_busy_err")):
+            measured = float(np.mean([p[k] for p in per]))
+            pred = float(np.mean([p[k + "_pred"] for p in per]))
+            res |= {k: measured, f"{k}_pred": pred, err: pred / measured - 1}
+        rows = [m for r in runs for m in r.metrics]
+        res["forward_line_err"] = forward_line_err(src_rows, rows)
+        res["train_line_err"] = train_rows_err(src_after, [m for r in runs for m in r.metrics[1:]])
+        out[n] = res
+    return out
+
+
+def seed_folders(out: Path, seeds: list[int]) -> dict[int, Path]:
+    """Where each seed's runs go: `out` itself for one seed (the layout before --seeds),
+    out/seed{S} for several."""
+    return {s: out if len(seeds) == 1 else out / f"seed{s}" for s in seeds}
+
+
+def print_table(title: str, results: dict[str, dict[str, float | None]]) -> None:
+    print(title)
     print(
         f"{'target':14} {'step s':>8} {'pred':>8} {'err':>7} {'busy':>6} {'pred':>6} {'err':>7}"
         f" {'line':>7} {'train':>7}"
     )
     for n, r in results.items():
-        fl = r["forward_line_err"]
-        line_txt = "-" if fl is None else f"{fl:+.1%}"
+        fl, tl = r["forward_line_err"], r["train_line_err"]
         print(
             f"{n:14} {r['step_time_s']:8.3f} {r['step_time_s_pred']:8.3f} "
             f"{r['step_time_err']:+7.1%} {r['sampler_busy']:6.1%} {r['sampler_busy_pred']:6.1%} "
-            f"{r['sampler_busy_err']:+7.1%} {line_txt:>7} {r['train_line_err']:+7.1%}"
+            f"{r['sampler_busy_err']:+7.1%} {'-' if fl is None else f'{fl:+.1%}':>7}"
+            f" {'-' if tl is None else f'{tl:+.1%}':>7}"
         )
-    print(
-        "(line, train: the calibration run's forward line on the target's own forwards, its"
-        " training line on the target's own trained tokens; predicted over measured seconds, no"
-        " simulation)"
-    )
+
+
+def headline(results: dict[str, dict[str, float | None]]) -> dict[str, object]:
+    """The JSON's figures of one comparison: each target's errors and the largest of the
+    step time and sampler busy errors."""
     errs = [
         abs(v)
         for r in results.values()
         for k in ("step_time_err", "sampler_busy_err")
         if (v := r[k]) is not None
     ]
-    line = {
+    keys = ("step_time_err", "sampler_busy_err", "forward_line_err", "train_line_err")
+    return {
         "targets": {
-            n: {
-                k: None if (v := r[k]) is None else round(v, 4)
-                for k in ("step_time_err", "sampler_busy_err", "forward_line_err", "train_line_err")
-            }
+            n: {k: None if (v := r[k]) is None else round(v, 4) for k in keys}
             for n, r in results.items()
         },
         "max_abs_err": round(max(errs), 4),
-        "host_other_cores_max": round(max(host.values()), 3) if host else None,
     }
+
+
+def record_all(folders: dict[int, Path], names: list[str], steps: int) -> None:
+    """Record `names` for each seed in turn into its folder, probing the host before each run
+    and after the last (folder/host_load.json)."""
+    for seed, folder in folders.items():
+        load: dict[str, float] = {}
+        for name in names:
+            load[f"before {name}"] = cores = other_load()
+            tag = f" seed {seed}" if len(folders) > 1 else ""
+            print(f"recording {name}{tag} (host: {cores:.2f} cores busy) ...", flush=True)
+            record(folder, name, steps, seed)
+        load["after"] = other_load()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "host_load.json").write_text(json.dumps(load, indent=1) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="bench_out/simcal")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument(
+        "--seeds",
+        default="0",
+        help="comma-separated seeds, the five runs recorded for each (several: the pooled "
+        "comparison is the headline)",
+    )
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--names", default=",".join(RUNS), help="the runs to record (default all)")
+    p.add_argument("--write-test-data", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    seeds = [int(x) for x in args.seeds.split(",")]
+    folders = seed_folders(out, seeds)
+    if not args.no_record:
+        record_all(folders, args.names.split(","), args.steps)
+    host: dict[str, float] = {}
+    for seed, folder in folders.items():
+        if (folder / "host_load.json").exists():
+            tag = f"seed {seed} " if len(seeds) > 1 else ""
+            load = json.loads((folder / "host_load.json").read_text())
+            host |= {tag + k: v for k, v in load.items()}
+    if args.write_test_data:
+        data = Path(__file__).resolve().parents[1] / "tests" / "data"
+        for seed, folder in folders.items():
+            dst = data / "simcal" if len(seeds) == 1 else data / "simcal_seeds" / f"seed{seed}"
+            for name in RUNS:
+                trim(folder / name, dst / name)
+    per_seed = {seed: compare(folder) for seed, folder in folders.items()}
+    for seed, results in per_seed.items():
+        tag = f", seed {seed}" if len(seeds) > 1 else ""
+        print_table(
+            f"calibrated on {SOURCE}{tag} ({args.steps} steps each, steps after the first compared)",
+            results,
+        )
+    if len(seeds) == 1:
+        line = headline(per_seed[seeds[0]])
+    else:
+        pooled = compare_pooled(list(folders.values()))
+        print()
+        print_table(
+            f"pooled over seeds {args.seeds} (the headline): calibrated on the {len(seeds)} "
+            f"{SOURCE} runs together; measured and predicted: the mean over the seeds",
+            pooled,
+        )
+        print("each seed's own step time error (calibrated on its own sync_b16): min .. max")
+        for n in pooled:
+            e = [per_seed[s][n]["step_time_err"] or 0.0 for s in seeds]
+            b = [per_seed[s][n]["sampler_busy_err"] or 0.0 for s in seeds]
+            print(
+                f"  {n:14} step {min(e):+.1%} .. {max(e):+.1%}   busy {min(b):+.1%} .. {max(b):+.1%}"
+            )
+        line = {
+            **headline(pooled),
+            "seeds": seeds,
+            "per_seed": {str(s): headline(r) for s, r in per_seed.items()},
+        }
+    print(
+        "(line, train: the calibration run's forward line on the target's own forwards, its"
+        " training line on the target's own trained tokens; predicted over measured seconds, no"
+        " simulation)"
+    )
+    line["host_other_cores_max"] = round(max(host.values()), 3) if host else None
     busy = {k: v for k, v in host.items() if v > QUIET_CORES}
     print(
         f"host: other processes kept at most {max(host.values()):.2f} cores busy"

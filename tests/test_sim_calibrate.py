@@ -28,9 +28,10 @@ from slipstream.sim.calibrate import (
     predict,
     save_calibration,
     sim_config,
+    source_lengths,
 )
 from slipstream.sim.cli import sim_main
-from slipstream.sim.runs import RunError, read_run
+from slipstream.sim.runs import RunError, pool_runs, read_run
 
 TRUE = {"a": 2e-3, "b": 1.5e-4, "e": 4e-7, "c": 0.05, "d": 3e-5, "sync": 0.02}
 PROMPT = 24
@@ -301,3 +302,50 @@ def test_an_unknown_lag_policy_in_a_run_folder_is_an_error_naming_the_file(tmp_p
     config.write_text(config.read_text().replace("[schedule]\n", '[schedule]\nlag_policy = "x"\n'))
     with pytest.raises(RunError, match=r"config.toml.*lag_policy"):
         sim_config(read_run(run_dir), fit_profile(read_run(run_dir)))
+
+
+def test_pooled_runs_fit_their_steps_and_lengths_together(tmp_path: Path) -> None:
+    """`pool_runs`: runs of one configuration (seeds) read as one record, their steps one run
+    after another; the calibration names every folder and draws lengths from all of them. A
+    run pooled with itself fits the same profile as the run alone (least squares over rows
+    repeated twice has the same minimum), and lengths twice as many groups."""
+    a = read_run(fake_run(tmp_path / "a", batch_prompts=8, steps=5, seed=1))
+    b = read_run(fake_run(tmp_path / "b", batch_prompts=8, steps=4, seed=2))
+    both = pool_runs([a, b])
+    assert both.metrics == a.metrics + b.metrics
+    assert both.paths == (a.path, b.path) and both.config == a.config
+    cal = fit_profile(both)
+    assert cal.sources == (str(a.path), str(b.path)) and cal.hardware.name == "cpu@a+1"
+    alone, twice = fit_profile(a), fit_profile(pool_runs([a, a]))
+    for f in ("decode_overhead_s", "decode_seq_s", "decode_ctx_s", "train_token_s"):
+        assert getattr(twice.hardware, f) == pytest.approx(getattr(alone.hardware, f), rel=1e-6)
+    n_a, n_b = (len(source_lengths(fit_profile(r)).groups) for r in (a, b))
+    assert len(source_lengths(cal).groups) == n_a + n_b > n_a
+    save_calibration(cal, tmp_path / "p.json")
+    assert load_calibration(tmp_path / "p.json") == cal
+
+
+def test_pooling_refuses_runs_of_another_configuration(tmp_path: Path) -> None:
+    a = read_run(fake_run(tmp_path / "a", batch_prompts=8, steps=3))
+    b = read_run(fake_run(tmp_path / "b", batch_prompts=16, steps=3))
+    with pytest.raises(RunError, match=r"b: not the configuration of .*a \(differs in trainer\)"):
+        pool_runs([a, b])
+    with pytest.raises(RunError, match="no runs to pool"):
+        pool_runs([])
+
+
+def test_a_calibration_file_written_before_pooling_still_loads(tmp_path: Path) -> None:
+    cal = fit_profile(read_run(fake_run(tmp_path / "a", batch_prompts=8, steps=4)))
+    save_calibration(cal, tmp_path / "p.json")
+    data = json.loads((tmp_path / "p.json").read_text())
+    data["source"] = data.pop("sources")[0]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_calibration(tmp_path / "old.json") == cal
+
+
+def test_cli_calibrates_on_several_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = fake_run(tmp_path / "a", batch_prompts=8, steps=4, seed=1)
+    b = fake_run(tmp_path / "b", batch_prompts=8, steps=4, seed=2)
+    assert sim_main(["--calibrate", str(a), str(b)]) == 0
+    assert load_calibration(a / "sim_profile.json").sources == (str(a), str(b))
+    assert "wrote" in capsys.readouterr().out

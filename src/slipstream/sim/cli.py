@@ -29,7 +29,7 @@ from slipstream.sim.planner import (
     plan,
     plot_plan,
 )
-from slipstream.sim.runs import RunError, read_run
+from slipstream.sim.runs import RunError, pool_runs, read_run
 from slipstream.sim.simulator import Cluster, SimConfig, SimResult, Workload, simulate
 
 DEFAULT_LENGTHS = "lognormal:median=2000,sigma=0.7,max=16384"
@@ -125,12 +125,17 @@ def _sim_parser() -> argparse.ArgumentParser:
         help="a group older than --max-lag: drop it (the trainer's default), keep it, or abort it",
     )
     p.add_argument(
-        "--calibrate", type=Path, metavar="RUN_DIR", help="fit the CPU profile from a local run"
+        "--calibrate",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="fit the CPU profile from a local run, or from several runs of one configuration "
+        "(seeds) pooled",
     )
     p.add_argument(
         "--out",
         type=Path,
-        help="where --calibrate writes the profile (default RUN_DIR/sim_profile.json)",
+        help="where --calibrate writes the profile (default: the first RUN_DIR/sim_profile.json)",
     )
     p.add_argument(
         "--predict",
@@ -190,8 +195,8 @@ def _format_result(res: SimResult) -> str:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    cal = fit_profile(read_run(args.calibrate))
-    out = args.out or args.calibrate / "sim_profile.json"
+    cal = fit_profile(pool_runs([read_run(d) for d in args.calibrate]))
+    out = args.out or args.calibrate[0] / "sim_profile.json"
     save_calibration(cal, out)
     hw = cal.hardware
     rows = {

@@ -6,13 +6,14 @@ The simulator needs only a few keys; each is looked up under the names the orche
 processes (`[runtime] num_samplers`, default 1) and the most sequences an engine decodes at
 once (`[runtime] sampler_slots` or `[engine] max_batch`, default: the whole batch at once).
 The local runtime's `runtime/sampler_busy` is read as `sampler_busy`. Errors name the file and, for
-metrics, the line.
+metrics, the line. `pool_runs` reads several runs of one configuration (seeds) as one record.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -48,6 +49,13 @@ class RunRecord:
     config: dict[str, Any]
     model_info: dict[str, Any]
     metrics: list[dict[str, Any]]
+    pooled: tuple[Path, ...] = ()
+    """Further run folders whose steps follow this one's in `metrics` (`pool_runs`)."""
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """Every folder whose steps `metrics` holds, this one first."""
+        return (self.path, *self.pooled)
 
     def _get(self, section: str, key: str, default: Any = None) -> Any:
         value = self.config.get(section, {}).get(key, default)
@@ -178,3 +186,29 @@ def read_run(run_dir: Path, require: tuple[str, ...] = REQUIRED_METRICS) -> RunR
     if not metrics:
         raise RunError(f"{metrics_path}: no steps")
     return RunRecord(run_dir, config, model_info, metrics)
+
+
+def pool_runs(runs: Sequence[RunRecord]) -> RunRecord:
+    """Several runs of one configuration (seeds, repeats) as one record: their steps one run
+    after another, so that a fit weighs each run's steps alike and the lengths of every run
+    make the length distribution. Their configs must agree outside `[run]` (seed, folder,
+    steps), and their model infos must be equal; a difference raises `RunError` naming it."""
+    if not runs:
+        raise RunError("no runs to pool")
+    first = runs[0]
+
+    def shape(r: RunRecord) -> dict[str, Any]:
+        return {k: v for k, v in r.config.items() if k != "run"}
+
+    for r in runs[1:]:
+        a, b = shape(first), shape(r)
+        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if r.model_info != first.model_info:
+            differ.append("model_info")
+        if differ:
+            raise RunError(
+                f"{r.path}: not the configuration of {first.path} (differs in {', '.join(differ)})"
+            )
+    paths = [p for r in runs for p in r.paths]
+    metrics = [m for r in runs for m in r.metrics]
+    return RunRecord(first.path, first.config, first.model_info, metrics, tuple(paths[1:]))
