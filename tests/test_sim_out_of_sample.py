@@ -160,6 +160,7 @@ def test_host_probe_reads_proc_stat(tmp_path: Path) -> None:
     assert bench.busy_cores((1.0, 5.0), (1.0, 5.0), 2) == 0.0
 
 
+@pytest.mark.slow  # about 5 s: 12 predictions of 64 simulations
 def test_consistency_a_recording_pooled_with_itself_is_that_recording(tmp_path: Path) -> None:
     """Consistency check (the inputs come back): the bench's pooled comparison of two copies
     of one recording measures what the recording alone does, and its lines (fitted on the
