@@ -72,6 +72,7 @@ from slipstream.sim.calibrate import (
     nonneg_lstsq,
     pass_sums,
     predict,
+    predict_runs,
     source_lengths,
 )
 from slipstream.sim.forecast import KEEP as FORECAST_KEYS
@@ -203,8 +204,8 @@ def compare(folder: Path) -> dict[str, dict[str, float | None]]:
 
 def compare_pooled(folders: list[Path]) -> dict[str, dict[str, float | None]]:
     """Fit on every folder's SOURCE pooled (`pool_runs`), predict every other run of RUNS in
-    each folder, and compare the mean prediction with the mean measured over the folders (each
-    folder's run weighs alike). `forward_line_err` and `train_line_err`: the pooled source's
+    each folder, and compare the mean prediction with the mean measured over the folders
+    (`predict_runs`: each folder's run weighs alike). `forward_line_err` and `train_line_err`: the pooled source's
     lines on every folder's target steps (training: each run's steps after its first)."""
     sources = [read_run(f / SOURCE) for f in folders]
     cal = fit_profile(pool_runs(sources))
@@ -216,12 +217,7 @@ def compare_pooled(folders: list[Path]) -> dict[str, dict[str, float | None]]:
         if n == SOURCE:
             continue
         runs = [read_run(f / n) for f in folders]
-        per = [predict(cal, r, lengths) for r in runs]
-        res: dict[str, float | None] = {}
-        for k, err in (("step_time_s", "step_time_err"), ("sampler_busy", "sampler_busy_err")):
-            measured = float(np.mean([p[k] for p in per]))
-            pred = float(np.mean([p[k + "_pred"] for p in per]))
-            res |= {k: measured, f"{k}_pred": pred, err: pred / measured - 1}
+        res: dict[str, float | None] = {**predict_runs(cal, runs, lengths)}
         rows = [m for r in runs for m in r.metrics]
         res["forward_line_err"] = forward_line_err(src_rows, rows)
         res["train_line_err"] = train_rows_err(src_after, [m for r in runs for m in r.metrics[1:]])

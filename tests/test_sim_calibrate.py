@@ -26,6 +26,7 @@ from slipstream.sim.calibrate import (
     load_calibration,
     nonneg_lstsq,
     predict,
+    predict_runs,
     save_calibration,
     sim_config,
     source_lengths,
@@ -349,3 +350,33 @@ def test_cli_calibrates_on_several_runs(tmp_path: Path, capsys: pytest.CaptureFi
     assert sim_main(["--calibrate", str(a), str(b)]) == 0
     assert load_calibration(a / "sim_profile.json").sources == (str(a), str(b))
     assert "wrote" in capsys.readouterr().out
+
+
+def test_predicting_several_runs_compares_their_means(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`predict_runs`: one run gives `predict`'s figures; two runs of one configuration give
+    the mean of their measurements against the mean of their predictions (each run weighs
+    alike: derived here from the two `predict`s); a run of another configuration is refused.
+    The CLI's `--predict A B` prints the same."""
+    cal = fit_profile(read_run(fake_run(tmp_path / "src", batch_prompts=8, steps=5)))
+    a = read_run(fake_run(tmp_path / "a", batch_prompts=16, steps=6, seed=1))
+    b = read_run(fake_run(tmp_path / "b", batch_prompts=16, steps=4, seed=2))
+    assert predict_runs(cal, [a], replicates=2) == predict(cal, a, replicates=2)
+    pa, pb = predict(cal, a, replicates=2), predict(cal, b, replicates=2)
+    both = predict_runs(cal, [a, b], replicates=2)
+    for k in ("step_time_s", "step_time_s_pred", "sampler_busy", "sampler_busy_pred"):
+        assert both[k] == pytest.approx((pa[k] + pb[k]) / 2, rel=1e-12)
+    assert both["step_time_err"] == pytest.approx(
+        (pa["step_time_s_pred"] + pb["step_time_s_pred"]) / (pa["step_time_s"] + pb["step_time_s"])
+        - 1
+    )
+    other = read_run(fake_run(tmp_path / "c", batch_prompts=8, steps=4))
+    with pytest.raises(RunError, match="not the configuration"):
+        predict_runs(cal, [a, other])
+    save_calibration(cal, tmp_path / "p.json")
+    argv = ["--predict", str(a.path), str(b.path), "--profile", str(tmp_path / "p.json")]
+    assert sim_main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["step_time_s"] == pytest.approx(both["step_time_s"])
+    assert sim_main(argv) == 0 and "2 runs: the means" in capsys.readouterr().out

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ from slipstream.schedule.presets import preset
 from slipstream.sim.cost import ModelShape
 from slipstream.sim.hardware import HARDWARE, Hardware
 from slipstream.sim.lengths import Empirical
-from slipstream.sim.runs import RunError, RunRecord, read_run
+from slipstream.sim.runs import RunError, RunRecord, pool_runs, read_run
 from slipstream.sim.simulator import Cluster, SimConfig, Workload, simulate
 
 
@@ -311,6 +312,27 @@ def predict(
         "sampler_busy_pred": pred_busy,
         "sampler_busy_err": pred_busy / busy - 1 if busy > 0 else 0.0,
     }
+
+
+def predict_runs(
+    cal: Calibration,
+    runs: Sequence[RunRecord],
+    lengths: Empirical | None = None,
+    replicates: int = REPLICATES,
+) -> dict[str, float]:
+    """`predict` of several runs of one configuration (seeds; `pool_runs` checks that they
+    are): the mean of their predictions against the mean of what they measured, each run
+    weighing alike, in `predict`'s keys. One run gives `predict`'s figures."""
+    pool_runs(runs)  # raises RunError naming a run of another configuration
+    if lengths is None:  # read once, not once per run
+        lengths = source_lengths(cal)
+    per = [predict(cal, r, lengths, replicates) for r in runs]
+    out: dict[str, float] = {}
+    for k, err in (("step_time_s", "step_time_err"), ("sampler_busy", "sampler_busy_err")):
+        measured = float(np.mean([p[k] for p in per]))
+        pred = float(np.mean([p[k + "_pred"] for p in per]))
+        out |= {k: measured, f"{k}_pred": pred, err: pred / measured - 1 if measured > 0 else 0.0}
+    return out
 
 
 def save_calibration(cal: Calibration, path: Path) -> None:

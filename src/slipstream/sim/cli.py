@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import NoReturn
 
 from slipstream.schedule.presets import PRESETS, preset
-from slipstream.sim.calibrate import fit_profile, load_calibration, predict, save_calibration
+from slipstream.sim.calibrate import (
+    fit_profile,
+    load_calibration,
+    predict_runs,
+    save_calibration,
+)
 from slipstream.sim.cost import model_shape
 from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel, goodput
 from slipstream.sim.forecast import MODEL_ERROR, Forecast, plan_forecast
@@ -140,8 +145,10 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--predict",
         type=Path,
+        nargs="+",
         metavar="RUN_DIR",
-        help="predict a local run with --profile and compare",
+        help="predict a local run with --profile and compare; several runs of one "
+        "configuration (seeds): their means",
     )
     return p
 
@@ -220,13 +227,17 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     if not args.profile:
         raise ValueError("--predict needs --profile (from --calibrate)")
-    cmp = predict(load_calibration(args.profile), read_run(args.predict))
+    cmp = predict_runs(load_calibration(args.profile), [read_run(d) for d in args.predict])
     if args.json:
         print(json.dumps(cmp))
         return 0
     print(f"  {'':16} {'measured':>10} {'predicted':>10} {'error':>8}")
     for k, err in (("step_time_s", "step_time_err"), ("sampler_busy", "sampler_busy_err")):
         print(f"  {k:16} {cmp[k]:>10.4g} {cmp[k + '_pred']:>10.4g} {cmp[err]:>+8.1%}")
+    if len(args.predict) > 1:
+        print(
+            f"  ({len(args.predict)} runs: the means of what they measured and of their predictions)"
+        )
     return 0
 
 
