@@ -14,6 +14,7 @@ reads): fitted on either, the other's step time and sampler busy fraction within
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -329,10 +330,16 @@ def test_pooled_runs_fit_their_steps_and_lengths_together(tmp_path: Path) -> Non
 def test_pooling_refuses_runs_of_another_configuration(tmp_path: Path) -> None:
     a = read_run(fake_run(tmp_path / "a", batch_prompts=8, steps=3))
     b = read_run(fake_run(tmp_path / "b", batch_prompts=16, steps=3))
-    with pytest.raises(RunError, match=r"b: not the configuration of .*a \(differs in trainer\)"):
+    with pytest.raises(
+        RunError, match=r"b: not the configuration of .*a \(differs in trainer.batch_prompts\)"
+    ):
         pool_runs([a, b])
     with pytest.raises(RunError, match="no runs to pool"):
         pool_runs([])
+    c = replace(a, config={k: v for k, v in a.config.items() if k != "schedule"})
+    c.config["sampling"] = {**a.config["sampling"], "temperature": 0.6}
+    with pytest.raises(RunError, match=r"differs in sampling.temperature, schedule\)"):
+        pool_runs([a, c])
 
 
 def test_a_calibration_file_written_before_pooling_still_loads(tmp_path: Path) -> None:

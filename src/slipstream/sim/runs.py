@@ -201,8 +201,7 @@ def pool_runs(runs: Sequence[RunRecord]) -> RunRecord:
         return {k: v for k, v in r.config.items() if k != "run"}
 
     for r in runs[1:]:
-        a, b = shape(first), shape(r)
-        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        differ = _differences(shape(first), shape(r))
         if r.model_info != first.model_info:
             differ.append("model_info")
         if differ:
@@ -212,3 +211,16 @@ def pool_runs(runs: Sequence[RunRecord]) -> RunRecord:
     paths = [p for r in runs for p in r.paths]
     metrics = [m for r in runs for m in r.metrics]
     return RunRecord(first.path, first.config, first.model_info, metrics, tuple(paths[1:]))
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted names of the settings that differ between two configs (`trainer.lr`), a
+    whole table's name where one side lacks it or it is not a table."""
+    out = []
+    for k in sorted(a.keys() | b.keys()):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differences(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.append(prefix + k)
+    return out
