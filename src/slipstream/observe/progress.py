@@ -168,10 +168,8 @@ class ProgressView:
         evaluated = acc is not None
         if evaluated:
             self._acc = acc
-        elif self._acc is not None:
-            r["heldout_acc"] = (
-                self._acc
-            )  # held-out accuracy is measured now and then: keep the last
+        elif self._acc is not None:  # held-out accuracy is measured now and then: keep the last
+            r["heldout_acc"] = self._acc
         pairs = fields(r, self.eta(step))
         if self._progress is not None:
             self._stats.pairs = pairs
