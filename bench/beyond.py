@@ -237,16 +237,18 @@ def auto_table(res: dict[str, list[dict]], target: float | str) -> tuple[str, di
     return "\n".join(lines), ratio
 
 
-def paired(res: dict[str, list[dict]], fixed: str, reps: int = 2000) -> dict[str, Any]:
-    """auto's final accuracy minus `fixed`'s on each seed both finished, in points, their mean
-    and a 90 % bootstrap interval of that mean over seeds (resampled with a fixed seed): does
-    the gap stand out of the seeds' noise?"""
+def paired(
+    res: dict[str, list[dict]], fixed: str, reps: int = 2000, other: str = "auto"
+) -> dict[str, Any]:
+    """`other`'s final accuracy minus `fixed`'s on each seed both finished, in points, their
+    mean and a 90 % bootstrap interval of that mean over seeds (resampled with a fixed seed):
+    does the gap stand out of the seeds' noise?"""
     import random
 
     by_seed = {r["seed"]: r["acc"] for r in res[fixed] if r.get("acc") is not None and "seed" in r}
     diffs = [
         round(100 * (r["acc"] - by_seed[r["seed"]]), 2)
-        for r in res["auto"]
+        for r in res[other]
         if r.get("acc") is not None and r.get("seed") in by_seed
     ]
     if not diffs:
