@@ -64,3 +64,27 @@ def test_a_target_gain_sets_each_runs_target_from_its_own_start():
 
     assert bench.run_target(Namespace(target=0.25, target_gain=None), 0.1) == 0.25
     assert abs(bench.run_target(Namespace(target=0.25, target_gain=0.06), 0.102) - 0.162) < 1e-12
+
+
+def test_lag_policy_summary_pairs_every_policy_with_the_first():
+    """bench/lag_policy.py: medians over the runs that finished (a stopped run is counted, not
+    medianed), reached counts, and keep minus drop per seed: seeds 0-2 at 0.30 / 0.20 / 0.26
+    dropped and 0.25 / 0.21 / 0.26 kept give -5, +1, 0 points."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import lag_policy
+
+    def run(seed: int, acc: float | None, t: float, reached: bool) -> dict:
+        return {"seed": seed, "acc": acc, "time_to_target": t, "reached": reached}
+
+    res = {
+        "drop": [run(0, 0.30, 4.0, True), run(1, 0.20, 9.0, False), run(2, 0.26, 5.0, True)],
+        "keep": [run(0, 0.25, 6.0, True), run(1, 0.21, 3.0, True), run(2, 0.26, 8.0, True)],
+    }
+    res["keep"].append({"seed": 3, "acc": None, "time_to_target": None, "reached": False})
+    s = lag_policy.summarize(res)
+    assert s["drop"] == {"acc_median": 0.26, "time_to_target_median": 5.0, "reached": 2, "runs": 3}
+    assert s["keep"]["acc_median"] == 0.25 and s["keep"]["reached"] == 3
+    assert s["keep"]["runs"] == 4 and s["keep"]["time_to_target_median"] == 6.0
+    p = s["acc_paired_points"]["keep"]
+    assert p["diffs"] == [-5.0, 1.0, 0.0] and abs(p["mean"] + 4 / 3) < 1e-12
+    assert set(s["acc_paired_points"]) == {"keep"}
