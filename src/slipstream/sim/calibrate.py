@@ -42,8 +42,9 @@ What a step costs beyond generation and training in a run without overlap (`sync
 `tail_batching`) is the weight sync's latency.
 
 `predict` then simulates a second run from its config.toml with the fitted profile and the
-calibration runs' empirical lengths (the same task), and compares step time and sampler busy fraction
-with what that run measured. Each simulation has the run's own number of steps, with the
+calibration runs' empirical lengths (the same task), and compares step time and sampler busy
+fraction with what that run measured (`predict_runs`: the means of several runs of one
+configuration). Each simulation has the run's own number of steps, with the
 orchestrator's end of run (`SimConfig.drain`: no more groups admitted than the steps left
 train, so the last step waits for its slowest groups with the slots emptying), and the
 prediction is the mean of `REPLICATES` of them. Not modelled: processes of one host competing

@@ -67,9 +67,10 @@ workplace's 2-core CPUs on a host not known to be busy (bench/sim_calibration.py
 a cluster run"), calibrated on one run: the pipeline at batch 32 missed by 23.1 % on one of
 stop 41's nine single-seed calibrations (seed 2 of recording s41c, its forward line +20.9 %;
 22.7 % on one of four recordings at stop 25, 21.8 % on an earlier CPU's; at most 11.9 % on six
-recordings of seed 0 at stop 32), rounded up: `slipstream plan` widens its interval by it. Stop 31's 36.9 % (0.37 here
-until stop 32) came from recordings on a host with another process on one core (the pipeline's
-training at half speed, reproduced with a busy loop). No cluster measurement exists yet."""
+recordings of seed 0 at stop 32), rounded up: `slipstream plan` widens its interval by it.
+Stop 31's 36.9 % (0.37 here until stop 32) came from recordings on a host with another process
+on one core (the pipeline's training at half speed, reproduced with a busy loop). No cluster
+measurement exists yet."""
 
 
 def t95(dof: int) -> float:
