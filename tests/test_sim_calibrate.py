@@ -387,3 +387,30 @@ def test_predicting_several_runs_compares_their_means(
     got = json.loads(capsys.readouterr().out)
     assert got["step_time_s"] == pytest.approx(both["step_time_s"])
     assert sim_main(argv) == 0 and "2 runs: the means" in capsys.readouterr().out
+
+
+def test_cli_sim_with_a_profile_takes_its_workload_and_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`slipstream sim --profile P` simulates with the workload the profile was fitted on
+    (prompt length, prefills, trained share: its training line is per trained token) unless a
+    flag says otherwise, and `--model RUN_DIR` takes that run's model: the calibration run's
+    own configuration comes back within 15 % of what it measured. (Until stop 41 it trained
+    every sample's prompt, 512 tokens by default, and completion at the per-trained-token
+    cost, and took no run's model: on a recorded sync run of the built-in task, seed 0 of
+    bench_out/simcal_s41a, 11 s a step with `--model 0.5b` against 0.22 s measured; now
+    0.23 s with `--model RUN_DIR`.) A trained share outside (0, 1] is refused."""
+    run = fake_run(tmp_path / "a", batch_prompts=8, steps=8)
+    assert sim_main(["--calibrate", str(run)]) == 0
+    capsys.readouterr()
+    argv = ["--profile", str(run / "sim_profile.json"), "--model", str(run), "--gpus", "2"]
+    group = str(read_run(run).group_size)
+    argv += ["--samplers", "1", "--batch-prompts", "8", "--group-size", group, "--steps", "8"]
+    argv += ["--schedule", "sync", "--lengths", f"empirical:{run}", "--json"]
+    assert sim_main(argv) == 0
+    got = json.loads(capsys.readouterr().out)["step_time_mean_s"]
+    rows = read_run(run).metrics
+    measured = sum(float(r["step_time_s"]) for r in rows) / len(rows)
+    assert abs(got / measured - 1) < 0.15, (got, measured)
+    assert sim_main([*argv, "--trained-frac", "1.5"]) == 2
+    assert "--trained-frac must be in (0, 1]" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from slipstream.sim.calibrate import (
     predict_runs,
     save_calibration,
 )
-from slipstream.sim.cost import model_shape
+from slipstream.sim.cost import ModelShape, model_shape
 from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel, goodput
 from slipstream.sim.forecast import MODEL_ERROR, Forecast, plan_forecast
 from slipstream.sim.hardware import HARDWARE, Hardware, hardware
@@ -58,10 +58,26 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=128, help="GPUs in the cluster")
     p.add_argument("--hardware", default="h100", choices=sorted(HARDWARE), help="device preset")
     p.add_argument("--profile", type=Path, help="a calibration JSON (replaces --hardware)")
-    p.add_argument("--model", default="7b", help="model preset (0.5b, 1.5b, 7b, 8b, 32b, 30b-a3b)")
+    p.add_argument(
+        "--model",
+        default="7b",
+        help="model preset (0.5b, 1.5b, 7b, 8b, 32b, 30b-a3b), or a run folder (its "
+        "model_info.json: the model a --profile was calibrated with)",
+    )
     p.add_argument("--batch-prompts", type=int, default=512, help="B: prompts per step")
     p.add_argument("--group-size", type=int, default=16, help="G: samples per prompt")
-    p.add_argument("--prompt-len", type=float, default=512, help="prompt tokens")
+    p.add_argument(
+        "--prompt-len",
+        type=float,
+        help="prompt tokens (default: the --profile's calibration runs', else 512)",
+    )
+    p.add_argument(
+        "--trained-frac",
+        type=float,
+        help="share of the completion tokens the trainer trains (the filters drop groups); "
+        "default: the --profile's, measured with its per-trained-token line, else every "
+        "sample's prompt and completion",
+    )
     p.add_argument(
         "--lengths",
         default=DEFAULT_LENGTHS,
@@ -79,9 +95,31 @@ def _hardware(args: argparse.Namespace) -> Hardware:
     return load_calibration(args.profile).hardware if args.profile else hardware(args.hardware)
 
 
+def _model(name: str) -> ModelShape:
+    """A preset by name, or the model of a run folder (its `model_info.json`)."""
+    info = Path(name) / "model_info.json"
+    if info.is_file():
+        return ModelShape.from_info(json.loads(info.read_text()), Path(name).name)
+    return model_shape(name)
+
+
 def _workload(args: argparse.Namespace) -> Workload:
+    """The step's work from the flags; with `--profile`, what its calibration runs measured
+    (prompt length, prefills per group, trained share) where no flag says otherwise: the
+    profile's training line is per trained token, so it needs the share it was fitted with."""
+    cal = load_calibration(args.profile) if args.profile else None
+    frac = args.trained_frac
+    if frac is None and cal is not None:
+        frac = cal.trained_frac
+    if frac is not None and not 0 < frac <= 1:
+        raise ValueError(f"--trained-frac must be in (0, 1], got {frac}")
     return Workload(
-        args.batch_prompts, args.group_size, parse_lengths(args.lengths), args.prompt_len
+        args.batch_prompts,
+        args.group_size,
+        parse_lengths(args.lengths),
+        args.prompt_len if args.prompt_len is not None else cal.prompt_len if cal else 512.0,
+        prefills_per_group=cal.prefills_per_group if cal else 1.0,
+        trained_frac=frac,
     )
 
 
@@ -158,7 +196,7 @@ def _sim(args: argparse.Namespace) -> int:
         return _calibrate(args)
     if args.predict:
         return _predict(args)
-    hw, model, work = _hardware(args), model_shape(args.model), _workload(args)
+    hw, model, work = _hardware(args), _model(args.model), _workload(args)
     spec = preset(args.schedule, args.max_lag)
     samplers = args.samplers
     if samplers is None and not (spec.batching == "fixed" and spec.max_lag == 0):
@@ -293,7 +331,7 @@ def _plan(args: argparse.Namespace) -> int:
     req = PlanRequest(
         args.gpus,
         _hardware(args),
-        model_shape(args.model),
+        _model(args.model),
         _workload(args),
         schedules=schedules,
         lag_cap=args.lag_cap,
