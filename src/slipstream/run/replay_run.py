@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from slipstream.config import Config, ConfigError, load_config
+from slipstream.dicts import changed_keys
 from slipstream.engine.stats import PASS_TIMINGS
 from slipstream.schedule.auto_lag import lag_control, tightened
 from slipstream.schedule.record import DECIDED, FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
@@ -116,16 +117,6 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Config, list[str]]:
     """The replay's config: the run's, with `overrides`; and the keys they changed.
     ConfigError names the first key a replay may not change."""
@@ -133,8 +124,7 @@ def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Confi
     original = load_config(path, [])
     mine = [f"run.dir={json.dumps(str(out))}", "run.record_schedule=false"]
     cfg = load_config(path, [*overrides, *mine])
-    a, b = _flat(original.model_dump()), _flat(cfg.model_dump())
-    changed = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+    changed = changed_keys(original.model_dump(), cfg.model_dump())
     changed = [k for k in changed if k not in ("run.dir", "run.record_schedule")]
     for k in changed:
         if k in FIXED or not any(k == e or (e.endswith(".") and k.startswith(e)) for e in EDITABLE):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from slipstream.dicts import changed_keys
 from slipstream.schedule.presets import preset
 from slipstream.sim.simulator import LagPolicy
 
@@ -201,7 +202,7 @@ def pool_runs(runs: Sequence[RunRecord]) -> RunRecord:
         return {k: v for k, v in r.config.items() if k != "run"}
 
     for r in runs[1:]:
-        differ = _differences(shape(first), shape(r))
+        differ = changed_keys(shape(first), shape(r))
         if r.model_info != first.model_info:
             differ.append("model_info")
         if differ:
@@ -211,16 +212,3 @@ def pool_runs(runs: Sequence[RunRecord]) -> RunRecord:
     paths = [p for r in runs for p in r.paths]
     metrics = [m for r in runs for m in r.metrics]
     return RunRecord(first.path, first.config, first.model_info, metrics, tuple(paths[1:]))
-
-
-def _differences(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    """The dotted names of the settings that differ between two configs (`trainer.lr`), a
-    whole table's name where one side lacks it or it is not a table."""
-    out = []
-    for k in sorted(a.keys() | b.keys()):
-        x, y = a.get(k), b.get(k)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += _differences(x, y, f"{prefix}{k}.")
-        elif x != y:
-            out.append(prefix + k)
-    return out
