@@ -71,9 +71,8 @@ from slipstream.sim.calibrate import (
     fit_profile,
     nonneg_lstsq,
     pass_sums,
-    predict,
     predict_runs,
-    source_lengths,
+    run_lengths,
 )
 from slipstream.sim.forecast import KEEP as FORECAST_KEYS
 from slipstream.sim.runs import pool_runs, read_run
@@ -174,9 +173,9 @@ def forward_line_err(source: list[dict], target: list[dict]) -> float | None:
 def train_line_err(source: list[dict], target: list[dict]) -> float:
     """The calibration run's training line (`time/train_s = c + d * tokens/trained`, the form
     `fit_profile` fits, here on the steps after the first, as compared) on the target's own
-    steps after the first, their summed seconds predicted over measured, less 1: how much slower the target's
-    trainer ran than the calibration run's (about 2x on a pipeline with another process on one
-    of two cores; 5-15 % slower on a quiet host)."""
+    steps after the first, their summed seconds predicted over measured, less 1: how much
+    slower the target's trainer ran than the calibration run's (about 2x on a pipeline with
+    another process on one of two cores; 5-15 % slower on a quiet host)."""
     return train_rows_err(source[1:] or source, target[1:] or target)
 
 
@@ -189,27 +188,20 @@ def train_rows_err(src: list[dict], tgt: list[dict]) -> float:
 
 
 def compare(folder: Path) -> dict[str, dict[str, float | None]]:
-    """Fit on folder/SOURCE, predict every other run in RUNS."""
-    source = read_run(folder / SOURCE)
-    cal = fit_profile(source)
-    out: dict[str, dict[str, float | None]] = {}
-    for n in RUNS:
-        if n != SOURCE:
-            run = read_run(folder / n)
-            line = forward_line_err(source.metrics, run.metrics)
-            train = train_line_err(source.metrics, run.metrics)
-            out[n] = {**predict(cal, run), "forward_line_err": line, "train_line_err": train}
-    return out
+    """Fit on folder/SOURCE, predict every other run in RUNS (`compare_pooled` of one folder)."""
+    return compare_pooled([folder])
 
 
 def compare_pooled(folders: list[Path]) -> dict[str, dict[str, float | None]]:
     """Fit on every folder's SOURCE pooled (`pool_runs`), predict every other run of RUNS in
     each folder, and compare the mean prediction with the mean measured over the folders
-    (`predict_runs`: each folder's run weighs alike). `forward_line_err` and `train_line_err`: the pooled source's
-    lines on every folder's target steps (training: each run's steps after its first)."""
+    (`predict_runs`: each folder's run weighs alike). `forward_line_err` and
+    `train_line_err`: the pooled source's lines on every folder's target steps (training: each
+    run's steps after its first)."""
     sources = [read_run(f / SOURCE) for f in folders]
-    cal = fit_profile(pool_runs(sources))
-    lengths = source_lengths(cal)  # once: every folder's run is predicted from the same
+    pooled = pool_runs(sources)
+    cal = fit_profile(pooled)
+    lengths = run_lengths(pooled)  # once, from the runs in hand: every target uses the same
     src_rows = [m for r in sources for m in r.metrics]
     src_after = [m for r in sources for m in r.metrics[1:]]
     out: dict[str, dict[str, float | None]] = {}

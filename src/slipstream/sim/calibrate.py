@@ -71,7 +71,7 @@ from slipstream.schedule.presets import preset
 from slipstream.sim.cost import ModelShape
 from slipstream.sim.hardware import HARDWARE, Hardware
 from slipstream.sim.lengths import Empirical
-from slipstream.sim.runs import RunError, RunRecord, pool_runs, read_run
+from slipstream.sim.runs import RunError, RunRecord, check_one_configuration, pool_runs, read_run
 from slipstream.sim.simulator import Cluster, SimConfig, Workload, simulate
 
 
@@ -235,11 +235,16 @@ def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration
     return Calibration(hw, prompt, run.prefills_per_group, sources, errors, frac)
 
 
+def run_lengths(run: RunRecord) -> Empirical:
+    """The completion lengths `run` produced (every pooled run's), as whole groups."""
+    return Empirical.from_steps(run.completion_lens(), run.group_size)
+
+
 def source_lengths(cal: Calibration) -> Empirical:
     """The completion lengths of the runs `cal` was fitted on (read from their folders)."""
-    runs = [read_run(Path(p), require=("completion_lens",)) for p in cal.sources]
-    lens = [step for r in runs for step in r.completion_lens()]
-    return Empirical.from_steps(lens, runs[0].group_size)
+    return run_lengths(
+        pool_runs([read_run(Path(p), require=("completion_lens",)) for p in cal.sources])
+    )
 
 
 def sim_config(
@@ -321,10 +326,9 @@ def predict_runs(
     lengths: Empirical | None = None,
     replicates: int = REPLICATES,
 ) -> dict[str, float]:
-    """`predict` of several runs of one configuration (seeds; `pool_runs` checks that they
-    are): the mean of their predictions against the mean of what they measured, each run
+    """`predict` of several runs of one configuration (seeds; `check_one_configuration`): the mean of their predictions against the mean of what they measured, each run
     weighing alike, in `predict`'s keys. One run gives `predict`'s figures."""
-    pool_runs(runs)  # raises RunError naming a run of another configuration
+    check_one_configuration(runs)
     if lengths is None:  # read once, not once per run
         lengths = source_lengths(cal)
     per = [predict(cal, r, lengths, replicates) for r in runs]

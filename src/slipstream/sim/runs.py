@@ -189,11 +189,10 @@ def read_run(run_dir: Path, require: tuple[str, ...] = REQUIRED_METRICS) -> RunR
     return RunRecord(run_dir, config, model_info, metrics)
 
 
-def pool_runs(runs: Sequence[RunRecord]) -> RunRecord:
-    """Several runs of one configuration (seeds, repeats) as one record: their steps one run
-    after another, so that a fit weighs each run's steps alike and the lengths of every run
-    make the length distribution. Their configs must agree outside `[run]` (seed, folder,
-    steps), and their model infos must be equal; a difference raises `RunError` naming it."""
+def check_one_configuration(runs: Sequence[RunRecord]) -> None:
+    """Raise `RunError` unless `runs` are runs of one configuration: their configs agree
+    outside `[run]` (seed, folder, steps) and their model infos are equal; the error names
+    the settings that differ."""
     if not runs:
         raise RunError("no runs to pool")
     first = runs[0]
@@ -209,6 +208,14 @@ def pool_runs(runs: Sequence[RunRecord]) -> RunRecord:
             raise RunError(
                 f"{r.path}: not the configuration of {first.path} (differs in {', '.join(differ)})"
             )
+
+
+def pool_runs(runs: Sequence[RunRecord]) -> RunRecord:
+    """Several runs of one configuration (seeds, repeats) as one record: their steps one run
+    after another, so that a fit weighs each run's steps alike and the lengths of every run
+    make the length distribution (`check_one_configuration` first)."""
+    check_one_configuration(runs)
+    first = runs[0]
     paths = [p for r in runs for p in r.paths]
     metrics = [m for r in runs for m in r.metrics]
     return RunRecord(first.path, first.config, first.model_info, metrics, tuple(paths[1:]))
