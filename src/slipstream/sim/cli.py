@@ -16,6 +16,7 @@ from typing import NoReturn
 
 from slipstream.schedule.presets import PRESETS, preset
 from slipstream.sim.calibrate import (
+    Calibration,
     fit_profile,
     load_calibration,
     predict_runs,
@@ -91,8 +92,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _hardware(args: argparse.Namespace) -> Hardware:
-    return load_calibration(args.profile).hardware if args.profile else hardware(args.hardware)
+def _calibration(args: argparse.Namespace) -> Calibration | None:
+    """The `--profile`, read once for the hardware and the workload."""
+    return load_calibration(args.profile) if args.profile else None
+
+
+def _hardware(args: argparse.Namespace, cal: Calibration | None) -> Hardware:
+    return cal.hardware if cal else hardware(args.hardware)
 
 
 def _model(name: str) -> ModelShape:
@@ -103,11 +109,11 @@ def _model(name: str) -> ModelShape:
     return model_shape(name)
 
 
-def _workload(args: argparse.Namespace) -> Workload:
-    """The step's work from the flags; with `--profile`, what its calibration runs measured
-    (prompt length, prefills per group, trained share) where no flag says otherwise: the
-    profile's training line is per trained token, so it needs the share it was fitted with."""
-    cal = load_calibration(args.profile) if args.profile else None
+def _workload(args: argparse.Namespace, cal: Calibration | None) -> Workload:
+    """The step's work from the flags; with a profile `cal`, what its calibration runs
+    measured (prompt length, prefills per group, trained share) where no flag says otherwise:
+    the profile's training line is per trained token, so it needs the share it was fitted
+    with."""
     frac = args.trained_frac
     if frac is None and cal is not None:
         frac = cal.trained_frac
@@ -196,7 +202,8 @@ def _sim(args: argparse.Namespace) -> int:
         return _calibrate(args)
     if args.predict:
         return _predict(args)
-    hw, model, work = _hardware(args), _model(args.model), _workload(args)
+    cal = _calibration(args)
+    hw, model, work = _hardware(args, cal), _model(args.model), _workload(args, cal)
     spec = preset(args.schedule, args.max_lag)
     samplers = args.samplers
     if samplers is None and not (spec.batching == "fixed" and spec.max_lag == 0):
@@ -328,11 +335,12 @@ def _plan(args: argparse.Namespace) -> int:
     schedules = tuple(s for s in args.schedules.split(",") if s)
     for s in schedules:
         preset(s)  # raises naming the valid presets
+    cal = _calibration(args)
     req = PlanRequest(
         args.gpus,
-        _hardware(args),
+        _hardware(args, cal),
         _model(args.model),
-        _workload(args),
+        _workload(args, cal),
         schedules=schedules,
         lag_cap=args.lag_cap,
         steps=args.steps,
