@@ -11,6 +11,7 @@ from chat_model import CHAT_TEMPLATE, QWEN25_TOOLS_TEMPLATE, llama3_tokenizer, q
 from slipstream.config import load_config
 from slipstream.envs import PlainRenderer, ToolEnv, tool_specs
 from slipstream.envs.render import HermesRenderer, TemplateRenderer, supports_tools
+from slipstream.envs.tools import ToolReply
 from slipstream.model.chat import ChatTemplate, load_chat_template
 from slipstream.model.tokenizer import load_tokenizer
 from slipstream.run.agentic import tool_renderer
@@ -149,3 +150,26 @@ def test_a_turn_cut_by_its_budget_is_closed_before_the_replies(tmp_path: Path, k
     assert cut.next_observation is not None and whole.next_observation is not None
     assert cut.next_observation.text == "<|im_end|>" + whole.next_observation.text
     assert cut.next_observation.tokens == [tok.eos_id, *whole.next_observation.tokens]
+
+
+def test_qwen3s_template_renders_the_replies_after_the_models_turn() -> None:
+    """Qwen3's template (tests/data/templates/qwen3.jinja) writes an empty think block into an
+    assistant turn only when it is the last message, so the conversation with tool replies does
+    not extend the one without; the replies are what follows the model's `<|im_end|>` (before,
+    every call raised "does not extend" and the episode ended `error`)."""
+    text = (Path(__file__).parent / "data" / "templates" / "qwen3.jinja").read_text()
+    template = ChatTemplate(text, special_tokens={"eos_token": "<|im_end|>"})
+    assert supports_tools(template)
+    reply = ToolReply("add", "5")
+    assert TemplateRenderer(template).replies([reply]) == (
+        "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_a_base_models_eos_does_not_close_a_chatml_turn() -> None:
+    """A Qwen2.5 base folder's `eos_token` is `<|endoftext|>`; its template ends turns with
+    `<|im_end|>`, which is what closes a turn cut by its budget (before: the eos)."""
+    base = ChatTemplate(QWEN25_TOOLS_TEMPLATE, special_tokens={"eos_token": "<|endoftext|>"})
+    assert TemplateRenderer(base).end_of_turn == "<|im_end|>"
+    assert TemplateRenderer(base, end_of_turn="<|x|>").end_of_turn == "<|x|>"

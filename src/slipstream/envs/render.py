@@ -8,8 +8,8 @@ A `Renderer` is the hook where a model's chat template plugs in. Three are built
   is `apply_chat_template(messages, tools=schemas, add_generation_prompt=True)`; the replies
   are the text the template puts after the model's turn for the `tool` messages, up to the
   next assistant turn opened: the template is rendered for a short stand-in conversation
-  without and with the tool messages, and the difference, from the end of the model's turn
-  (its end-of-turn token), is the suffix;
+  with the tool messages, and what follows the stand-in model turn's end-of-turn token is
+  the suffix;
 - `HermesRenderer`: the same ChatML strings written out (Qwen2.5's tools template), for a
   model trained on that format whose folder has no template;
 - `PlainRenderer`: the `plain` call format, for models without a chat template (the built-in
@@ -159,14 +159,16 @@ def supports_tools(template: ChatTemplateLike) -> bool:
 
 class TemplateRenderer:
     """A model's own chat template with tools (module docstring). `end_of_turn` is the text of
-    the token that ends the model's turn (default: the template's `eos_token`, else the last
-    of the usual end-of-turn tokens found after the stand-in assistant turn)."""
+    the token that ends the model's turn (default: of the template's `eos_token` and the usual
+    end-of-turn tokens, the first the template writes after a stand-in assistant turn, so a
+    base model's `<|endoftext|>` does not close a ChatML turn)."""
 
     templated = True
 
     def __init__(self, template: ChatTemplateLike, end_of_turn: str | None = None) -> None:
         self.template = template
-        self.end_of_turn = end_of_turn or template.special_tokens.get("eos_token")
+        eos = template.special_tokens.get("eos_token")
+        self.end_of_turn = end_of_turn or self._first_end_of_turn() or eos
 
     def prompt(
         self, text: str, tools: Sequence[ToolSpec], messages: list[dict[str, Any]] | None = None
@@ -175,28 +177,48 @@ class TemplateRenderer:
         return self.template.render(msgs, tools=[t.schema() for t in tools] or None)
 
     def replies(self, replies: Sequence[ToolReply]) -> str:
-        convo: list[dict[str, Any]] = [
-            {"role": "user", "content": "u"},
-            {"role": "assistant", "content": "a"},
-        ]
-        base = self.template.render(convo, add_generation_prompt=False)
         tool = [{"role": "tool", "name": r.name, "content": r.text} for r in replies]
-        full = self.template.render(convo + tool)
-        if not full.startswith(base):
+        full = self.template.render([*_STAND_IN, *tool])
+        end = self._turn_end(full)
+        if end is None:
             raise ValueError(
-                "chat template: the conversation with tool replies does not extend the one "
-                "without (a template that rewrites earlier turns needs its own Renderer)"
+                "chat template: no end-of-turn token after the assistant's turn in a "
+                "conversation with tool replies (such a template needs its own Renderer)"
             )
-        return base[self._turn_end(base) :] + full[len(base) :]
+        return full[end:]
 
-    def _turn_end(self, base: str) -> int:
-        """Where the model's turn ends in `base`: after its end-of-turn token."""
-        marks = [self.end_of_turn] if self.end_of_turn else []
-        found = [(base.rfind(m), m) for m in [*marks, *_END_OF_TURN] if m and m in base]
-        if not found:
-            return len(base)
-        at, mark = found[0] if marks and marks[0] in base else max(found)
-        return at + len(mark)
+    def _first_end_of_turn(self) -> str | None:
+        """The end-of-turn text the template writes first after the stand-in assistant turn."""
+        eos = self.template.special_tokens.get("eos_token")
+        try:
+            text = self.template.render(list(_STAND_IN), add_generation_prompt=False)
+        except ValueError:
+            return None
+        at = text.find(_MARK)
+        if at < 0:
+            return None
+        tail = text[at + len(_MARK) :]
+        marks = [m for m in {eos, *_END_OF_TURN} if isinstance(m, str) and m]
+        found = [(tail.find(m), -len(m), m) for m in marks if m in tail]
+        return min(found)[2] if found else None
+
+    def _turn_end(self, text: str) -> int | None:
+        """Where the stand-in assistant turn ends in `text`: after its end-of-turn token.
+        Found after the turn's own text, not by comparing renderings with and without the
+        tool turns, as a template may render an assistant turn differently when it is the last
+        (Qwen3 writes an empty think block into the last one only)."""
+        at = text.find(_MARK)
+        if at < 0 or not self.end_of_turn:
+            return None
+        end = text.find(self.end_of_turn, at + len(_MARK))
+        return None if end < 0 else end + len(self.end_of_turn)
+
+
+_MARK = "slipstream-stand-in-turn-7f3a"
+_STAND_IN: tuple[dict[str, Any], ...] = (
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": _MARK},
+)
 
 
 def encode_tail(tok: Codec, text: str, templated: bool = False) -> list[int]:
