@@ -68,6 +68,19 @@ def test_folder_splits(tmp_path):
     assert len(task.train_prompts()) == 2 and len(task.heldout_prompts()) == 1
 
 
+def test_a_folder_under_a_hidden_folder_keeps_its_files(tmp_path, monkeypatch):
+    """Hidden files are skipped inside the folder only: a dataset under `~/.cache` or named
+    `../data` read as empty before (the check looked at every part of the absolute path)."""
+    data = tmp_path / ".cache" / "ds"
+    data.mkdir(parents=True)
+    (data / "a.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    (data / ".b.jsonl").write_text(json.dumps(ROWS[1]) + "\n")
+    assert [f.name for f in split_files(data, "train")] == ["a.jsonl"]
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    assert len(read_table("../.cache/ds", "train")) == 1
+
+
 def test_a_save_to_disk_folder_is_its_arrow_shards(tmp_path):
     # DatasetDict.save_to_disk's layout: the JSON files beside the shards are metadata, which
     # were read as rows ("dataset_info.json: row 0: missing column 'messages' or 'prompt'")

@@ -4,6 +4,7 @@ engine never waits for an environment), budgets and failures ending an episode o
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Hashable
 
@@ -205,6 +206,22 @@ def test_budgets_failures_and_timeouts_end_an_episode_once_with_its_reason() -> 
         "async": ("done", 1.0, FinishReason.STOP),
     }
     assert "tool crashed" in eps["raises"].error and eps["turns"].stats.turns == 3
+
+
+@pytest.mark.parametrize("reward", [math.nan, math.inf, None, "1"])
+def test_a_reward_that_is_not_a_finite_number_ends_the_episode_as_an_error(reward: object) -> None:
+    """Before, a NaN reward was summed into the episode's (and made its group's advantages
+    NaN); now the episode ends `error`, scored 0, with the value in its message."""
+
+    class Bad(Scripted):
+        def step(self, action_tokens: list[int]) -> StepResult:
+            return StepResult(reward=reward, done=True)  # type: ignore[arg-type]
+
+    envs: dict[Hashable, Scripted] = {"bad": Bad(0), "good": Scripted(1, turns=1)}
+    _, _, eps = _run(envs, SamplingParams(temperature=1.0, max_new_tokens=4))
+    assert (eps["bad"].stats.end, eps["bad"].reward) == ("error", 0.0)
+    assert repr(reward) in eps["bad"].error and "not a finite number" in eps["bad"].error
+    assert (eps["good"].stats.end, eps["good"].reward) == ("done", 1.0)
 
 
 def test_token_budget_ends_the_episode() -> None:

@@ -219,3 +219,25 @@ def test_a_run_that_raises_closes_its_environment_workers(tmp_path, monkeypatch)
             run()
         assert len(made) == 1 and made[0].closed, name  # made by the first evaluation
         made.clear()
+
+
+def test_an_episodes_failure_is_counted_by_its_end_not_named_by_its_message() -> None:
+    """Before, an episode's error text became a metric name (`reward/errors_environment step
+    took over 30 s`, one per distinct message); now it is said once per end and counted as
+    that end (`env/end_<reason>`), and a verifier's failure still counts by its kind."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from slipstream.run.setup import Run
+    from slipstream.types import EpisodeStats, FinishReason, Sample
+
+    def sample(error: str, end: str) -> Sample:
+        return Sample("p", [1], [], [], [], FinishReason.ABORTED, reward_error=error,
+                      episode=EpisodeStats(end=end))  # fmt: skip
+
+    run = SimpleNamespace(counters=Counter(), ends_said=set())
+    with pytest.warns(RuntimeWarning, match="ended `timeout`: environment step took over 30 s"):
+        Run._count_error(run, sample("environment step took over 30 s", "timeout"))  # type: ignore[arg-type]
+    Run._count_error(run, sample("environment step took over 30 s", "timeout"))  # type: ignore[arg-type]
+    Run._count_error(run, sample("raised", "done"))  # type: ignore[arg-type]
+    assert run.counters == {"reward/errors_raised": 1} and run.ends_said == {"timeout"}

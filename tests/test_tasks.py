@@ -88,6 +88,21 @@ def test_math_verify_reward():
     assert math_verify_reward(Prompt("1", "half", "\\frac{1}{2}"), "$0.5$") == 1.0
 
 
+@pytest.mark.parametrize(
+    ("answer", "completion", "reward"),
+    [
+        ("\\$18.90", "\\boxed{18.90}", 1.0),  # MATH's money answers: `\$` is no delimiter
+        ("\\$32,\\!348", "The answer is $\\boxed{\\$32,348}$", 1.0),
+        ("\\$18.90", "\\boxed{19.90}", 0.0),
+        ("$\\frac{1}{2}$", "\\boxed{0.5}", 1.0),  # already delimited: read as given
+    ],
+)
+def test_math_verify_reads_an_escaped_dollar_as_a_dollar_sign(answer, completion, reward):
+    """Before, any `$` in the reference meant "delimited", so `\\$18.90` parsed to nothing
+    and every completion scored 0."""
+    assert math_verify_reward(Prompt("0", "q", answer), completion) == reward
+
+
 def test_reward_plugin_from_file_and_errors(tmp_path):
     f = tmp_path / "rewards.py"
     f.write_text("def score(prompt, completion):\n    return float(prompt.answer in completion)\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,13 +50,13 @@ from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
 from slipstream.sim.forecast import OnlineForecast
 from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
-from slipstream.tasks.guard import GuardedTask, Isolation, RewardGuard, unguarded
+from slipstream.tasks.guard import ERRORS, GuardedTask, Isolation, RewardGuard, unguarded
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
 from slipstream.tasks.rewards import CombinedReward, RewardPart
 from slipstream.tasks.rows import read_prompts
 from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start, warmstart_evaluation, ws_seed
-from slipstream.types import FinishReason, Group, Prompt
+from slipstream.types import FinishReason, Group, Prompt, Sample
 
 if TYPE_CHECKING:
     from slipstream.schedule.watchdog import Watchdog
@@ -87,6 +88,7 @@ class Run:
     replay: ReplayBuffer | None = None  # with replay.enabled
     rng: random.Random = field(default_factory=random.Random)  # replay's choices; seeded in setup
     counters: Counter[str] = field(default_factory=Counter)  # see schedule.sync.COUNTERS
+    ends_said: set[str] = field(default_factory=set)  # episode ends warned of (_count_error)
     eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
     env_factory: EnvFactory | None = None  # env.tools: every sample is an episode
@@ -306,9 +308,9 @@ class Run:
         """
         kept = []
         for g in groups:
-            self.counters.update(
-                f"reward/errors_{s.reward_error}" for s in g.samples if s.reward_error
-            )
+            for s in g.samples:
+                if s.reward_error:
+                    self._count_error(s)
             self.pass_rates.update(g.prompt.id, g.rewards_G)
             if self.replay is not None:
                 self.replay.add(g)
@@ -319,6 +321,23 @@ class Run:
                 kept.append(out)
             self._account(g, None if reason else out)
         return kept
+
+    def _count_error(self, s: Sample) -> None:
+        """A verifier's failure counts by its kind (`reward/errors_<kind>`, tasks.guard). An
+        episode's environment failure carries its message: said once for each way an episode
+        ends, counted as that end (`env/end_<reason>`), not as a metric named by the message."""
+        if s.reward_error in ERRORS:
+            self.counters[f"reward/errors_{s.reward_error}"] += 1
+            return
+        end = s.episode.end if s.episode is not None else "error"
+        if end not in self.ends_said:
+            self.ends_said.add(end)
+            warnings.warn(
+                f"an episode of prompt {s.prompt_id!r} ended `{end}`: {s.reward_error}; scored "
+                f"0. Further such ends are only counted (env/end_{end})",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _prepare(self, g: Group) -> tuple[Group, str | None]:
         """`(group to train on, None)` or `(group, reason to drop it)`; see `settle`."""

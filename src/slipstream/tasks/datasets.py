@@ -54,7 +54,7 @@ def read_table(path: str | Path, split: str = "train") -> list[Row]:
 def split_files(folder: Path, split: str) -> list[Path]:
     """The data files of `folder` that belong to `split` (module docstring), sorted."""
     files = sorted(f for f in folder.rglob("*") if f.is_file() and f.suffix in SUFFIXES)
-    files = [f for f in files if not any(part.startswith(".") for part in f.parts)]
+    files = [f for f in files if not any(p.startswith(".") for p in f.relative_to(folder).parts)]
     if any(f.suffix == ".arrow" for f in files):  # a save_to_disk folder (load_from_disk's)
         files = [f for f in files if f.name not in SAVE_TO_DISK_META]
     if not files:

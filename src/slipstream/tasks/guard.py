@@ -186,7 +186,7 @@ def _call(
     parts: dict[str, float] = {}
     returned = value
     if isinstance(value, dict):
-        parts = {k: float(v) for k, v in value.items() if k != "score" and _finite(v)}
+        parts = {k: float(v) for k, v in value.items() if k != "score" and finite_number(v)}
         value = value.get("score")
     try:
         x = float(value) if not isinstance(value, str | bytes) else math.nan
@@ -203,7 +203,7 @@ def _call(
     )
 
 
-def _finite(v: Any) -> bool:
+def finite_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 

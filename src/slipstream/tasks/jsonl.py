@@ -4,6 +4,7 @@ the error every bad task file or reward raises (datasets: tasks.datasets, tasks.
 from __future__ import annotations
 
 import logging
+import re
 
 from slipstream.imports import load_object
 from slipstream.tasks.base import RewardFn
@@ -32,7 +33,9 @@ def math_verify_reward(prompt: Prompt, completion: str) -> float:
     def parsed(text: str) -> list[object]:
         return call_with_deadline(lambda: parse(text, parsing_timeout=0), MATH_VERIFY_TIMEOUT_S, [])
 
-    gold = parsed(prompt.answer if "$" in prompt.answer else f"${prompt.answer}$")
+    gold: list[object] = []
+    for text in _answer_forms(prompt.answer):
+        gold = gold or parsed(text)
     pred = parsed(completion) if gold else []
 
     def same() -> bool:
@@ -41,6 +44,14 @@ def math_verify_reward(prompt: Prompt, completion: str) -> float:
     if not pred:
         return 0.0
     return 1.0 if call_with_deadline(same, MATH_VERIFY_TIMEOUT_S, False) else 0.0
+
+
+def _answer_forms(answer: str) -> tuple[str, str]:
+    """The reference answer as math-verify should read it, first the likelier form: as given
+    when it holds a math delimiter (an unescaped `$`; a LaTeX `\\$` is a dollar sign, as in
+    MATH's money answers), else inside `$...$`; the other form if that one parses to nothing."""
+    wrapped = f"${answer}$"
+    return (answer, wrapped) if re.search(r"(?<!\\)\$", answer) else (wrapped, answer)
 
 
 def _drop_timeout_warning(record: logging.LogRecord) -> bool:
