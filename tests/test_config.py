@@ -162,3 +162,13 @@ def test_recording_refuses_runs_a_replay_cannot_re_execute(extra, key):
     )
     with pytest.raises(ConfigError, match=f"run.record_schedule: {key}"):
         load_config(None, [*base, *extra])
+
+
+@pytest.mark.parametrize("loss", ["reinforce", "cispo", "dro", "oapl"])
+def test_a_ppo_clip_on_a_loss_without_one_is_refused_before_the_run(loss):
+    """Before, the config took it and the first training step raised (after the warm start
+    and the first generation)."""
+    with pytest.raises(ConfigError, match=rf"trainer.eps_high: loss '{loss}' takes no PPO clip"):
+        load_config(None, [f"trainer.loss={loss}", "trainer.eps_high=0.3"])
+    for ok in ("ppo", "dapo", "gspo"):
+        assert load_config(None, [f"trainer.loss={ok}", "trainer.eps_high=0.3"]).trainer.eps_high

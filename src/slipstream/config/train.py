@@ -100,6 +100,13 @@ class TrainerConfig(_Section):
     def _known_methods(self) -> TrainerConfig:
         _check_name("trainer.advantage", self.advantage, advantages.METHODS)
         _check_name("trainer.loss", self.loss, losses.METHODS)
+        takes = losses.METHODS[self.loss].defaults
+        clips = [k for k in ("eps_low", "eps_high") if getattr(self, k) is not None]
+        if any(k not in takes for k in clips):  # else the first step raises, after setup
+            raise ValueError(
+                f"trainer.{' and trainer.'.join(clips)}: loss {self.loss!r} takes no PPO clip "
+                f"(its settings: {', '.join(sorted(takes))}); ppo, dapo and gspo do"
+            )
         if self.agg is not None:
             _check_name("trainer.agg", self.agg, losses.AGGS)
         return self
