@@ -128,3 +128,27 @@ def test_missing_weights_is_a_clear_error(tmp_path):
     (tmp_path / "m" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="safetensors"):
         load_pretrained(tmp_path / "m")
+
+
+@pytest.mark.parametrize(
+    ("arch", "dropped"), [("llama", "num_key_value_heads"), ("qwen3", "head_dim")]
+)
+def test_a_config_without_a_key_reads_as_transformers_reads_it(tmp_path, arch, dropped):
+    """Older Llama configs have no `num_key_value_heads` (transformers: as many as the
+    attention heads); Qwen3's `head_dim` defaults to 128. Before, slipstream's own defaults
+    (2 KV heads, hidden / heads) made such a checkpoint fail to load with a size mismatch."""
+    import json
+
+    over = {"num_key_value_heads": 4} if arch == "llama" else {"head_dim": 128}
+    hf = _hf_model(arch, **over)
+    hf.save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    raw = json.loads(path.read_text())
+    del raw[dropped]
+    path.write_text(json.dumps(raw))
+    assert (
+        getattr(transformers.AutoConfig.from_pretrained(tmp_path / "hf"), dropped) == over[dropped]
+    )
+    ours = load_pretrained(tmp_path / "hf")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(_ids()), hf(_ids()).logits, atol=1e-5, rtol=0)

@@ -21,9 +21,24 @@ _CONFIG_KEYS = {f.name for f in fields(ModelConfig)} - {"extra"}
 _DROP_ON_LOAD = {"architectures", "torch_dtype", "dtype", "transformers_version"}
 
 
+# transformers' defaults for keys a config.json may leave out, where they differ from
+# ModelConfig's (which describe the built-in model): read with these, as transformers reads it
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"max_position_embeddings": 2048},
+    "qwen2": {"max_position_embeddings": 32768},
+    "qwen3": {"max_position_embeddings": 32768, "head_dim": 128},
+}
+
+
 def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
-    """A `ModelConfig` from a config.json dict; unknown keys are kept in `extra`."""
+    """A `ModelConfig` from a config.json dict; unknown keys are kept in `extra`. A key left
+    out (or null) takes transformers' default for the model type: no grouped-query attention
+    without `num_key_value_heads` (older Llama configs), Qwen3's head_dim of 128."""
     known = {k: v for k, v in raw.items() if k in _CONFIG_KEYS and v is not None}
+    for k, v in _HF_DEFAULTS.get(str(raw.get("model_type", "llama")), {}).items():
+        known.setdefault(k, v)
+    if "num_attention_heads" in known:
+        known.setdefault("num_key_value_heads", known["num_attention_heads"])
     extra = {k: v for k, v in raw.items() if k not in _CONFIG_KEYS and k not in _DROP_ON_LOAD}
     if raw.get("rope_theta") is None:
         params = raw.get("rope_parameters") or {}
