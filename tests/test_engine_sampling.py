@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slipstream.engine.sampling import CHUNK, sample, sample_static
+from slipstream.engine.sampling import CHUNK, filter_logits, sample, sample_static
 
 V = 3 * CHUNK + 7  # three full chunks and a short one
 
@@ -188,3 +188,25 @@ def test_the_engine_samples_graph_steps_through_its_sample_graph_unless_a_row_fi
     engine.generate([filt, *reqs])
     assert not any(calls)  # never while the filtering request was live
     assert len(calls) < engine.stats.graph_decode_steps - plain  # it was live for some steps
+
+
+def test_top_k_keeps_ties_and_top_p_reads_what_top_k_kept_as_transformers_does() -> None:
+    """Before, top-k kept the first k of an unstable sort (top-k 1 over two tied maxima kept
+    either, not greedy's) and top-p measured mass over the whole row, not the top-k's."""
+    pytest.importorskip("transformers")
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 500, generator=g)
+    logits[:, 10] = logits[:, 20] = logits.max(dim=-1).values + 1.0  # tied maxima
+    ones = torch.ones(64, dtype=torch.long)
+    kept = torch.isfinite(filter_logits(logits, ones, torch.ones(64)))
+    assert kept.sum(dim=-1).tolist() == [2] * 64 and kept[:, [10, 20]].all()
+    for k, p in [(1, 1.0), (5, 1.0), (40, 0.5), (0, 0.9), (300, 0.95)]:
+        want = logits
+        if k:
+            want = TopKLogitsWarper(k)(None, want)
+        if p < 1:
+            want = TopPLogitsWarper(p)(None, want)
+        got = filter_logits(logits, ones * k, torch.full((64,), p))
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want)), (k, p)

@@ -66,19 +66,23 @@ def row_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Set logits outside each row's top-k / nucleus to -inf. `top_k` 0 and `top_p` 1 keep all."""
+    """Set logits outside each row's top-k / nucleus to -inf. `top_k` 0 and `top_p` 1 keep all.
+
+    As transformers' and vLLM's samplers: top-k keeps every logit at least the k-th largest
+    (ties with it included, so top-k 1 keeps what greedy decoding picks), then top-p keeps the
+    smallest prefix of what is left, renormalised, whose mass reaches p."""
     if bool((top_k <= 0).all()) and bool((top_p >= 1.0).all()):
         return logits
     V = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(V, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))[:, None]
-    drop = rank >= k
+    k = torch.where(top_k > 0, top_k.clamp(max=V), torch.full_like(top_k, V))[:, None]
+    kth = sorted_logits.gather(-1, k - 1)
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     # always keeps the most likely token; a row with top_p 1 keeps all (its cumulative mass
     # can round to 1 before the end, which must not cut its tail when a neighbour filters)
-    drop |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+    drop = (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
