@@ -5,9 +5,12 @@ of (seed, t), and is the inverse-CDF draw from the softmax of its row: the first
 whose cumulative probability exceeds `u` (this samples exactly from the softmax). The row's
 computation reads only that row, always in the same order (the vocabulary in fixed chunks of
 `CHUNK`, each exponentiated and summed in blocks of `SUB`; then the cumulative sum of the
-blocks, and the cumulative sum inside the block `u` falls in), so a
-request sampled inside a continuous batch gives the same tokens as sampled alone, and a run is
-reproducible from its seeds. One uniform per row instead of one Gumbel variate per vocabulary
+blocks, and the cumulative sum inside the block `u` falls in), so given the same logits a
+request sampled inside a continuous batch gives the same tokens as sampled alone (bit for bit,
+tests/test_engine_sampling.py), and a run is reproducible from its seeds. The logits
+themselves are the model's: a matrix product's kernel can change with the batch's row count
+(on this CPU a row's logits moved by about 3e-6 between 1-3 rows and more), which can move a
+draw near a boundary of the CDF; the guarantee is the sampler's, not the forward's. One uniform per row instead of one Gumbel variate per vocabulary
 entry: at a 151,936-token vocabulary, hashing the whole `[rows, vocab]` table cost several
 times the decode step's own matrix products on a CPU. On a CPU the chunks stay in cache and no
 `[rows, vocab]` temporary is allocated; elsewhere the whole row is one chunk (fewer kernels),
@@ -292,7 +295,12 @@ def _block_sums(
     tops = torch.empty(B, n_chunks, dtype=torch.float32, device=dev) if with_tops else None
     full = torch.empty(B, n_blocks, dtype=torch.float64, device=dev)
     kept = full if keep is None else torch.empty_like(full)
-    scratch = torch.empty(B, min(chunk, V), dtype=torch.float32, device=dev)
+    # each row of the scratch starts on a 64-entry boundary: the pointwise kernels take whole
+    # vector lanes over a contiguous run and the rest one by one (other rounding), so with a
+    # row width off the lane size, which of a row's entries were rounded which way followed
+    # the row's place in the batch (at V = 15, 1 % of rows' log-probs differed from alone)
+    width = min(chunk, V)
+    scratch = torch.empty(B, -(-width // 64) * 64, dtype=torch.float32, device=dev)
     ref = logits[:, :chunk].amax(dim=-1, keepdim=True)
     if n_chunks > 1 and not bool(torch.isfinite(ref).all()):  # a first chunk, no finite logit
         ref = torch.where(torch.isfinite(ref), ref, logits.amax(dim=-1, keepdim=True))
