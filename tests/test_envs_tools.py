@@ -313,3 +313,21 @@ def test_calls_past_the_cap_count_as_calls_made_and_each_as_an_error() -> None:
     assert r.metrics == {"tool_calls": 3.0, "tool_errors": 2.0}
     bad = env.step(TOK.encode("CALL boom\nCALL nope"))  # under the cap: each reply counts
     assert bad.metrics == {"tool_calls": 2.0, "tool_errors": 2.0}
+
+
+def test_an_integer_past_floats_range_is_a_bad_argument_and_replies_keep_unicode() -> None:
+    """Before, a 400-digit integer for a float argument raised OverflowError out of
+    `call_tool` (the episode ended `error`), and a non-string result was sent as `\\u00fc`
+    escapes (more tokens, and not the text)."""
+
+    class Places:
+        def city(self) -> dict[str, str]:
+            """A city."""
+            return {"name": "Zürich", "zh": "北京"}
+
+    reply = call_tool(tool_specs(Calc()), ToolCall("add", {"a": 10**400, "b": 1}))
+    assert reply.error and reply.text.startswith("error: argument 'a' of add should be float")
+    assert len(reply.text) < 150
+    assert call_tool(tool_specs(Places()), ToolCall("city")).text == (
+        '{"name": "Zürich", "zh": "北京"}'
+    )

@@ -146,20 +146,26 @@ def _check_args(spec: ToolSpec, args: dict[str, Any]) -> str:
         t = spec.types.get(k)
         if t is None or (isinstance(v, t) and not (t is int and isinstance(v, bool))):
             continue
-        if t is float and isinstance(v, int) and not isinstance(v, bool):
-            args[k] = float(v)
-        elif t in (int, float) and isinstance(v, str):
-            try:
+        try:
+            if t is float and isinstance(v, int) and not isinstance(v, bool):
+                args[k] = float(v)  # (an integer past float's range overflows)
+                continue
+            if t in (int, float) and isinstance(v, str):
                 args[k] = t(v)
-            except ValueError:
-                return f"argument {k!r} of {spec.name} should be {t.__name__}, got {v!r}"
-        else:
-            return f"argument {k!r} of {spec.name} should be {t.__name__}, got {type(v).__name__}"
+                continue
+        except (ValueError, OverflowError):
+            return f"argument {k!r} of {spec.name} should be {t.__name__}, got {_clip(v)}"
+        return f"argument {k!r} of {spec.name} should be {t.__name__}, got {type(v).__name__}"
     return ""
+
+
+def _clip(v: object, n: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= n else f"{text[: n - 3]}..."
 
 
 def _to_text(out: object) -> str:
     try:
-        return json.dumps(out)
+        return json.dumps(out, ensure_ascii=False)  # the model reads "Zürich", not "\\u00fc"
     except (TypeError, ValueError):
         return str(out)
