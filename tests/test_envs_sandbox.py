@@ -33,6 +33,14 @@ def test_clean_run_prints_and_writes_inside_its_directory() -> None:
     assert _dirs() == before  # its working directory is gone
 
 
+def test_the_code_runs_as_main_so_pickle_finds_its_classes() -> None:
+    """As `python main.py`: before, the code ran in a fresh dict named `__main__`, and pickling
+    its own class (multiprocessing's way of sending work) failed with PicklingError."""
+    code = "import pickle\nclass P: pass\nprint(type(pickle.loads(pickle.dumps(P()))).__name__)"
+    r = run_python(code, LIM)
+    assert (r.error, r.output) == ("", "P\n")
+
+
 @pytest.mark.slow  # ~3 s in all: each case starts two interpreters, the loop runs to its limit
 @pytest.mark.parametrize(
     ("name", "code", "expect"),
@@ -202,3 +210,37 @@ def test_site_packages_import_only_when_asked() -> None:
     assert "ModuleNotFoundError" in run_python(code, LIM).output
     r = run_python(code, SandboxLimits(wall_s=5.0, memory_mb=256, site_packages=True))
     assert (r.error, r.output) == ("", "imported\n")
+
+
+MANY_THREADS = """
+import threading
+from slipstream.envs.sandbox import SandboxLimits, run_python
+stop = threading.Event()
+for _ in range(40):
+    threading.Thread(target=stop.wait, daemon=True).start()
+r = run_python("print('hello')", SandboxLimits(wall_s=5, network="audit"))
+print(repr(r.output), r.error)
+stop.set()
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
+    reason="runs a caller as another user: needs root and an interpreter every user can run",
+)
+def test_a_caller_with_many_threads_can_still_run_code_as_a_non_root_user() -> None:
+    """RLIMIT_NPROC counts every thread of the user, not processes: sized from processes, the
+    limit was below what a caller holding 40 threads already had, and the sandbox's first
+    fork failed (BlockingIOError) for every call. Root is exempt, so the caller runs as
+    nobody (uid 65534) under the system's interpreter."""
+    src = str(Path(__file__).parents[1] / "src")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": src}
+    probe = subprocess.run(["/usr/bin/python3", "-c", "import slipstream.envs.sandbox"],
+                           user=65534, group=65534, extra_groups=[], cwd="/", env=env,
+                           capture_output=True)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip("user 65534 cannot import slipstream from this checkout")
+    done = subprocess.run(["/usr/bin/python3", "-c", MANY_THREADS], user=65534, group=65534,
+                          extra_groups=[], cwd="/", env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.stdout.strip() == "'hello\\n'", (done.stdout, done.stderr)

@@ -13,8 +13,10 @@ What bounds a run (`SandboxLimits`):
   SIGKILLs the process group as a backstop (the code may kill its supervisor: what it moved
   to another session is then out of reach);
 - rlimits set in the child before it starts: CPU seconds (`RLIMIT_CPU`), address space
-  (`RLIMIT_AS`, so a memory hog gets MemoryError), processes (`RLIMIT_NPROC`: those its user
-  runs now plus `max_procs`, so a fork bomb's forks fail), file size (`RLIMIT_FSIZE`), no core.
+  (`RLIMIT_AS`, so a memory hog gets MemoryError), processes (`RLIMIT_NPROC`, which counts
+  every thread of the user: the user's threads now plus `max_procs` and `NPROC_SLACK` for the
+  threads the caller or the code's libraries start, so a fork bomb's forks fail), file size
+  (`RLIMIT_FSIZE`), no core.
   The kernel does not apply `RLIMIT_NPROC` to root, so the audit hook below also caps the
   processes the code starts (`os.fork`, `subprocess`, `os.system`, `posix_spawn`) at
   `max_procs` in all; `SandboxLimits.uid` runs the code as another (non-root) user, for whom the
@@ -167,14 +169,15 @@ def _hook(event, args):
         os.write(_forks, b"x")
         if os.fstat(_forks).st_size > MAX_PROCS:
             raise BlockingIOError(f"sandbox: at most {MAX_PROCS} processes")
-_src = open("main.py", encoding="utf-8").read()
+import runpy
 sys.addaudithook(_hook)
 del _hook
 sys.argv = ["main.py"]
-exec(compile(_src, "main.py", "exec"), {"__name__": "__main__"})
+runpy.run_path("main.py", run_name="__main__")  # as `python main.py`: pickle finds its classes
 """
 
 Network = Literal["auto", "unshare", "audit"]
+NPROC_SLACK = 64  # threads beyond max_procs: the caller's new ones, the code's libraries'
 STOP_S = 2.0  # how long a supervisor SIGTERMed at the wall limit has to sweep and exit
 
 
@@ -234,13 +237,16 @@ def unshare_works() -> bool:
     return done.returncode == 0
 
 
-def _user_processes(uid: int) -> int:
+def _user_tasks(uid: int) -> int:
+    """Threads of `uid`'s processes: what RLIMIT_NPROC counts on Linux (every task of the
+    real user, not processes; a trainer's process alone holds dozens)."""
     n = 0
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                n += d.stat().st_uid == uid
-            except OSError:
+                if d.stat().st_uid == uid:
+                    n += len(os.listdir(d / "task"))
+            except OSError:  # (it exited meanwhile)
                 continue
     return n
 
@@ -320,7 +326,9 @@ def _read_cut(out: BinaryIO, n: int) -> str:
 def _run(cmd: list[str], work: str, out: BinaryIO, lim: SandboxLimits, uid: int) -> str:
     """Start, wait up to the wall limit, kill the process group; '' or why it failed."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work, "TMPDIR": work}
-    nproc = _user_processes(uid) + lim.max_procs + 1  # (the supervisor is one)
+    # the user's threads now, the supervisor, the code's processes, and room for threads (a
+    # fork or a thread fails once the user's tasks reach the limit)
+    nproc = _user_tasks(uid) + 1 + lim.max_procs + NPROC_SLACK
     other = uid != os.getuid()  # run as another user (SandboxLimits.uid)
     proc = subprocess.Popen(
         cmd,
