@@ -53,9 +53,10 @@ def test_overlong_penalty_golden() -> None:
     lengths = torch.tensor([3, 6, 7, 8, 10, 12])
     expected = torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
     torch.testing.assert_close(filters.overlong_penalty(lengths, 10, 4), expected)
-    # No cache: a hard step after max_len.
+    # No cache: a hard step at max_len, where the engine stops a completion (before, only
+    # beyond it, a length the engine never produces: the penalty never fired)
     torch.testing.assert_close(
-        filters.overlong_penalty(torch.tensor([10, 11]), 10, 0), torch.tensor([0.0, -1.0])
+        filters.overlong_penalty(torch.tensor([9, 10, 11]), 10, 0), torch.tensor([0.0, -1.0, -1.0])
     )
     with pytest.raises(ValueError, match="cache_len"):
         filters.overlong_penalty(lengths, 4, 10)

@@ -80,13 +80,14 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
     """DAPO's soft overlong punishment (§3.4), added to the reward: `[B]` lengths -> `[B]`.
 
     `0` for `L <= max_len - cache_len`, then `(max_len - cache_len - L) / cache_len` down to
-    `-1` at `L = max_len`, and `-1` beyond. `cache_len=0` makes it a hard step at `max_len`.
+    `-1` at `L = max_len`, and `-1` beyond. `cache_len=0` makes it a hard step at `max_len`
+    (`-1` from `L = max_len` on: the engine stops a completion there, so never beyond it).
     """
     if not 0 <= cache_len <= max_len:
         raise ValueError(f"need 0 <= cache_len <= max_len, got {cache_len} and {max_len}")
     lengths = torch.as_tensor(lengths, dtype=torch.float32)
     if cache_len == 0:
-        return torch.where(lengths > max_len, -1.0, 0.0)
+        return torch.where(lengths >= max_len, -1.0, 0.0)
     start = max_len - cache_len
     return ((start - lengths) / cache_len).clamp(-1.0, 0.0)
 
