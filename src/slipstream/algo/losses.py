@@ -59,7 +59,8 @@ METRIC_REDUCTIONS: dict[str, str] = {
 
 @dataclass
 class LossOutput:
-    """A scalar loss with grad, and detached scalar metrics (see `METRIC_REDUCTIONS`)."""
+    """A scalar loss with grad, and detached metrics as 0-dim tensors (see
+    `METRIC_REDUCTIONS`; `to_floats` reads them as floats, docs/algorithms.md says why)."""
 
     loss: Tensor
     metrics: dict[str, Tensor]
