@@ -172,3 +172,13 @@ def test_a_ppo_clip_on_a_loss_without_one_is_refused_before_the_run(loss):
         load_config(None, [f"trainer.loss={loss}", "trainer.eps_high=0.3"])
     for ok in ("ppo", "dapo", "gspo"):
         assert load_config(None, [f"trainer.loss={ok}", "trainer.eps_high=0.3"]).trainer.eps_high
+
+
+@pytest.mark.parametrize("setting", ["runtime.num_samplers=3", "runtime.chaos_kills=2"])
+def test_sampler_process_settings_on_the_in_process_loop_are_refused(setting):
+    """Before, `slipstream train runtime.chaos_kills=2` (the default in-process sync loop) ran
+    one sampler and killed nothing, exit 0, without a word."""
+    with pytest.raises(ConfigError, match="the in-process sync loop has no sampler processes"):
+        load_config(None, [setting])
+    load_config(None, [setting, 'runtime.kind="local"'])
+    load_config(None, [setting, 'schedule.name="pipeline"'])

@@ -89,6 +89,23 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _samplers_exist(self) -> Config:
+        """Settings of sampler processes need some: the in-process sync loop (the default) has
+        none, and would run without a word one sampler and no kills."""
+        if self.runtime.kind != "inprocess" or self.schedule.name != "sync":
+            return self
+        for key, value in (
+            ("num_samplers", self.runtime.num_samplers > 1),
+            ("chaos_kills", self.runtime.chaos_kills > 0),
+        ):
+            if value:
+                raise ValueError(
+                    f"runtime.{key}: the in-process sync loop has no sampler processes; use "
+                    "runtime.kind = 'local' (or 'ray')"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _algorithms_consistent(self) -> Config:
         s, f = self.sampling, self.filters
         if s.adaptive_group_size and not s.group_size_min <= s.group_size <= s.group_size_max:
