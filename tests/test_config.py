@@ -182,3 +182,18 @@ def test_sampler_process_settings_on_the_in_process_loop_are_refused(setting):
         load_config(None, [setting])
     load_config(None, [setting, 'runtime.kind="local"'])
     load_config(None, [setting, 'schedule.name="pipeline"'])
+
+
+def test_a_date_like_value_is_text_and_errors_name_the_setting_itself():
+    """`run.dir=2024-01-01` was read as a TOML date and refused; errors on settings of several
+    types named keys that do not exist (`schedule.max_lag.int`); a number given to a text
+    setting now says how to quote it."""
+    assert load_config(None, ["run.dir=2024-01-01"]).run.dir == "2024-01-01"
+    with pytest.raises(ConfigError, match=r"^schedule.max_lag: Input should be"):
+        load_config(None, ["schedule.max_lag=soon"])
+    with pytest.raises(ConfigError, match=r"^runtime.sampler_devices: Input should be 'auto'"):
+        load_config(None, ["runtime.sampler_devices=3"])
+    with pytest.raises(ConfigError, match=r"needs quotes: wandb.name='\"123\"'"):
+        load_config(None, ["wandb.name=123"])
+    with pytest.raises(ConfigError, match=r"unknown key 'trainer.lrr' \(did you mean 'trainer.lr'"):
+        load_config(None, ["trainer.lrr=1"])

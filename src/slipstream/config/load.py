@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import tomllib
 from pathlib import Path
@@ -163,9 +164,11 @@ def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
 def parse_value(text: str) -> Any:
     """A command-line value: TOML literal if it parses as one (3e-4, true, "x", [1, 2]), else text."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    # no setting is a date: `run.dir=2024-01-01` is a folder's name
+    return text if isinstance(value, dt.date | dt.time) else value
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
@@ -214,15 +217,33 @@ def read_file(path: str | Path) -> dict[str, Any]:
 
 def _explain(err: ValidationError) -> str:
     e = err.errors()[0]
-    key = ".".join(str(x) for x in e["loc"])
     if e["type"] == "extra_forbidden":
+        key = ".".join(str(x) for x in e["loc"])
         near = difflib.get_close_matches(key, _all_keys(Config), n=1, cutoff=0.5)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
         return f"unknown key {key!r}{hint}"
+    key = _key_of(e["loc"])
     msg = e["msg"].removeprefix("Value error, ")
     if not key or msg.startswith(f"{key}."):  # a model-level validator names the key itself
         return msg
-    return f"{key}: {msg} (got {e.get('input')!r})"
+    got = e.get("input")
+    hint = ""
+    if e["type"] == "string_type" and isinstance(got, int | float | bool):
+        hint = f"; a text that reads as a number or boolean needs quotes: {key}='\"{got}\"'"
+    return f"{key}: {msg} (got {got!r}){hint}"
+
+
+def _key_of(loc: tuple[int | str, ...]) -> str:
+    """The dotted setting of a validation error's location, without what pydantic appends for
+    a union's member (`schedule.max_lag.int`, `...sampler_devices.literal['auto']`)."""
+    keys = _all_keys(Config)
+    parts: list[str] = []
+    for x in map(str, loc):
+        name = ".".join([*parts, x])
+        if name not in keys and not any(k.startswith(f"{name}.") for k in keys):
+            break
+        parts.append(x)
+    return ".".join(parts) or ".".join(map(str, loc))
 
 
 def _check_keys(raw: dict[Any, Any], path: Path, prefix: str = "") -> None:
