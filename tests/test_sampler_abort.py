@@ -7,6 +7,7 @@ abort_lag_policy.)"""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 from slipstream.engine.stats import EngineStats
@@ -68,7 +69,9 @@ def _worker(latest: int, max_lag: int) -> tuple[SamplerWorker, SimpleNamespace]:
     stop = threading.Event()
     w = SamplerWorker.__new__(SamplerWorker)  # the loop with fakes: no model, no engine
     w.id, w.poll_s, w.lag_policy, w.state = 0, 0.01, "abort", SamplerState()
-    w.state.report = SamplerReport(0, 0.0, 0.0)
+    now = time.perf_counter()  # it just reported: no heartbeat is due (`_report_due`)
+    w.state.report = SamplerReport(0, now, now)
+    w.state.t_last_report = now
     w.spec = SimpleNamespace(schedule=SimpleNamespace(max_lag=max_lag))  # type: ignore[assignment]
     w.engine = SimpleNamespace(  # type: ignore[assignment]
         stats=EngineStats(), num_active=0, abort=lambda pred: []

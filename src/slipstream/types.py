@@ -129,11 +129,13 @@ class Sample:
         return len(self.completion_tokens) if m is None else sum(m)
 
     @property
-    def oldest_version(self) -> int:
-        """Version of the oldest model token (the one that bounds this sample's staleness)."""
+    def oldest_version(self) -> int | None:
+        """Version of the oldest model token (the one that bounds this sample's staleness);
+        None without a model token (an episode that ended before the model's first turn:
+        nothing of it was generated, so nothing of it is stale)."""
         m = self.model_mask_T
         v = self.versions_T if m is None else [x for x, k in zip(self.versions_T, m) if k]
-        return min(v) if v else 0
+        return min(v) if v else None
 
 
 @dataclass
@@ -153,8 +155,16 @@ class Group:
         return sum(s.num_tokens for s in self.samples)
 
     @property
-    def oldest_version(self) -> int:
-        return min(s.oldest_version for s in self.samples)
+    def oldest_version(self) -> int | None:
+        """Version of the oldest model token of any sample; None without one."""
+        return min((v for s in self.samples if (v := s.oldest_version) is not None), default=None)
+
+    def lag(self, version: int) -> int:
+        """Versions the oldest model token is behind `version`: the lag the staleness bound
+        acts on. 0 without a model token (a sample without one was counted as version 0, and
+        its whole group dropped as stale)."""
+        oldest = self.oldest_version
+        return 0 if oldest is None else version - oldest
 
 
 @dataclass

@@ -28,12 +28,13 @@ windows train (several close in one pass after a recovery, or with dynamic sampl
 group trains with a lag above K unless the policy is `keep`.
 
 `min_lag` (measurement only): a continuous window takes only groups whose request was issued
-at least `min(min_lag, windows)` windows ago, earliest first (a window is a version unless
-all its groups were filtered). Admission issues B requests per
-step, so from step `min_lag` on each step trains the groups started exactly `min_lag` versions
-earlier (their lag is `min_lag`, or less where a sampler loaded newer weights before starting).
-Holding by the token versions instead could starve: a request a sampler starts late, under
-newer weights, would never ripen while admission waits for it to be consumed.
+at least `min(min_lag, windows)` windows ago, earliest first (a window is a version unless all
+its groups were filtered). Admission issues B requests per step, so from step `min_lag` on each
+step trains the groups started exactly `min_lag` versions earlier (their lag is `min_lag`, or
+less where a sampler loaded newer weights before starting). Holding by the token versions
+instead could starve: a request a sampler starts late, under newer weights, would never ripen
+while admission waits for it to be consumed. A retried request keeps its lost one's window;
+dynamic sampling's refills are issued for the open window (so their lag is less).
 
 A sampler that dies takes the requests it held with it: the runtime restarts it, the router
 says which requests it held, the ledger counts each as `lost`, and each is issued again as a
@@ -193,11 +194,7 @@ class Orchestrator:
             self._waited(t0, t1)
             if msg is None:
                 self._check_silent(t1)
-                if st.outstanding and t1 - st.t_last_msg > self.opts.stall_timeout_s:
-                    raise TimeoutError(
-                        f"no group from the samplers for {self.opts.stall_timeout_s:.0f}s "
-                        f"with {len(st.outstanding)} in flight"
-                    )
+                self._check_stall(t1)
                 continue
             st.t_last_msg = t1
             self.receive(msg)
@@ -234,7 +231,8 @@ class Orchestrator:
             return
         while True:  # AReaL: accepted + running stays within (K + 1) x B of what was consumed
             if st.unsent is None:
-                if st.issued - st.out_of_bound - st.consumed >= min(K + 1, left) * B:
+                held = self.opts.min_lag and st.need  # the open window's refills first
+                if held or st.issued - st.out_of_bound - st.consumed >= min(K + 1, left) * B:
                     return
                 st.unsent = self._request(*self._next(1)[0], batch=-1)
             if not self.router.put([st.unsent], timeout=0):
@@ -322,8 +320,7 @@ class Orchestrator:
             self._out_of_bound(req)
             self._record(msg, "discarded")
             return
-        lag = self.learner.version - group.oldest_version
-        if lag > self.spec.max_lag and self.opts.lag_policy != "keep":
+        if group.lag(self.learner.version) > self.spec.max_lag and self.opts.lag_policy != "keep":
             self.learner.ledger.stale += 1
             self.stats.stale_tokens += group.num_tokens
             self._out_of_bound(req)
@@ -398,15 +395,11 @@ class Orchestrator:
             st.issued += 1
             st.outstanding[new.group_id] = new
             again.append(new)
+            if gid in st.issue_window:  # min_lag: it takes the lost one's place in its window
+                st.issue_window[new.group_id] = st.issue_window[gid]
             if not self.fixed:
                 st.out_of_bound += 1  # the new request takes the lost one's place in the bound
-        if self.fixed:  # a fixed batch's requests travel as one chunk: a sampler runs it whole
-            for b in sorted({r.batch for r in again}):
-                st.reissue.append(
-                    sorted((r for r in again if r.batch == b), key=lambda r: r.group_id)
-                )
-        else:
-            st.reissue.extend([r] for r in sorted(again, key=lambda r: r.group_id))
+        st.requeue(again, self.fixed)
 
     def _poisoned(self, req: PromptRequest) -> None:
         """Give up a request lost with its sampler once more than the retries allow: a
@@ -432,6 +425,18 @@ class Orchestrator:
                 self.stats.hung += 1
                 self.runtime.kill(i)
 
+    def _check_stall(self, now: float) -> None:
+        """Raise when no message came for `stall_timeout_s` (with none in flight, none can)."""
+        st = self.state
+        if now - st.t_last_msg <= self.opts.stall_timeout_s:
+            return
+        if st.outstanding:
+            raise TimeoutError(
+                f"no group from the samplers for {self.opts.stall_timeout_s:.0f}s "
+                f"with {len(st.outstanding)} in flight"
+            )
+        raise RuntimeError(pipeline_state.deadlock(st, self.opts.batch_prompts, self.opts.min_lag))
+
     def _out_of_bound(self, req: PromptRequest) -> None:
         if self.fixed:
             self.state.batch_left[req.batch] -= 1
@@ -446,31 +451,29 @@ class Orchestrator:
             if st.batch_left.get(w, -1) != 0:
                 return None
             del st.batch_left[w]
-            pairs = st.batches.pop(w, [])
-            pairs = [p for p in pairs if not self._aged_out(p[1])]
+            pairs = [p for p in st.batches.pop(w, []) if not self._aged_out(p[1])]
         else:
             st.window = [p for p in st.window if not self._aged_out(p[1])]
-            if st.issue_window:  # forget the dropped ones
-                alive = {g for g, _ in st.window} | set(st.outstanding)
-                st.issue_window = {g: w for g, w in st.issue_window.items() if g in alive}
-            need = st.need or self.opts.batch_prompts
-            ripe = pipeline_state.ripe(st, self.opts.min_lag)
-            if len(ripe) < need:
+            pairs = pipeline_state.take(st, self.opts.batch_prompts, self.opts.min_lag)
+            if not pairs:  # (it takes at least one group)
                 return None
-            taken = set(ripe[:need])
-            pairs = [p for i, p in enumerate(st.window) if i in taken]
-            st.window = [p for i, p in enumerate(st.window) if i not in taken]
-            for gid, _ in pairs:
-                st.issue_window.pop(gid, None)
-            st.consumed += need
-            st.need = 0
         return [g for _, g in sorted(pairs, key=lambda p: p[0])]
+
+    def _issue_refills(self, n: int) -> None:
+        """min_lag: `n` refills of the open window's filtered groups, as issued `min_lag` windows
+        ago (younger, it would wait for them for ever: admission waits for it). Nothing else is
+        admitted meanwhile: made at the weights before its step, it would age past K."""
+        st = self.state
+        for prompt, g in self._next(n):
+            req = self._request(prompt, g, batch=-1)
+            st.issue_window[req.group_id] = st.windows - min(self.opts.min_lag, st.windows)
+            st.reissue.append([req])  # sent first, with any a dead sampler left
 
     def _aged_out(self, group: Group) -> bool:
         """True (and counted stale) when `group` waited past the lag bound K (policy not keep)."""
         if self.opts.lag_policy == "keep":
             return False
-        if self.learner.version - group.oldest_version <= self.spec.max_lag:
+        if group.lag(self.learner.version) <= self.spec.max_lag:
             return False
         self.learner.ledger.stale += 1
         self.stats.stale_tokens += group.num_tokens
@@ -499,6 +502,8 @@ class Orchestrator:
                 self._issue_batch(st.windows, list(zip(prompts, self.learner.group_sizes(prompts))))
             else:
                 st.need = more
+                if self.opts.min_lag:
+                    self._issue_refills(more)
             return
         groups, kept, extra = st.step_groups, st.kept, st.extra
         st.step_groups, st.extra = [], 0  # `kept` stays until trained: in flight if it raises
@@ -561,9 +566,7 @@ class Orchestrator:
 
     def leftover(self) -> int:
         """Groups received but never trained or dropped (the end of the run cut them off)."""
-        st = self.state
-        held = len(st.window) + sum(len(v) for v in st.batches.values())
-        return held + len(st.kept) + len(st.unsettled)
+        return pipeline_state.leftover(self.state)
 
     def settle_unfinished(self) -> int:
         """At the end of the run: count the requests samplers had started and not delivered

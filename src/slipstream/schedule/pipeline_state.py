@@ -40,7 +40,8 @@ class OrchestratorState:
     unsettled: list[Group] = field(default_factory=list)  # settling them raised: in flight
     need: int = 0  # continuous: arrivals the open window still takes
     unsent: PromptRequest | None = None  # issued, refused by a full prompt queue
-    reissue: deque[list[PromptRequest]] = field(default_factory=deque)  # chunks to send again
+    # chunks sent before new work: a dead sampler's requests, min_lag's dynamic-sampling refills
+    reissue: deque[list[PromptRequest]] = field(default_factory=deque)
     lost_ids: set[int] = field(default_factory=set)  # requests given up with a dead sampler
     heard: dict[int, float] = field(default_factory=dict)  # sampler id -> last message time
     ready: set[int] = field(default_factory=set)
@@ -51,6 +52,17 @@ class OrchestratorState:
         if any(r.group_id == group_id for c in self.reissue for r in c):
             chunks = ([r for r in c if r.group_id != group_id] for c in self.reissue)
             self.reissue = deque(c for c in chunks if c)
+
+    def requeue(self, requests: list[PromptRequest], fixed: bool) -> None:
+        """A dead sampler's `requests`, to send again in issue order: one chunk per fixed batch
+        (a sampler runs a fixed batch's chunk whole), else one chunk per request."""
+        if fixed:
+            for b in sorted({r.batch for r in requests}):
+                self.reissue.append(
+                    sorted((r for r in requests if r.batch == b), key=lambda r: r.group_id)
+                )
+        else:
+            self.reissue.extend([r] for r in sorted(requests, key=lambda r: r.group_id))
 
 
 def ripe(st: OrchestratorState, min_lag: int) -> list[int]:
@@ -65,6 +77,45 @@ def ripe(st: OrchestratorState, min_lag: int) -> list[int]:
     w, at = st.windows, st.issue_window
     ready = [i for i, (gid, _) in enumerate(window) if w - at.get(gid, 0) >= min(m, w)]
     return sorted(ready, key=lambda i: (at.get(window[i][0], 0), window[i][0]))
+
+
+def take(st: OrchestratorState, batch: int, min_lag: int) -> list[tuple[int, Group]]:
+    """Continuous batching: the groups the open window takes (`ripe`'s first `st.need`, or
+    `batch` of them), or none while it has fewer; they count as consumed by admission."""
+    need = st.need or batch
+    if st.issue_window:  # forget the dropped ones
+        alive = {g for g, _ in st.window} | set(st.outstanding)
+        st.issue_window = {g: w for g, w in st.issue_window.items() if g in alive}
+    order = ripe(st, min_lag)
+    if len(order) < need:
+        return []
+    taken = set(order[:need])
+    pairs = [p for i, p in enumerate(st.window) if i in taken]
+    st.window = [p for i, p in enumerate(st.window) if i not in taken]
+    for gid, _ in pairs:
+        st.issue_window.pop(gid, None)
+    st.consumed += need
+    st.need = 0
+    return pairs
+
+
+def leftover(st: OrchestratorState) -> int:
+    """Groups received but never trained or dropped (the end of the run cut them off)."""
+    held = len(st.window) + sum(len(v) for v in st.batches.values())
+    return held + len(st.kept) + len(st.unsettled)
+
+
+def deadlock(st: OrchestratorState, batch_prompts: int, min_lag: int) -> str:
+    """Why the run cannot go on when nothing is in flight and no window completes: what the
+    open window waits for, and that admission issues nothing until a window closes."""
+    need = st.need or batch_prompts
+    old = f" old enough for it (min_lag {min_lag})" if min_lag else ""
+    return (
+        f"no window can complete and nothing is in flight: window {st.windows} needs {need} "
+        f"groups{old} and has {len(ripe(st, min_lag))} of the {len(st.window)} back, and "
+        f"admission issues nothing more until it closes (a group it waited for was dropped: "
+        f"aborted, stale, poisoned or discarded)"
+    )
 
 
 def to_json(st: OrchestratorState, lengths: LengthModel) -> dict[str, Any]:

@@ -168,7 +168,8 @@ class SamplerWorker:
         Consumes: prompt requests (`ch.prompts`); weight versions (`ch.weights`).
         Produces: one message per request on `ch.groups`, a scored `group` or an `aborted`
         one, each carrying the sampler's counters; `stats` when it goes idle or every
-        `STATS_EVERY_S` while busy and after each engine step that started a group.
+        `STATS_EVERY_S` while busy (generating, or waiting on environments) and after each
+        engine step that started a group.
         Waits for: prompt requests, when it has nothing to generate (the orchestrator's
         admission control or the trainer's step holds them back); a full group queue.
         Unblocked by: the orchestrator issuing prompts; `ch.stop` (checked every `poll_s`).
@@ -196,6 +197,7 @@ class SamplerWorker:
                     self.runner.wait(self.poll_s)  # only environments have work: wait for one
                     self._abort_stale(ch)  # (a group waiting on a slow environment ages too)
                     self._account("wait", t0)
+                    self._report_due(ch)  # it holds work: silent, it would be killed as hung
                     continue
                 if st.draining:  # the last episodes just ended: load the weights first
                     continue  # (admitting work here would restart the drain, for ever)
@@ -207,12 +209,17 @@ class SamplerWorker:
                 self._finished(ch, c)
             self._abort_stale(ch)
             self._account("generate", t0)
-            # counters at least every STATS_EVERY_S, and at once when a group has started, so
-            # that if this sampler dies the trainer knows which of its requests had begun
-            started = st.report.started > st.started_reported
-            if started or time.perf_counter() - st.t_last_report > STATS_EVERY_S:
-                self._send(ch, SamplerMessage("stats", self.id))
+            self._report_due(ch)
             ch.groups.push(force=False)
+
+    def _report_due(self, ch: Channels) -> None:
+        """Send the counters at once when a group has started (if this sampler dies, the
+        trainer then knows which of its requests had begun), else every `STATS_EVERY_S`: they
+        also tell the orchestrator that a sampler holding work is alive, not hung."""
+        st = self.state
+        started = st.report.started > st.started_reported
+        if started or time.perf_counter() - st.t_last_report > STATS_EVERY_S:
+            self._send(ch, SamplerMessage("stats", self.id))
 
     def _take(self, ch: Channels) -> None:
         """Move prompt requests from the channel into the backlog, as the batching allows."""
@@ -220,10 +227,8 @@ class SamplerWorker:
         if self.spec.schedule.batching == "fixed":
             if self._idle():
                 chunk = ch.prompts.get(0)
-                if chunk:  # the weights published before the batch, and no older
-                    self._await_version(ch, max(r.issue_version for r in chunk))
-                    self._sync_weights(ch, batch_start=True)
-                    self._admit(chunk)
+                if chunk:
+                    self._start_batch(ch, chunk)
             return
         if st.draining:
             return
@@ -270,11 +275,21 @@ class SamplerWorker:
         ch.groups.push()
         t0 = time.perf_counter()
         chunk = ch.prompts.get(self.poll_s)
-        if chunk:
-            if self.spec.schedule.batching == "fixed":
-                self._sync_weights(ch, batch_start=True)
-            self._admit(chunk)
         self._account("wait", t0)
+        if chunk and self.spec.schedule.batching == "fixed":
+            self._start_batch(ch, chunk)
+        elif chunk:
+            self._admit(chunk)
+
+    def _start_batch(self, ch: Channels, chunk: list[PromptRequest]) -> None:
+        """Fixed batching: start `chunk` at the weights published before its batch, and no
+        older (an idle sampler takes it in `_take` or, blocked on the prompts, in
+        `_wait_for_work`; generated at older weights, a `sync` batch is stale, dropped whole)."""
+        t0 = time.perf_counter()
+        self._await_version(ch, max(r.issue_version for r in chunk))
+        self._account("wait", t0)
+        self._sync_weights(ch, batch_start=True)
+        self._admit(chunk)
 
     # ---- weights ----------------------------------------------------------------------------
     def _sync_weights(self, ch: Channels, batch_start: bool = False) -> None:

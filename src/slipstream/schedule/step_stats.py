@@ -97,7 +97,7 @@ class StepStats:
     reports: dict[int, SamplerReport] = field(default_factory=dict)  # latest per sampler
     prev: dict[int, SamplerReport] = field(default_factory=dict)  # at the last record
     first: dict[int, SamplerReport] = field(default_factory=dict)  # at the start
-    lags: list[tuple[float, int, int]] = field(default_factory=list)  # (mean, max, tokens)
+    lags: list[tuple[float, int, int]] = field(default_factory=list)  # (mean, max, trained)
     ess: list[tuple[float, float]] = field(default_factory=list)  # (token, sequence)
     # failures
     offset: dict[int, dict[str, float]] = field(default_factory=dict)  # dead incarnations' counters
@@ -223,7 +223,9 @@ class StepStats:
             "prompt_len_mean": prompt_len_mean(groups),
             **episode_metrics(groups),
         }
-        self.lags.append((lag["lag_mean"], lag["lag_max"], sum(lens)))
+        # weighted by the step's trained model tokens (its lag histogram counts them), as its
+        # own lag_mean is: not by all it generated (filtered groups, environment tokens)
+        self.lags.append((lag["lag_mean"], lag["lag_max"], sum(lag["lag_hist"])))
         self.ess.append(
             (metrics.get("staleness/ess_token", 1.0), metrics.get("staleness/ess_seq", 1.0))
         )
