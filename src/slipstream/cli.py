@@ -57,9 +57,13 @@ def _train(argv: list[str]) -> int:
     elif overrides and "=" not in overrides[0]:
         path = overrides.pop(0)
     cfg = load_config(path, overrides)
+    if args.resume:
+        _warn_changed(args.resume, cfg)
     from slipstream.run.preflight import preflight
 
-    preflight(cfg)  # a missing model folder or library: one line, exit 2, before any work
+    # a missing model folder or library, a run.dir holding another run: one line, exit 2,
+    # before any work
+    preflight(cfg, resume=bool(args.resume))
     try:
         if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
             from slipstream.run.sync import train_sync
@@ -77,6 +81,21 @@ def _train(argv: list[str]) -> int:
             raise
         return 1
     return 0
+
+
+def _warn_changed(run_dir: str, cfg: Config) -> None:
+    """A resume with settings other than the run's own (`run.resume.resume_changes`) goes on
+    with them, but says so in one line: the run is then not the unbroken one."""
+    from slipstream.run.resume import resume_changes
+
+    changed = resume_changes(Path(run_dir), cfg)
+    if changed:
+        print(
+            f"slipstream: warning: resuming {run_dir} with other settings than it ran with "
+            f"({', '.join(changed)}); the resumed run is not bit-identical to an unbroken one, "
+            "and its config.toml is rewritten with them",
+            file=sys.stderr,
+        )
 
 
 def _where_to_resume(cfg: Config, e: BaseException) -> None:

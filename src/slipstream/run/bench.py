@@ -42,13 +42,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
-from slipstream.config import load_config
+from slipstream.config import Config, ConfigError, load_config
+from slipstream.dicts import changed_keys
 from slipstream.observe.clock import EVAL_S, EVAL_START_S, Reached, time_to_target, training_total
-from slipstream.observe.runs import with_deferred_heldout
+from slipstream.observe.runs import finished_summary, with_deferred_heldout
+from slipstream.run.preflight import held_run
 from slipstream.schedule.presets import PRESETS
 
 INPROCESS = "sync_inprocess"
@@ -75,40 +78,23 @@ def first_reach(run: dict[str, Any], target: float) -> Reached | None:
     return time_to_target(run["clock"], target, run["eval_in_wall"], run["heldout_acc_start"])
 
 
-def run_config(
-    name: str, out: Path, overrides: list[str], eval_every: int, seed: int
-) -> dict[str, Any]:
-    """Train one configuration with one seed into `out`; its summary with its `clock_view`."""
+def bench_config(name: str, out: Path, overrides: list[str], eval_every: int, seed: int) -> Config:
+    """The config of one configuration with one seed, trained into `out`."""
+    fixed = [f"run.dir={json.dumps(str(out))}", f"run.seed={seed}", "run.quiet=true"]
+    if name == INPROCESS:
+        own = ['schedule.name="sync"', 'runtime.kind="inprocess"']
+    else:
+        own = [f'schedule.name="{name}"', 'runtime.kind="local"', "runtime.defer_eval=true"]
+    return load_config(None, [f"eval.every={eval_every}", *overrides, *fixed, *own])
+
+
+def run_config(name: str, cfg: Config) -> dict[str, Any]:
+    """Train configuration `name` (`bench_config`); its summary with its `clock_view`."""
     from slipstream.run.launch import train_async
     from slipstream.run.sync import train_sync
 
-    fixed = [f'run.dir="{out}"', f"run.seed={seed}", "run.quiet=true"]
-    if name == INPROCESS:
-        cfg = load_config(
-            None,
-            [
-                f"eval.every={eval_every}",
-                *overrides,
-                *fixed,
-                'schedule.name="sync"',
-                'runtime.kind="inprocess"',
-            ],
-        )
-        summary = train_sync(cfg)
-        return {**summary, **clock_view(name, out, summary)}
-    cfg = load_config(
-        None,
-        [
-            f"eval.every={eval_every}",
-            *overrides,
-            *fixed,
-            f'schedule.name="{name}"',
-            'runtime.kind="local"',
-            "runtime.defer_eval=true",
-        ],
-    )
-    summary = train_async(cfg)
-    return {**summary, **clock_view(name, out, summary)}
+    summary = train_sync(cfg) if name == INPROCESS else train_async(cfg)
+    return {**summary, **clock_view(name, Path(str(cfg.run.dir)), summary)}
 
 
 CLOCK_KEYS = ("step", "wall_s", EVAL_S, EVAL_START_S, "heldout_acc")
@@ -270,19 +256,57 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reuse",
         action="store_true",
-        help="read back a run whose folder already holds summary.json instead of training it "
-        "(finish an interrupted bench)",
+        help="read back a finished run of the same settings in its folder instead of training "
+        "it, and train an unfinished one again (finish an interrupted bench)",
     )
     return p
 
 
-def reuse(name: str, folder: Path) -> dict[str, Any] | None:
-    """A finished run's summary with its `clock_view`; None if absent."""
-    path = folder / "summary.json"
-    if not path.is_file():
+def reuse(name: str, cfg: Config) -> dict[str, Any] | None:
+    """The summary, with its `clock_view`, of a finished run of exactly `cfg` in its folder
+    (observe.runs.finished_summary); None if there is none."""
+    summary = finished_summary(cfg)
+    if summary is None:
         return None
-    summary = json.loads(path.read_text())
-    return {**summary, **clock_view(name, folder, summary)}
+    return {**summary, **clock_view(name, Path(str(cfg.run.dir)), summary)}
+
+
+def check_folder(cfg: Config, reuse: bool) -> bool:
+    """Before any run trains: whether `cfg`'s folder holds a run that must be trained again
+    (with `reuse`: an unfinished one, which `bench_schedules_main` removes). A run there that
+    would be mixed with the new one is a `ConfigError`: any run without `reuse`, a finished
+    run of other settings with it."""
+    folder = Path(str(cfg.run.dir))
+    held = held_run(folder)
+    if held is None or (reuse and finished_summary(cfg) is not None):
+        return False
+    if not reuse:
+        raise ConfigError(
+            f"bench: {folder} already holds a run ({held}); pass --reuse to read back finished "
+            "runs of the same settings, or give another --out"
+        )
+    if not (folder / "summary.json").is_file():
+        return True
+    saved = folder / "config.toml"
+    changed = ["no config.toml"]
+    if saved.is_file():
+        changed = changed_keys(load_config(saved).model_dump(), cfg.model_dump())
+        changed = [k for k in changed if k != "run.dir"]
+    raise ConfigError(
+        f"bench: --reuse: {folder} holds a finished run of other settings "
+        f"({', '.join(changed[:5])}); give another --out"
+    )
+
+
+def _ints(text: str, parser: argparse.ArgumentParser) -> list[int]:
+    """`--seeds`: distinct integers, comma-separated, at least one; else `parser.error`."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {text!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        parser.error(f"--seeds: expected distinct comma-separated integers, got {text!r}")
+    return seeds
 
 
 def bench_schedules_main(argv: list[str]) -> int:
@@ -292,18 +316,30 @@ def bench_schedules_main(argv: list[str]) -> int:
     for n in names:
         if n not in CONFIGS:
             parser.error(f"unknown preset {n!r}; valid: {', '.join(CONFIGS)}")
-    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if not names or len(set(names)) != len(names):
+        parser.error(f"--presets: expected distinct presets, got {args.presets!r}")
+    seeds = _ints(args.seeds, parser)
     out = Path(args.out or f"runs/bench-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
+    cfgs = {
+        (seed, n): bench_config(
+            n, out / f"seed{seed}" / n if len(seeds) > 1 else out / n,
+            args.overrides, args.eval_every, seed,
+        )
+        for seed in seeds
+        for n in names
+    }  # fmt: skip
+    again = [k for k, cfg in cfgs.items() if check_folder(cfg, args.reuse)]
     out.mkdir(parents=True, exist_ok=True)
     per_seed: list[dict[str, Any]] = []
     for seed in seeds:
         per_seed.append({})
         for n in names:
             print(f"bench: {n} seed {seed} ...", flush=True)
-            folder = out / f"seed{seed}" / n if len(seeds) > 1 else out / n
-            s = (reuse(n, folder) if args.reuse else None) or run_config(
-                n, folder, args.overrides, args.eval_every, seed
-            )
+            cfg = cfgs[seed, n]
+            if (seed, n) in again:  # an interrupted run: trained again from the start
+                print(f"bench: {cfg.run.dir} holds an unfinished run: training it again")
+                shutil.rmtree(str(cfg.run.dir))
+            s = (reuse(n, cfg) if args.reuse else None) or run_config(n, cfg)
             per_seed[-1][n] = s
             acc = f"{s['heldout_acc_start']:.3f} -> {s['heldout_acc_end']:.3f}"
             print(f"bench: {n} seed {seed}: {s['wall_s']:.0f}s, held-out {acc}", flush=True)

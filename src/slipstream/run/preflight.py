@@ -1,6 +1,7 @@
 """Checks of a config against this machine before any work starts: a model folder that is
-missing or malformed, and an optional library a setting needs but that is not installed, are
-a `ConfigError` naming the setting (and the install command), not a traceback minutes in.
+missing or malformed, an optional library a setting needs but that is not installed, and a
+`run.dir` that cannot be made or already holds another run, are a `ConfigError` naming the
+setting (and the install command), not a traceback minutes in.
 
 Only what is cheap is checked (files, JSON, the tokenizer, whether a package can be found);
 the weights themselves are read when the run loads them.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +25,10 @@ EXTRAS = {"ray": "ray", "tensorboard": "tensorboard", "wandb": "wandb"}
 FOLDER = "expected a Hugging Face model folder: config.json, *.safetensors, tokenizer.json"
 
 
-def preflight(cfg: Config) -> None:
-    """Raise `ConfigError` for the first problem found (module docstring)."""
+def preflight(cfg: Config, resume: bool = False) -> None:
+    """Raise `ConfigError` for the first problem found (module docstring); `resume`: the run
+    continues the one in `run.dir` (`slipstream train --resume`)."""
+    check_run_dir(cfg.run.dir, resume)
     if cfg.runtime.kind == "ray":
         _need("ray", "runtime.kind = 'ray'")
     for sink in cfg.run.sinks:
@@ -46,6 +50,34 @@ def check_window(cfg: Config, model: ModelConfig) -> None:
     too_long = window_error(model, min(longest, model.max_position_embeddings), said)
     if too_long:
         raise ConfigError(f"model.path {too_long}")
+
+
+def held_run(folder: Path) -> str | None:
+    """What in `folder` shows it holds a run (`metrics.jsonl`, `checkpoints/`); None if nothing."""
+    for name in ("metrics.jsonl", "checkpoints"):
+        if (folder / name).exists():
+            return name + ("/" if name == "checkpoints" else "")
+    return None
+
+
+def check_run_dir(run_dir: str | None, resume: bool = False) -> None:
+    """`run.dir` is a folder this process can make and write in (None: `runs/<UTC time>`);
+    without `resume`, one that holds no run already: a second run's records would be appended
+    to the first's, and checkpoint pruning would mix their checkpoints."""
+    path = Path(run_dir or "runs")
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"run.dir: {path} is a file, not a folder")
+    there = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not there.is_dir():
+        raise ConfigError(f"run.dir: {path} cannot be made ({there} is not a folder)")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise ConfigError(f"run.dir: {path} cannot be made or written ({there}: permission denied)")
+    held = held_run(path) if run_dir is not None and path.is_dir() else None
+    if held is not None and not resume:
+        raise ConfigError(
+            f"run.dir: {path} already holds a run ({held}); continue it with "
+            f"slipstream train --resume {path}, or give another run.dir"
+        )
 
 
 def importable(name: str) -> bool:

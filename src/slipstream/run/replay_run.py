@@ -108,11 +108,11 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
             f"expected {FORMAT!r} version {FORMAT_VERSION}"
         )
     if not meta.get("complete"):
-        why = (
-            f"{meta.get('restarts')} sampler restart(s)"
-            if meta.get("restarts")
-            else "it did not finish"
-        )
+        why = "it did not finish"
+        if meta.get("restarts"):
+            why = f"{meta.get('restarts')} sampler restart(s)"
+        if meta.get("resumed_from") is not None:  # run.resume.void_record
+            why = f"the run was resumed from step {meta['resumed_from']}, which it does not record"
         raise ConfigError(f"{path}: the record is incomplete ({why}); only a complete run replays")
     return meta
 
@@ -389,22 +389,22 @@ def compare(original: Path, replayed: Path) -> dict[str, Any]:
         "timings_not_compared": list(TIMINGS),
         "metric_differences": len(diffs),
         "first_differences": [list(d) for d in diffs[:5]],
-        "weights_equal": _weights_equal(original, replayed),
+        **_weights_equal(original, replayed),
     }
 
 
-def _weights_equal(original: Path, replayed: Path) -> bool | None:
-    """The replay's final checkpoint and the original's of the same name hold equal tensors
-    (torch.equal); None if one is missing. Named by the version count, which a rollback
-    moves on by one: one at the last step (or the one before) ends the run past the step of
-    its last record."""
+def _weights_equal(original: Path, replayed: Path) -> dict[str, Any]:
+    """`weights_equal`: the replay's final checkpoint and the original's of the same name hold
+    equal tensors (torch.equal); None if one is missing, and then `weights_not_compared` says
+    which. Named by the version count, which a rollback moves on by one: one at the last step
+    (or the one before) ends the run past the step of its last record."""
     from safetensors.torch import load_file
 
     from slipstream.train.checkpoint import list_checkpoints
 
     ckpts = list_checkpoints(replayed)
     if not ckpts:
-        return None
+        return {"weights_equal": None, "weights_not_compared": "the replay kept no checkpoint"}
     name = ckpts[-1].name
 
     def tensors(run: Path) -> dict[str, torch.Tensor] | None:
@@ -415,8 +415,10 @@ def _weights_equal(original: Path, replayed: Path) -> bool | None:
 
     x, y = tensors(original), tensors(replayed)
     if x is None or y is None:
-        return None
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+        whose = "the original run" if x is None else "the replay"
+        why = f"{whose} kept no checkpoint {name} (checkpoint.keep, checkpoint.every)"
+        return {"weights_equal": None, "weights_not_compared": why}
+    return {"weights_equal": x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)}
 
 
 def _out_dir(run_dir: Path, out: str | None) -> Path:
@@ -480,10 +482,13 @@ def replay_main(argv: list[str]) -> int:
         return 1
     same = r["metric_differences"] == 0 and r["weights_equal"] is True
     what = f"with {', '.join(r['changed'])} changed" if r["changed"] else "exactly"
+    weights = {True: "equal", False: "differ"}.get(r["weights_equal"])
+    if weights is None:
+        weights = f"not compared ({r.get('weights_not_compared', 'no checkpoint to compare')})"
     print(
         f"replayed {r['steps_compared']} steps {what} in {r['replay_wall_s']:.1f}s -> {r['out']}: "
         f"{r['metric_differences']} metric values differ (timings not compared: "
-        f"{', '.join(TIMINGS)}), final weights {'equal' if r['weights_equal'] else 'differ'}"
+        f"{', '.join(TIMINGS)}), final weights {weights}"
     )
     for step, key, x, y in r["first_differences"]:
         print(f"  step {step}: {key}: {x!r} -> {y!r}")

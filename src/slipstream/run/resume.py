@@ -2,9 +2,10 @@
 
 `checkpoint(run)` writes everything the loop's future depends on (weights, optimizer, the
 run's counters and random states, the watchdog's and the forecast's state, the loop's own
-numbers); `latest_checkpoint` finds the newest complete one of a run folder; `rewind` drops
-what a killed run wrote after it; `restore` puts it back into a freshly set-up run. The in-process
-loop (`run.sync`) and the orchestrated one (`run.launch`) both resume this way.
+numbers); `latest_checkpoint` finds the newest complete one of a run folder; `resume_changes`
+names the settings a resume changes; `rewind` drops what a killed (or stopped) run wrote after
+it; `restore` puts it back into a freshly set-up run. The in-process loop (`run.sync`) and the
+orchestrated one (`run.launch`) both resume this way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 import torch
 
-from slipstream.config import ConfigError
+from slipstream.config import Config, ConfigError, load_config
+from slipstream.dicts import changed_keys
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.run.setup import Run
 from slipstream.run.summary import read_records
@@ -73,10 +75,47 @@ def latest_checkpoint(run_dir: str | Path | None) -> Path:
     return ckpts[-1]
 
 
+# what a resume may change and still follow the run's trajectory: how far it goes, what it
+# shows, where its metrics go, and whether it is recorded (a resumed run never is)
+RESUME_FREE = (
+    "run.dir",
+    "run.steps",
+    "run.quiet",
+    "run.sinks",
+    "run.rollouts_per_step",
+    "run.record_schedule",
+    "wandb.",
+)
+
+
+def resume_changes(run_dir: Path, cfg: Config) -> list[str]:
+    """The settings of `cfg` that differ from the run's own (`run_dir/config.toml`) other than
+    `RESUME_FREE`; `ConfigError` if there is no checkpoint, or `run.steps` is below its step."""
+    ckpt = latest_checkpoint(run_dir)
+    step = int(ckpt.name.removeprefix("step_"))
+    if cfg.run.steps < step:
+        raise ConfigError(
+            f"run.steps = {cfg.run.steps} is below the step of the newest checkpoint ({ckpt}); "
+            f"give run.steps >= {step}"
+        )
+    saved = load_config(run_dir / "config.toml", [])
+    changed = changed_keys(saved.model_dump(), cfg.model_dump())
+    return [k for k in changed if not any(_within(k, f) for f in RESUME_FREE)]
+
+
+def _within(key: str, entry: str) -> bool:
+    """`key` is the setting `entry`, or in its table (`entry` ending in a dot)."""
+    return key == entry or (entry.endswith(".") and key.startswith(entry))
+
+
 def rewind(ckpt: Path) -> None:
     """Before resuming from `ckpt`: drop what the killed run wrote after it (metrics records,
-    rollouts and timeline intervals of later steps), so the resumed run does not repeat them."""
+    rollouts and timeline intervals of later steps), so the resumed run does not repeat them;
+    its `summary.json`, which only the end of a run writes (the resumed run's, if it gets
+    there); and mark its schedule record incomplete, which the resumed run does not add to."""
     run_dir, step = ckpt.parent.parent, int(ckpt.name.removeprefix("step_"))
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    void_record(run_dir, step)
     truncate_metrics(run_dir / "metrics.jsonl", step)
     rollouts = run_dir / "rollouts.txt"
     if rollouts.exists():
@@ -95,6 +134,22 @@ def rewind(ckpt: Path) -> None:
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a torn last line
         timeline.write_text("".join(keep), encoding="utf-8")
+
+
+def void_record(run_dir: Path, step: int) -> None:
+    """A schedule record (`run.record_schedule`) in `run_dir` stops covering the run once it is
+    resumed (from step `step`): its meta.json says `complete: false` and `resumed_from`, so
+    `slipstream replay` refuses it with the reason."""
+    path = run_dir / "schedule" / "meta.json"
+    if not path.exists():
+        return
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return  # not a record replay would read either
+    if isinstance(meta, dict):
+        meta.update(complete=False, resumed_from=step)
+        path.write_text(json.dumps(meta, indent=2))
 
 
 def truncate_metrics(path: Path, step: int) -> None:
