@@ -262,3 +262,25 @@ def test_bad_bench_seeds_are_a_usage_error(tmp_path, capsys, bench_trained, seed
     err = capsys.readouterr().err
     assert "--seeds" in err and "Traceback" not in err
     assert not (tmp_path / "b").exists()
+
+
+def test_runs_started_in_one_second_get_folders_of_their_own(tmp_path, monkeypatch) -> None:
+    """Without run.dir a run's folder is runs/<UTC time to the second>; two runs started in one
+    second shared it (and, with the check above, the second would now be refused)."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from slipstream.config import load_config
+    from slipstream.run import folder
+
+    noon = dt.datetime(2026, 12, 5, 12, 0, 0, tzinfo=dt.UTC)
+    clock = SimpleNamespace(datetime=SimpleNamespace(now=lambda tz: noon), UTC=dt.UTC)
+    monkeypatch.setattr(folder, "dt", clock)
+    monkeypatch.chdir(tmp_path)
+    made = [folder.make_run_dir(load_config(None, [])) for _ in range(3)]
+    assert [str(p) for p in made] == [
+        "runs/20261205-120000",
+        "runs/20261205-120000-2",
+        "runs/20261205-120000-3",
+    ]
+    assert all((p / "config.toml").exists() for p in made)

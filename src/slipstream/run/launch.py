@@ -42,7 +42,7 @@ def train_async(
 
     rc = cfg.runtime
     if rc.kind == "ray" and signals is None:
-        from slipstream.run.setup import make_run_dir
+        from slipstream.run.folder import make_run_dir
         from slipstream.runtime.ray import host_trainer, session
 
         with session(rc.address):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import random
 import warnings
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slipstream.algo import advantages, filters
-from slipstream.config import Config, dump_config
+from slipstream.config import Config
 from slipstream.engine import Engine, Request, SamplingParams, capacity
 from slipstream.engine.stats import EngineStats
 from slipstream.envs.base import EnvFactory
@@ -40,6 +39,7 @@ from slipstream.run.components import (
     resolve_placement,
 )
 from slipstream.run.evaluate import heldout_accuracy, rewards_of, summarize
+from slipstream.run.folder import make_run_dir
 from slipstream.runtime import placement
 from slipstream.schedule.agentic import episode_group, make_runner
 from slipstream.schedule.episodes import run_episodes
@@ -387,14 +387,6 @@ class Run:
             self.counters["tokens/replayed"] += sum(
                 s.num_tokens for s in trained.samples if id(s) not in gen_ids
             )
-
-
-def make_run_dir(cfg: Config) -> Path:
-    path = Path(cfg.run.dir or f"runs/{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
-    path.mkdir(parents=True, exist_ok=True)
-    cfg.run.dir = str(path)
-    (path / "config.toml").write_text(dump_config(cfg))
-    return path
 
 
 def build_task(cfg: Config) -> GuardedTask:

@@ -1,0 +1,35 @@
+"""A run's folder: `run.dir`, or a fresh `runs/<UTC time>`, with the resolved config.toml."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from pathlib import Path
+
+from slipstream.config import Config, dump_config
+
+
+def make_run_dir(cfg: Config) -> Path:
+    """`run.dir`, or a new `runs/<UTC time>` (`-2`, `-3`... for runs started in one second)."""
+    if cfg.run.dir:
+        path = Path(cfg.run.dir)
+        path.mkdir(parents=True, exist_ok=True)
+    else:
+        path = _new_folder(Path("runs") / dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
+    cfg.run.dir = str(path)
+    (path / "config.toml").write_text(dump_config(cfg))
+    return path
+
+
+def _new_folder(base: Path) -> Path:
+    """`base`, or `base-N` with the first free N, made here (exclusively: two processes
+    starting in one second get two folders)."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
