@@ -217,11 +217,16 @@ def test_a_reward_that_is_not_a_finite_number_ends_the_episode_as_an_error(rewar
         def step(self, action_tokens: list[int]) -> StepResult:
             return StepResult(reward=reward, done=True)  # type: ignore[arg-type]
 
-    envs: dict[Hashable, Scripted] = {"bad": Bad(0), "good": Scripted(1, turns=1)}
+    class Scalar(Scripted):  # a numpy or torch scalar is a number: kept
+        def step(self, action_tokens: list[int]) -> StepResult:
+            return StepResult(reward=torch.tensor(0.5), done=True)  # type: ignore[arg-type]
+
+    envs: dict[Hashable, Scripted] = {"bad": Bad(0), "good": Scripted(1, turns=1), "t": Scalar(2)}
     _, _, eps = _run(envs, SamplingParams(temperature=1.0, max_new_tokens=4))
     assert (eps["bad"].stats.end, eps["bad"].reward) == ("error", 0.0)
     assert repr(reward) in eps["bad"].error and "not a finite number" in eps["bad"].error
     assert (eps["good"].stats.end, eps["good"].reward) == ("done", 1.0)
+    assert (eps["t"].stats.end, eps["t"].reward) == ("done", 0.5)
 
 
 def test_token_budget_ends_the_episode() -> None:

@@ -32,7 +32,7 @@ from slipstream.config.env import EnvConfig
 from slipstream.engine import Completion, Engine, Request, SamplingParams
 from slipstream.envs.base import EnvFactory, Observation, StepResult
 from slipstream.envs.workers import EnvError, Outcome, WorkerDied, Workers, make_workers
-from slipstream.tasks.guard import finite_number
+from slipstream.tasks.guard import as_reward
 from slipstream.types import EpisodeStats, FinishReason, Prompt, Sample
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # a turn's sampling seed: the member's seed + turn * stride
@@ -223,11 +223,12 @@ class EpisodeRunner:
             ep.prompt_tokens = list(out.tokens)
             return self._next_turn(ep)
         assert isinstance(out, StepResult)
-        if not finite_number(out.reward):  # a NaN would make every advantage of its group NaN
+        reward = as_reward(out.reward)  # a NaN would make every advantage of its group NaN
+        if reward is None:
             ep.error = f"step returned reward {out.reward!r}, not a finite number"
             self._end(ep, "error", FinishReason.ABORTED, score=0.0)
             return None
-        ep.reward += float(out.reward)
+        ep.reward += reward
         ep.stats.tool_calls += int(out.metrics.get("tool_calls", 0))
         ep.stats.tool_errors += int(out.metrics.get("tool_errors", 0))
         if out.done:

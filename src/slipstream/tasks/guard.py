@@ -186,13 +186,10 @@ def _call(
     parts: dict[str, float] = {}
     returned = value
     if isinstance(value, dict):
-        parts = {k: float(v) for k, v in value.items() if k != "score" and finite_number(v)}
+        parts = {k: float(v) for k, v in value.items() if k != "score" and _finite(v)}
         value = value.get("score")
-    try:
-        x = float(value) if not isinstance(value, str | bytes) else math.nan
-    except Exception:  # a user type's __float__ may raise anything
-        x = math.nan
-    if math.isfinite(x):
+    x = as_reward(value)
+    if x is not None:
         return x, "", "", parts
     what = "a finite number" if returned is value else "a finite number as its 'score'"
     return (
@@ -203,7 +200,19 @@ def _call(
     )
 
 
-def finite_number(v: Any) -> bool:
+def as_reward(value: object) -> float | None:
+    """`value` as a finite float: anything `float()` takes but text (numpy and torch scalars
+    included); None for NaN, an infinity, None, a string or another object."""
+    if isinstance(value, str | bytes):
+        return None
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except Exception:  # a user type's __float__ may raise anything
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _finite(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
