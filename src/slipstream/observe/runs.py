@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.config import Config, load_config
+from slipstream.dicts import changed_keys
 from slipstream.observe.rollouts import last_steps
 from slipstream.observe.timeline import Interval, read_timeline
 
@@ -184,16 +185,23 @@ def load_runs(dirs: Sequence[str | Path]) -> list[RunData]:
     return runs
 
 
+def saved_changes(folder: Path, cfg: Config) -> list[str] | None:
+    """The settings (dotted names) where `cfg` differs from the config.toml saved in `folder`,
+    `run.dir` aside (a folder named by a relative or an absolute path, or moved, is the same
+    run); None without a config.toml."""
+    path = folder / "config.toml"
+    if not path.is_file():
+        return None
+    changed = changed_keys(load_config(path).model_dump(), cfg.model_dump())
+    return [k for k in changed if k != "run.dir"]
+
+
 def finished_summary(cfg: Config) -> dict[str, Any] | None:
     """The `summary.json` of a finished run in `cfg.run.dir` whose saved config equals `cfg`
-    but for `run.dir` (a folder named by a relative or an absolute path, or moved, is the same
-    run), else None: what a benchmark's `--reuse` reads back instead of training again."""
+    (`saved_changes`: none), else None: what a benchmark's `--reuse` reads back instead of
+    training again."""
     folder = Path(cfg.run.dir or "")
-    if not (folder / "summary.json").is_file() or not (folder / "config.toml").is_file():
-        return None
-    saved, want = load_config(folder / "config.toml").model_dump(), cfg.model_dump()
-    saved["run"].pop("dir", None), want["run"].pop("dir", None)
-    if saved != want:
+    if not (folder / "summary.json").is_file() or saved_changes(folder, cfg) != []:
         return None
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     return summary if isinstance(summary, dict) else None

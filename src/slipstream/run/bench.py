@@ -48,9 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.config import Config, ConfigError, load_config
-from slipstream.dicts import changed_keys
 from slipstream.observe.clock import EVAL_S, EVAL_START_S, Reached, time_to_target, training_total
-from slipstream.observe.runs import finished_summary, with_deferred_heldout
+from slipstream.observe.runs import finished_summary, saved_changes, with_deferred_heldout
 from slipstream.run.preflight import held_run
 from slipstream.schedule.presets import PRESETS
 
@@ -287,11 +286,9 @@ def check_folder(cfg: Config, reuse: bool) -> bool:
         )
     if not (folder / "summary.json").is_file():
         return True
-    saved = folder / "config.toml"
-    changed = ["no config.toml"]
-    if saved.is_file():
-        changed = changed_keys(load_config(saved).model_dump(), cfg.model_dump())
-        changed = [k for k in changed if k != "run.dir"]
+    changed = saved_changes(folder, cfg)
+    if changed is None:
+        changed = ["no config.toml"]
     raise ConfigError(
         f"bench: --reuse: {folder} holds a finished run of other settings "
         f"({', '.join(changed[:5])}); give another --out"

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from slipstream.config import Config, ConfigError, load_config
-from slipstream.dicts import changed_keys
+from slipstream.config import Config, ConfigError
 from slipstream.observe.rollouts import STEP_MARK
+from slipstream.observe.runs import saved_changes
 from slipstream.run.setup import Run
 from slipstream.run.summary import read_records
 from slipstream.train.checkpoint import (
@@ -78,7 +78,6 @@ def latest_checkpoint(run_dir: str | Path | None) -> Path:
 # what a resume may change and still follow the run's trajectory: how far it goes, what it
 # shows, where its metrics go, and whether it is recorded (a resumed run never is)
 RESUME_FREE = (
-    "run.dir",
     "run.steps",
     "run.quiet",
     "run.sinks",
@@ -98,8 +97,7 @@ def resume_changes(run_dir: Path, cfg: Config) -> list[str]:
             f"run.steps = {cfg.run.steps} is below the step of the newest checkpoint ({ckpt}); "
             f"give run.steps >= {step}"
         )
-    saved = load_config(run_dir / "config.toml", [])
-    changed = changed_keys(saved.model_dump(), cfg.model_dump())
+    changed = saved_changes(run_dir, cfg) or []  # (the CLI checked that config.toml is there)
     return [k for k in changed if not any(_within(k, f) for f in RESUME_FREE)]
 
 
