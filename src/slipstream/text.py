@@ -1,4 +1,5 @@
-"""Reading users' text files (configs, task rows) with errors that name the file and the byte."""
+"""Users' text: reading their files (configs, task rows) with errors that name the file and the
+byte, and their values shortened for a one-line message."""
 
 from __future__ import annotations
 
@@ -23,3 +24,16 @@ def is_text(s: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def clip(s: str, n: int = 120) -> str:
+    """`s`, or its first `n - 3` characters and `...`."""
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def short_repr(value: object, n: int = 120) -> str:
+    """`repr(value)` clipped to `n` characters; `?` where a user type's `__repr__` raises."""
+    try:
+        return clip(repr(value), n)
+    except Exception:
+        return "?"

@@ -30,6 +30,7 @@ from typing import Any
 
 from slipstream.envs.base import resolve
 from slipstream.envs.parse import ToolCall
+from slipstream.text import short_repr
 
 _RESERVED = {"reset", "reward"}
 _JSON_TYPES: dict[Any, str] = {
@@ -154,14 +155,9 @@ def _check_args(spec: ToolSpec, args: dict[str, Any]) -> str:
                 args[k] = t(v)
                 continue
         except (ValueError, OverflowError):
-            return f"argument {k!r} of {spec.name} should be {t.__name__}, got {_clip(v)}"
+            return f"argument {k!r} of {spec.name} should be {t.__name__}, got {short_repr(v, 60)}"
         return f"argument {k!r} of {spec.name} should be {t.__name__}, got {type(v).__name__}"
     return ""
-
-
-def _clip(v: object, n: int = 60) -> str:
-    text = repr(v)
-    return text if len(text) <= n else f"{text[: n - 3]}..."
 
 
 def _to_text(out: object) -> str:

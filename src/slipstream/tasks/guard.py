@@ -44,6 +44,7 @@ from typing import Any, Literal
 from slipstream.tasks.base import RewardFn, Task
 from slipstream.tasks.jsonl import TaskError
 from slipstream.tasks.rewards import resolve
+from slipstream.text import clip, short_repr
 from slipstream.types import Prompt
 
 ERRORS = ("raised", "invalid", "timeout", "crashed")
@@ -195,7 +196,7 @@ def _call(
     return (
         0.0,
         "invalid",
-        f"returned {_short(returned)} ({type(returned).__name__}), not {what}",
+        f"returned {short_repr(returned)} ({type(returned).__name__}), not {what}",
         {},
     )
 
@@ -225,18 +226,7 @@ def _describe(e: BaseException) -> str:
         text = str(e).strip().splitlines()
     except Exception:
         text = []
-    return f"{type(e).__name__}: {_clip(text[0])}" if text else type(e).__name__
-
-
-def _short(value: Any) -> str:
-    try:
-        return _clip(repr(value))
-    except Exception:
-        return "?"
-
-
-def _clip(s: str, n: int = 120) -> str:
-    return s if len(s) <= n else s[: n - 3] + "..."
+    return f"{type(e).__name__}: {clip(text[0])}" if text else type(e).__name__
 
 
 # ---- the worker process ---------------------------------------------------------------------
