@@ -200,29 +200,40 @@ def drive_waits(auto: AutoLag, wait_of_k, windows: int, ess: float = 0.99) -> li
     return ks
 
 
-def test_a_raise_that_buys_no_speed_is_undone():
+def test_a_raise_that_buys_no_speed_ends_the_climb_and_k_holds():
     # The agentic task's case: the samplers are the bottleneck, the trainer waits 1 s a window
-    # whatever K is. K = 2 is tried for `probe` windows, gains nothing, and K goes back to 1
-    # for good (the ceiling), where it started.
+    # whatever K is. K = 2 is tried for `probe` windows and gains nothing: the climb ends
+    # there (the ceiling), and K stays at 2; it does not go back to 1, since only staleness
+    # (ESS, KL) lowers K, and K = 2's ESS is above the target.
     auto = AutoLag(GAIN, k=1)
     ks = drive_waits(auto, lambda k: 1.0, 200)
-    assert [(k, why) for _, k, why in auto.changes] == [(2, "trainer_waits"), (1, "no_gain")]
-    assert auto.ceiling == 1 and ks[-1] == 1 and set(ks[20:]) == {1}
-    assert ks.count(2) == GAIN.probe  # what the probe cost: 4 windows at K = 2
+    assert [(k, why) for _, k, why in auto.changes] == [(2, "trainer_waits"), (2, "no_gain")]
+    assert auto.ceiling == 2 and set(ks[GAIN.probe :]) == {2}
 
 
 def test_raises_continue_while_each_buys_speed_and_stop_at_the_first_that_does_not():
     # The built-in task's case: K = 2 cuts the wait from 1.0 to 0.3 s (train share 0.50 ->
-    # 0.77, +54 %), K = 4 to 0.28 (+1.5 %: under the 10 % asked): back to 2, and 2 stays.
+    # 0.77, +54 %), K = 4 to 0.28 (+1.5 %: under the 10 % asked): no raise past 4, and 4 stays.
     waits = {1: 1.0, 2: 0.3, 4: 0.28, 8: 0.27}
     auto = AutoLag(GAIN, k=1)
     ks = drive_waits(auto, lambda k: waits[k], 200)
     assert [(k, why) for _, k, why in auto.changes] == [
         (2, "trainer_waits"),
         (4, "trainer_waits"),
-        (2, "no_gain"),
+        (4, "no_gain"),
     ]
-    assert auto.ceiling == 2 and set(ks[30:]) == {2}
+    assert auto.ceiling == 4 and set(ks[2 * GAIN.probe :]) == {4}
+
+
+def test_after_a_no_gain_only_staleness_lowers_k():
+    # the climb ended at 2; later the ESS falls below the target: halved to 1 (ess_low), and
+    # with the ceiling at 1 it is not raised again however long the trainer waits
+    auto = AutoLag(GAIN, k=1)
+    drive_waits(auto, lambda k: 1.0, 3 * GAIN.probe)
+    assert auto.k == auto.ceiling == 2
+    drive_waits(auto, lambda k: 1.0, 1, ess=0.5)  # the average falls to 0.745, below 0.8
+    assert auto.k == 1 and auto.changes[-1][1:] == (1, "ess_low")
+    assert set(drive_waits(auto, lambda k: 1.0, 50)) == {1}
 
 
 def test_with_every_raise_paying_it_climbs_as_the_rule_without_the_probe():

@@ -65,8 +65,9 @@ class ScheduleConfig(_Section):
     """`auto`: windows measured under a K before it may change again."""
     auto_min_gain: float = Field(0.1, ge=0.0)
     """`auto`: a raise of K is kept only if it sped the trainer (its share of time training,
-    not waiting for data) by at least this fraction over `auto_probe_windows` windows; else K
-    goes back and stays at most there. 0: no such test (K climbs while the trainer waits)."""
+    not waiting for data) by at least this fraction over `auto_probe_windows` windows; else
+    the climb ends at that K, which holds (only the ESS or KL lower K). 0: no such test (K
+    climbs while the trainer waits)."""
     auto_probe_windows: int = Field(8, ge=1)
     """`auto`: windows before and after a raise that `auto_min_gain` compares."""
     min_lag: int = Field(0, ge=0)

@@ -17,16 +17,17 @@ over windows of the trained tokens' ESS, `mismatch/kl` and the trainer's wait sh
 - **no gain** (with `min_gain` > 0): a raise is a probe. After it, `probe` windows are
   measured under the new K and the share of its time the trainer spent training (not waiting
   for data) compared with the `probe` windows before it: if the raise did not speed the
-  trainer by at least `min_gain`, K goes back and the ceiling becomes that old K. (A larger
-  K only helps when the samplers are held back by the bound: where they are the bottleneck
-  whatever K is, a raise buys staleness and no speed.) Raises need `probe` windows under the
-  current K, so the comparison has its "before".
+  trainer by at least `min_gain`, the climb ends: the ceiling becomes the K probed, which
+  holds. (A larger K only helps when the samplers are held back by the bound: where they are
+  the bottleneck whatever K is, further raises buy staleness and no speed.) K never goes
+  *down* for want of speed: only the ESS and the KL, which measure staleness, lower it.
+  Raises need `probe` windows under the current K, so the comparison has its "before".
 - otherwise K holds. Every change needs `patience` windows measured under the current K, and
   resets the averages, so a decision rests only on data trained under the K it judges.
 
 Why it does not oscillate: the band `[target, target + margin)` between the two thresholds
 is hysteresis (an ESS inside it moves nothing), and the ceiling only ever goes down (a
-`no_gain` return lowers it too). With
+`no_gain` sets it to the current K). With
 constant conditions (ESS a non-increasing function of K, as staler data is further from the
 policy), the slow start doubles K at most `log2 k_max` times, until the ceiling or a first
 K whose ESS is below the target; from then on K climbs one step at a time to the largest K
@@ -74,7 +75,7 @@ class AutoLagRule:
 @dataclass
 class Decision:
     k: int
-    reason: str  # ess_low | kl_high | trainer_waits | no_gain
+    reason: str  # ess_low | kl_high | trainer_waits | no_gain (K holds, the ceiling falls to it)
 
 
 @dataclass
@@ -133,11 +134,11 @@ class AutoLag:
         elif self.before is not None:  # a raise on probation
             if len(self.trace) < r.probe:
                 return None
-            k_old, share_old = self.before
+            _, share_old = self.before
             self.before = None
             if train_share(self.trace) < (1 + r.min_gain) * share_old:
-                self.ceiling = k_old
-                decision = Decision(k_old, "no_gain")
+                self.ceiling = self.k  # the climb ends here; K itself holds
+                decision = Decision(self.k, "no_gain")
         if decision is None and self._may_raise():
             step = max(1, self.k) if self.slow_start else 1
             decision = Decision(min(self.ceiling, self.k + step), "trainer_waits")
@@ -206,7 +207,7 @@ class LagControl:
     K = 0 for a number of windows whatever the controller says (those windows, trained
     under K = 0, are not the controller's measurements: it observes none of them). Writes
     `schedule/max_lag` into every record and `schedule/max_lag_reason` into those where K
-    changed."""
+    changed or, with `no_gain`, its climb ended."""
 
     def __init__(self, auto: AutoLag | None, fixed_k: int) -> None:
         self.auto = auto
