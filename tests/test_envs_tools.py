@@ -6,6 +6,9 @@ import asyncio
 import json
 import string
 
+import numpy as np
+import pytest
+
 from slipstream.envs import (
     HermesRenderer,
     Observation,
@@ -331,3 +334,36 @@ def test_an_integer_past_floats_range_is_a_bad_argument_and_replies_keep_unicode
     assert call_tool(tool_specs(Places()), ToolCall("city")).text == (
         '{"name": "Zürich", "zh": "北京"}'
     )
+
+
+def test_a_reward_that_is_not_a_number_names_what_returned_it() -> None:
+    """Before, `float(None)` raised "float() argument must be a string or a real number, not
+    'NoneType'", which named neither the method nor the value; a NaN reached the episode
+    runner, whose message blamed the environment's step."""
+
+    class Forgot(Calc):
+        def reward(self, completion: str) -> float:
+            return None  # type: ignore[return-value]  # a forgotten return
+
+    env = ToolEnv(Forgot(), Prompt("p", "go", None), TOK, "plain")
+    env.initial_observation()
+    with pytest.raises(ValueError, match=r"^Forgot\.reward returned None, not a finite number"):
+        env.step(TOK.encode("3"))
+
+    class NoReward:
+        def add(self, a: float, b: float) -> float:
+            """Add."""
+            return a + b
+
+    for value, ok in [(float("nan"), False), ("1", False), (np.float32(0.5), True)]:
+        env = ToolEnv(
+            NoReward(), Prompt("p", "go", None), TOK, "plain", reward=lambda p, c, v=value: v
+        )
+        env.initial_observation()
+        if ok:
+            assert env.step(TOK.encode("3")).reward == 0.5
+            continue
+        with pytest.raises(
+            ValueError, match=r"^the task's reward function returned .*not a finite"
+        ):
+            env.step(TOK.encode("3"))

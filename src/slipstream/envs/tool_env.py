@@ -18,6 +18,8 @@ from slipstream.envs.base import Observation, StepResult, resolve
 from slipstream.envs.parse import ToolFormat, parse_tool_calls
 from slipstream.envs.render import Codec, PlainRenderer, Renderer, encode_tail
 from slipstream.envs.tools import ToolReply, call_tool, tool_specs
+from slipstream.tasks.guard import as_reward
+from slipstream.text import short_repr
 from slipstream.types import Prompt
 
 RewardFn = Callable[[Prompt, str], float]
@@ -90,12 +92,21 @@ class ToolEnv:
         return stopped is not None and len(stopped(action_tokens)) == len(action_tokens)
 
     def _reward(self, completion: str) -> float:
+        """The episode's reward; one that is not a finite number (None, NaN, text) raises
+        a ValueError naming what returned it, which ends the episode `error`."""
         own = getattr(self.tools, "reward", None)
         if callable(own):
-            return float(resolve(own(completion=completion)))
-        if self.reward_fn is not None:
-            return float(self.reward_fn(self.row, completion))
-        return 0.0
+            value = resolve(own(completion=completion))
+            source = f"{type(self.tools).__name__}.reward"
+        elif self.reward_fn is not None:
+            value = self.reward_fn(self.row, completion)
+            source = "the task's reward function"
+        else:
+            return 0.0
+        reward = as_reward(value)
+        if reward is None:
+            raise ValueError(f"{source} returned {short_repr(value)}, not a finite number")
+        return reward
 
     def _truncate(self, r: ToolReply) -> ToolReply:
         """`r` cut to `max_reply_chars`, head and tail (as the sandbox cuts its output: the end
