@@ -174,11 +174,20 @@ def test_a_ppo_clip_on_a_loss_without_one_is_refused_before_the_run(loss):
         assert load_config(None, [f"trainer.loss={ok}", "trainer.eps_high=0.3"]).trainer.eps_high
 
 
-@pytest.mark.parametrize("setting", ["runtime.num_samplers=3", "runtime.chaos_kills=2"])
-def test_sampler_process_settings_on_the_in_process_loop_are_refused(setting):
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("num_samplers", "3", "has no sampler processes"),
+        ("chaos_kills", "2", "has no sampler processes"),
+        ("defer_eval", "true", "evaluates in line"),
+    ],
+)
+def test_orchestrated_runtime_settings_on_the_in_process_loop_are_refused(key, value, why):
     """Before, `slipstream train runtime.chaos_kills=2` (the default in-process sync loop) ran
-    one sampler and killed nothing, exit 0, without a word."""
-    with pytest.raises(ConfigError, match="the in-process sync loop has no sampler processes"):
+    one sampler and killed nothing, exit 0, without a word; `runtime.defer_eval=true`
+    evaluated in line all the same."""
+    setting = f"runtime.{key}={value}"
+    with pytest.raises(ConfigError, match=f"^runtime.{key}: the in-process sync loop {why}"):
         load_config(None, [setting])
     load_config(None, [setting, 'runtime.kind="local"'])
     load_config(None, [setting, 'schedule.name="pipeline"'])

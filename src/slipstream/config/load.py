@@ -91,19 +91,19 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _samplers_exist(self) -> Config:
-        """Settings of sampler processes need some: the in-process sync loop (the default) has
-        none, and would run without a word one sampler and no kills."""
+        """Settings of the orchestrated runtimes: the in-process sync loop (the default) has no
+        sampler processes and evaluates as it goes, and would run without a word one
+        sampler, no kills and evaluation in line."""
         if self.runtime.kind != "inprocess" or self.schedule.name != "sync":
             return self
-        for key, value in (
-            ("num_samplers", self.runtime.num_samplers > 1),
-            ("chaos_kills", self.runtime.chaos_kills > 0),
+        no_samplers = "the in-process sync loop has no sampler processes"
+        for key, value, why in (
+            ("num_samplers", self.runtime.num_samplers > 1, no_samplers),
+            ("chaos_kills", self.runtime.chaos_kills > 0, no_samplers),
+            ("defer_eval", self.runtime.defer_eval, "the in-process sync loop evaluates in line"),
         ):
             if value:
-                raise ValueError(
-                    f"runtime.{key}: the in-process sync loop has no sampler processes; use "
-                    "runtime.kind = 'local' (or 'ray')"
-                )
+                raise ValueError(f"runtime.{key}: {why}; use runtime.kind = 'local' (or 'ray')")
         return self
 
     @model_validator(mode="after")

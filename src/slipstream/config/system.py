@@ -207,7 +207,8 @@ class RuntimeConfig(_Section):
     defer_eval: bool = False
     """Snapshot the weights at evaluation steps and evaluate them after the run, so that
     evaluation takes no time from training (benchmarks: time to a target accuracy). The
-    snapshots are files in `<run.dir>/eval_snapshots/`, deleted once scored."""
+    snapshots are files in `<run.dir>/eval_snapshots/`, deleted once scored. Orchestrated
+    runtimes only (`local`, `ray`, or any schedule but the in-process `sync`)."""
 
     @model_validator(mode="after")
     def _devices(self) -> RuntimeConfig:
