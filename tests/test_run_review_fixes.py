@@ -140,10 +140,14 @@ def test_replay_says_why_the_weights_were_not_compared(tmp_path, monkeypatch, ca
         "weights_not_compared": got["weights_not_compared"],
     }
     monkeypatch.setattr(rr, "replay", lambda *a: result)
-    rr.replay_main([str(tmp_path / "orig")])
+    # exit 0: nothing differs (the README's contract: 1 when a replay differs); was 1
+    assert rr.replay_main([str(tmp_path / "orig")]) == 0
     out = capsys.readouterr().out
     assert "final weights not compared (the original run kept no checkpoint step_000004" in out
     assert "differ" not in out.replace("values differ", "")
+    for key, value in (("weights_equal", False), ("metric_differences", 1)):
+        monkeypatch.setattr(rr, "replay", lambda *a, k=key, v=value: {**result, k: v})
+        assert rr.replay_main([str(tmp_path / "orig")]) == 1
 
 
 # ---- 6: a resume with changed settings ----

@@ -480,7 +480,8 @@ def replay_main(argv: list[str]) -> int:
     except Diverged as e:
         print(f"slipstream: replay diverged from the record: {e}", file=sys.stderr)
         return 1
-    same = r["metric_differences"] == 0 and r["weights_equal"] is True
+    # differs: a metric, or final weights both runs kept (not compared is said, not failed)
+    same = r["metric_differences"] == 0 and r["weights_equal"] is not False
     what = f"with {', '.join(r['changed'])} changed" if r["changed"] else "exactly"
     weights = {True: "equal", False: "differ"}.get(r["weights_equal"])
     if weights is None:
