@@ -90,7 +90,7 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _samplers_exist(self) -> Config:
+    def _orchestrated_only(self) -> Config:
         """Settings of the orchestrated runtimes: the in-process sync loop (the default) has no
         sampler processes and evaluates as it goes, and would run without a word one
         sampler, no kills and evaluation in line."""

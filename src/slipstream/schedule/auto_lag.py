@@ -93,7 +93,7 @@ class AutoLag:
     windows: int = 0
     # (wait_s, train_s) of the last `probe` windows under the current K
     trace: list[tuple[float, float]] = field(default_factory=list)
-    before: tuple[int, float] | None = None  # a raise on probation: the old K, its train share
+    before: float | None = None  # a raise on probation: the train share under the K before it
 
     def __post_init__(self) -> None:
         if self.ceiling < 0:
@@ -134,8 +134,7 @@ class AutoLag:
         elif self.before is not None:  # a raise on probation
             if len(self.trace) < r.probe:
                 return None
-            _, share_old = self.before
-            self.before = None
+            share_old, self.before = self.before, None
             if train_share(self.trace) < (1 + r.min_gain) * share_old:
                 self.ceiling = self.k  # the climb ends here; K itself holds
                 decision = Decision(self.k, "no_gain")
@@ -143,7 +142,7 @@ class AutoLag:
             step = max(1, self.k) if self.slow_start else 1
             decision = Decision(min(self.ceiling, self.k + step), "trainer_waits")
             if r.min_gain > 0:
-                self.before = (self.k, train_share(self.trace))
+                self.before = train_share(self.trace)
         if decision is not None:
             self.k = decision.k
             self.since_change, self.ess, self.kl, self.wait = 0, None, None, None
@@ -175,7 +174,7 @@ class AutoLag:
             "windows": self.windows,
             "averages": [self.ess, self.kl, self.wait],
             "trace": [list(t) for t in self.trace],
-            "before": list(self.before) if self.before is not None else None,
+            "before": self.before,
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -188,8 +187,8 @@ class AutoLag:
         self.since_change, self.windows = int(d.get("since_change", 0)), int(d.get("windows", 0))
         self.ess, self.kl, self.wait = d.get("averages", [None, None, None])
         self.trace = [(float(w), float(t)) for w, t in d.get("trace", [])]
-        b = d.get("before")
-        self.before = (min(max(int(b[0]), lo), hi), float(b[1])) if b is not None else None
+        b = d.get("before")  # older checkpoints held [old K, share]
+        self.before = None if b is None else float(b[1] if isinstance(b, list) else b)
 
 
 def train_share(trace: list[tuple[float, float]]) -> float:

@@ -213,7 +213,7 @@ def as_reward(value: object) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
