@@ -250,6 +250,22 @@ def test_bench_reuse_trains_an_unfinished_run_again(tmp_path, bench_trained):
     assert main(_bench(tmp_path / "b", "--reuse")) == 0 and len(bench_trained) == 1
 
 
+@pytest.mark.parametrize("config", ["other", "missing"])
+def test_bench_reuse_keeps_an_unfinished_run_of_other_settings(
+    tmp_path, capsys, bench_trained, config
+):
+    """--reuse trains an unfinished run of the same settings again (removing its folder); one
+    of other settings, or without a config.toml, is not this bench's run to remove."""
+    folder = tmp_path / "b" / NAME
+    _write_run(folder, "trainer.lr=0.5", finished=False)
+    if config == "missing":
+        (folder / "config.toml").unlink()
+    assert main(_bench(tmp_path / "b", "--reuse")) == 2 and bench_trained == []
+    why = "trainer.lr" if config == "other" else "no config.toml"
+    _one_line(capsys.readouterr().err, "an unfinished run of other settings", why)
+    assert (folder / "metrics.jsonl").is_file()
+
+
 def test_bench_without_reuse_refuses_a_folder_holding_a_run(tmp_path, capsys, bench_trained):
     _write_run(tmp_path / "b" / NAME)
     assert main(_bench(tmp_path / "b")) == 2 and bench_trained == []

@@ -256,7 +256,8 @@ def _parser() -> argparse.ArgumentParser:
         "--reuse",
         action="store_true",
         help="read back a finished run of the same settings in its folder instead of training "
-        "it, and train an unfinished one again (finish an interrupted bench)",
+        "it, and train an unfinished one of the same settings again (finish an interrupted "
+        "bench)",
     )
     return p
 
@@ -272,9 +273,10 @@ def reuse(name: str, cfg: Config) -> dict[str, Any] | None:
 
 def check_folder(cfg: Config, reuse: bool) -> bool:
     """Before any run trains: whether `cfg`'s folder holds a run that must be trained again
-    (with `reuse`: an unfinished one, which `bench_schedules_main` removes). A run there that
-    would be mixed with the new one is a `ConfigError`: any run without `reuse`, a finished
-    run of other settings with it."""
+    (with `reuse`: an unfinished run of the same settings, which `bench_schedules_main`
+    removes). A run there that would be mixed with the new one, or removed though it is not
+    this bench's, is a `ConfigError`: any run without `reuse`; with it, a run of other
+    settings, finished or not, or one without a config.toml."""
     folder = Path(str(cfg.run.dir))
     held = held_run(folder)
     if held is None or (reuse and finished_summary(cfg) is not None):
@@ -284,14 +286,14 @@ def check_folder(cfg: Config, reuse: bool) -> bool:
             f"bench: {folder} already holds a run ({held}); pass --reuse to read back finished "
             "runs of the same settings, or give another --out"
         )
-    if not (folder / "summary.json").is_file():
-        return True
     changed = saved_changes(folder, cfg)
-    if changed is None:
-        changed = ["no config.toml"]
+    finished = (folder / "summary.json").is_file()
+    if changed == [] and not finished:
+        return True
     raise ConfigError(
-        f"bench: --reuse: {folder} holds a finished run of other settings "
-        f"({', '.join(changed[:5])}); give another --out"
+        f"bench: --reuse: {folder} holds {'a finished' if finished else 'an unfinished'} run "
+        f"of other settings ({', '.join((changed or ['no config.toml'])[:5])}); "
+        "give another --out"
     )
 
 
