@@ -327,6 +327,15 @@ def test_async_run_killed_after_a_checkpoint_resumes_with_its_queued_work(
     assert "forecast/remaining_s" in records[3]
     ledger = json.loads((run_dir / "ledger.json").read_text())
     assert ledger["balanced"] and ledger["trained"] >= 4
+    # the summary's run-level figures cover all 4 steps, not only the 2 after the resume
+    assert state["run_stats"]["ess_steps"] == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    ess = [r["staleness/ess_token"] for r in records]
+    assert summary["ess_token"] == pytest.approx(sum(ess) / 4, abs=1e-12)
+    toks = [sum(r["staleness/lag_hist"]) for r in records]
+    lag = sum(r["staleness/lag_mean"] * t for r, t in zip(records, toks)) / sum(toks)
+    assert summary["lag_mean"] == pytest.approx(lag, abs=1e-12)
+    assert summary["lag_max"] == max(r["staleness/lag_max"] for r in records)
 
 
 def test_a_silent_sampler_is_killed_and_replaced(assets, tmp_path):

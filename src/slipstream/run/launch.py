@@ -102,6 +102,7 @@ def _drive(
         "orchestrator": orch.state_dict(),
         "heldout_acc_start": acc_start,
         "wall_s": time.perf_counter() - orch.stats.t_start,
+        "run_stats": orch.stats.state_dict(),  # the summary's run-level figures go on
         **({"lag_control": ctl.state_dict()} if ctl is not None else {}),
     }
     orch.health = signals.raise_if_requested
@@ -162,6 +163,7 @@ def _restore(
         return {}
     saved = restore(run, ckpt)
     learner.restored(saved.get("heldout_acc_start"))
+    orch.stats.load_state_dict(saved.get("run_stats", {}))  # older checkpoints: none
     if "orchestrator" in saved:
         orch.load_state_dict(saved["orchestrator"])
         if run.env_factory is not None:  # episodes in flight restart from their prompt

@@ -43,6 +43,29 @@ COUNTERS = (
 )
 
 
+# the run-level sums a checkpoint carries over a resume (`StepStats.totals`)
+CARRIED = (
+    "busy_s",
+    "blocked_s",
+    "span_s",
+    "tokens_generated",
+    "wait_s",
+    "lag_x_tokens",
+    "lag_tokens",
+    "ess_token_sum",
+    "ess_seq_sum",
+    "ess_steps",
+    "sampler_restarts",
+    "samplers_hung",
+    "tokens_lost",
+    "late_groups",
+    "groups_requeued",
+    "restart_downtime_s",
+    "chaos_kills",
+    "groups_trained_twice",
+)
+
+
 def group_lag(groups: list[Group], version: int, max_lag: int) -> dict[str, Any]:
     """Lag of every model token of `groups` trained at `version`: mean, max and a
     histogram of lags 0..K and beyond (`[K + 2]` bins)."""
@@ -112,6 +135,7 @@ class StepStats:
     kills: int = 0  # fault injection (runtime.chaos_kills)
     trained_twice: int = 0  # groups whose (prompt, seeds) was already trained: must stay 0
     _trained: set[int] = field(default_factory=set)
+    carry: dict[str, float] = field(default_factory=dict)  # a resumed run's totals before it
 
     def trained_keys(self, groups: list[Group]) -> None:
         """Remember what is trained, by prompt and sample seeds (one draw's identity). The set
@@ -233,22 +257,21 @@ class StepStats:
         self.prev, self.t_step, self.wait_s, self.stale_tokens = dict(self.reports), now, 0.0, 0
         return record
 
-    def summary(self) -> dict[str, Any]:
-        """Whole-run values: busy and wait shares over the loop, token-weighted mean lag, the
-        largest lag trained, mean ESS over steps."""
+    def totals(self) -> dict[str, float]:
+        """The run's sums so far (`CARRIED`): this process's, plus those of the segments
+        before a resume (`carry`); `lag_max` is a maximum."""
         d = _delta(self.reports, self.first)
-        wall = (self.t_end or time.perf_counter()) - self.t_start
-        toks = sum(t for *_, t in self.lags) or 1
-        return {
-            "sampler_busy": d["busy_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
-            "sampler_blocked": d["blocked_s"] / d["span_s"] if d["span_s"] > 0 else 0.0,
-            "trainer_wait": (self.wait_total + self.wait_s) / max(wall, 1e-9),
-            "lag_mean": sum(m * t for m, _, t in self.lags) / toks,
-            "lag_max": max((m for _, m, _ in self.lags), default=0),
-            "ess_token": sum(e for e, _ in self.ess) / max(len(self.ess), 1),
-            "ess_seq": sum(e for _, e in self.ess) / max(len(self.ess), 1),
-            "tokens_generated": d["tokens_generated"],
+        here = {
             "busy_s": d["busy_s"],
+            "blocked_s": d["blocked_s"],
+            "span_s": d["span_s"],
+            "tokens_generated": d["tokens_generated"],
+            "wait_s": self.wait_total + self.wait_s,
+            "lag_x_tokens": sum(m * t for m, _, t in self.lags),
+            "lag_tokens": sum(t for *_, t in self.lags),
+            "ess_token_sum": sum(e for e, _ in self.ess),
+            "ess_seq_sum": sum(e for _, e in self.ess),
+            "ess_steps": len(self.ess),
             "sampler_restarts": self.restarts,
             "samplers_hung": self.hung,
             "tokens_lost": self.lost_tokens,
@@ -257,6 +280,39 @@ class StepStats:
             "restart_downtime_s": self.downtime_s,
             "chaos_kills": self.kills,
             "groups_trained_twice": self.trained_twice,
+        }
+        out = {k: here[k] + self.carry.get(k, 0.0) for k in CARRIED}
+        out["lag_max"] = max([m for _, m, _ in self.lags] + [self.carry.get("lag_max", 0)])
+        return out
+
+    def state_dict(self) -> dict[str, float]:
+        """For a checkpoint: `totals()`, which a resumed run's `summary` goes on from."""
+        return self.totals()
+
+    def load_state_dict(self, d: dict[str, float]) -> None:
+        """A resumed run: the totals of the run before it (`state_dict()`)."""
+        self.carry = {k: float(d[k]) for k in (*CARRIED, "lag_max") if k in d}
+
+    def summary(self) -> dict[str, Any]:
+        """Whole-run values, over every segment of a resumed run: busy and wait shares, the
+        token-weighted mean lag, the largest lag trained, the mean ESS over steps, and the
+        failure counts."""
+        t = self.totals()
+        wall = (self.t_end or time.perf_counter()) - self.t_start  # from the run's start
+        steps = max(t["ess_steps"], 1)
+        ints = ["sampler_restarts", "samplers_hung", "tokens_lost", "late_groups"]
+        ints += ["groups_requeued", "chaos_kills", "groups_trained_twice", "lag_max"]
+        return {
+            "sampler_busy": t["busy_s"] / t["span_s"] if t["span_s"] > 0 else 0.0,
+            "sampler_blocked": t["blocked_s"] / t["span_s"] if t["span_s"] > 0 else 0.0,
+            "trainer_wait": t["wait_s"] / max(wall, 1e-9),
+            "lag_mean": t["lag_x_tokens"] / (t["lag_tokens"] or 1),
+            "ess_token": t["ess_token_sum"] / steps,
+            "ess_seq": t["ess_seq_sum"] / steps,
+            "tokens_generated": t["tokens_generated"],
+            "busy_s": t["busy_s"],
+            "restart_downtime_s": t["restart_downtime_s"],
+            **{k: int(t[k]) for k in ints},
         }
 
 
