@@ -297,3 +297,18 @@ def test_a_reward_of_your_own_takes_an_answer_column_of_any_kind(tmp_path):
     assert prompts[0].meta["answer"] == ["4", "four"]
     with pytest.raises(TaskError, match="column 'answer': expected a string or a number"):
         read_prompts(f, RowFormat(need_answer=True))
+
+
+def test_a_heldout_split_of_one_file_is_an_error_not_the_training_rows(tmp_path):
+    """One file holds one split: `heldout_split="test"` read it whole, so every held-out row
+    was also a training row."""
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    fmt = RowFormat(columns={"prompt": "problem"})
+    with pytest.raises(TaskError, match=r"task.heldout_split: .* is one file.*heldout_fraction"):
+        DatasetTask(str(path), lambda p, c: 0.0, fmt=fmt, heldout_split="test")
+    held = tmp_path / "test.jsonl"  # the split of a given held-out file is its own business
+    held.write_text(json.dumps(ROWS[0]) + "\n")
+    task = DatasetTask(str(path), lambda p, c: 0.0, fmt=fmt, heldout_split="test",
+                       heldout_path=str(held))  # fmt: skip
+    assert len(task.train_prompts()) == len(ROWS) and len(task.heldout_prompts()) == 1

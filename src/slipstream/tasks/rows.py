@@ -212,6 +212,12 @@ class DatasetTask:
 
     def __post_init__(self) -> None:
         fmt = self.fmt or RowFormat(template=self.template)
+        if self.heldout_split and not self.heldout_path and Path(self.path).is_file():
+            raise TaskError(
+                f"task.heldout_split: {self.path} is one file, read whole as the training rows "
+                "(a split names the files of a folder or a hub dataset); hold rows out with "
+                "task.heldout_fraction, or give the held-out file as task.heldout_path"
+            )
         rows = read_prompts(self.path, fmt, self.split)
         if self.heldout_path or self.heldout_split:
             source = self.heldout_path or self.path
