@@ -208,6 +208,17 @@ def test_numpy_and_tensor_rewards_count_as_numbers_when_combined():
     )
 
 
+def test_bool_rewards_count_as_0_and_1_when_weighted_or_combined():
+    """TRL's `[c == a for ...]` gives bools, which `torch.tensor(rewards)` takes as 1 and 0;
+    alone (weight 1) they counted, weighted or beside another function they made the sample
+    invalid (reward 0)."""
+    import numpy as np
+
+    parts = (RewardPart("a", 2.0, name="match"), RewardPart("b", 0.5, name="np"))
+    r = CombinedReward(parts, _fns=[lambda p, c: True, lambda p, c: np.bool_(False)])
+    assert r(PLAIN, "x") == {"score": 2.0, "reward/match": 1.0, "reward/np": 0.0}
+
+
 def test_trl_completions_follow_the_rows_prompt_format_not_the_chat_template():
     # TRL gives string completions for a string prompt (a standard dataset) and assistant
     # messages for a conversation; rendering the string through the model's chat template

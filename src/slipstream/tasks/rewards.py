@@ -153,7 +153,12 @@ class CombinedReward:
             if value is None:  # TRL: this function does not apply to the sample
                 continue
             if isinstance(value, dict):
-                extra = {k: _number(v) for k, v in value.items() if k != "score"}
+                # the dict's other numbers are logged; a flag (verl's data_source == ...) is not
+                extra = {
+                    k: _number(v)
+                    for k, v in value.items()
+                    if k != "score" and not isinstance(v, bool)
+                }
                 out.update(
                     {f"reward/{part.label}/{k}": x for k, x in extra.items() if x is not None}
                 )
@@ -167,10 +172,11 @@ class CombinedReward:
 
 
 def _number(v: object) -> float | None:
-    """`v` as a float when it is one number: an int, a float, a numpy scalar (np.float32 is no
-    Python float) or a 0-d tensor/array, as TRL's `torch.tensor(rewards)` takes them; None for
-    a bool and anything else."""
-    if isinstance(v, numbers.Real) and not isinstance(v, bool):  # np.bool_ is no Real
+    """`v` as a float when it is one number: an int, a float, a bool (True is 1, as for one
+    function alone, `guard.as_reward`), a numpy scalar (np.float32 is no Python float,
+    np.bool_ no Real) or a 0-d tensor/array, as TRL's `torch.tensor(rewards)` takes them; None
+    for anything else."""
+    if isinstance(v, numbers.Real):
         return float(v)
     item = getattr(v, "item", None)
     if callable(item) and getattr(v, "ndim", None) == 0:  # torch.tensor(1.0), np.array(1.0)
@@ -178,7 +184,7 @@ def _number(v: object) -> float | None:
             x = item()
         except Exception:  # a user type's item() may raise anything
             return None
-        return float(x) if isinstance(x, numbers.Real) and not isinstance(x, bool) else None
+        return float(x) if isinstance(x, numbers.Real) else None
     return None
 
 
