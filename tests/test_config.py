@@ -29,6 +29,10 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
         (["trainer.betas=[0.9,1.0]"], "trainer.betas: each beta must be in [0, 1)"),
         (["run.steps.x=1"], "run.steps: Input should be a valid integer"),
         (["run.seed=1", "run.seed.x=2"], "'seed' is a value, not a section"),
+        (
+            ['task.prompt_template="Q: {question}"'],
+            "task.prompt_template: 'Q: {question}' has no {prompt}",
+        ),
     ],
 )
 def test_bad_override_names_the_key(overrides, expected):

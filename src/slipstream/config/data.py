@@ -121,7 +121,9 @@ class TaskConfig(_Section):
     `_timeout`, `_crashed`); `fail` stops the run with an error naming the reward, the prompt
     and what happened."""
     prompt_template: str = "{prompt}"
-    """How a row's prompt becomes the model's input text (`{prompt}` is replaced)."""
+    """How a row's string prompt becomes the model's input text (`{prompt}`, which it must
+    hold, is replaced; other braces are kept as written). A conversation row is not put
+    through it."""
     max_train_prompts: int | None = Field(None, ge=1)
     """Train on the first N training prompts only (None: all). A small pool makes prompts
     recur within a run, as epochs over a fixed dataset do: that is where the pass-rate band
@@ -139,6 +141,15 @@ class TaskConfig(_Section):
                 )
             raw = {**raw, "kind": raw.get("kind", "dataset")}
         return raw
+
+    @model_validator(mode="after")
+    def _prompt_in_template(self) -> TaskConfig:
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError(
+                f"task.prompt_template: {self.prompt_template!r} has no {{prompt}}, so every "
+                'prompt would be this same text; e.g. "Question: {prompt} Answer:"'
+            )
+        return self
 
     @model_validator(mode="after")
     def _template_kwargs(self) -> TaskConfig:
