@@ -312,3 +312,41 @@ def test_a_heldout_split_of_one_file_is_an_error_not_the_training_rows(tmp_path)
     task = DatasetTask(str(path), lambda p, c: 0.0, fmt=fmt, heldout_split="test",
                        heldout_path=str(held))  # fmt: skip
     assert len(task.train_prompts()) == len(ROWS) and len(task.heldout_prompts()) == 1
+
+
+def test_a_held_out_folder_without_the_split_names_the_setting_that_asked(tmp_path):
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "train.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    fmt = RowFormat(columns={"prompt": "problem"})
+    with pytest.raises(TaskError, match=r"no file of split 'test' \(task.heldout_split\)"):
+        DatasetTask(str(path), lambda p, c: 0.0, fmt=fmt, heldout_split="test",
+                    heldout_path=str(tmp_path / "held"))  # fmt: skip
+
+
+def test_a_hub_dataset_is_loaded_with_its_config_name(monkeypatch):
+    """`task.dataset_config` reaches `load_dataset(path, name, split=...)` (openai/gsm8k needs
+    `main`); a config error from the hub names the setting."""
+    from types import SimpleNamespace
+
+    import slipstream.tasks.datasets as d
+
+    calls = []
+
+    def load_dataset(name, config=None, split=None):
+        calls.append((name, config, split))
+        if config is None:
+            raise ValueError("Config name is missing. Please pick one among ['main', 'socratic']")
+        return [{"question": "1+1", "answer": "2"}]
+
+    monkeypatch.setattr(d, "_datasets", lambda: SimpleNamespace(load_dataset=load_dataset))
+    fmt = RowFormat(columns={"prompt": "question"})
+    task = DatasetTask("openai/gsm8k", lambda p, c: 0.0, fmt=fmt, heldout_split="test",
+                       dataset_config="main")  # fmt: skip
+    assert calls == [("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "test")]
+    assert [p.text for p in task.heldout_prompts()] == ["1+1"]
+    with pytest.raises(TaskError, match=r"Config name is missing.*task.dataset_config"):
+        read_table("openai/gsm8k", "train")
+    cfg = load_config(None, ["task.path=openai/gsm8k", 'task.dataset_config="main"'])
+    assert cfg.task.dataset_config == "main"

@@ -79,3 +79,29 @@ def test_eval_sets_answers_are_text_for_a_builtin_reward_only(tmp_path):
         eval_sets(load_config(None, [*base, 'task.reward="exact"']))
     [p] = eval_sets(load_config(None, [*base, f'task.reward="{rw}:score"']))["e"]
     assert p.answer == ["4", "four"]  # a reward of your own gets the column as it is
+
+
+def test_eval_sets_read_their_test_split_or_a_folder_naming_none_whole(tmp_path):
+    """`eval.sets` read a folder with the training split's name (`task.split`): a folder of
+    train.jsonl and test.jsonl was scored on its training rows."""
+    import json
+
+    from slipstream.run.setup import eval_sets
+    from slipstream.tasks import TaskError
+
+    def rows(path, *prompts):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
+
+    rows(tmp_path / "split" / "train.jsonl", "train row")
+    rows(tmp_path / "split" / "test.jsonl", "test row")
+    rows(tmp_path / "whole" / "a.jsonl", "a row")
+    rows(tmp_path / "whole" / "b.jsonl", "b row")
+    rows(tmp_path / "t.jsonl", "x")
+    sets = f'eval.sets={{s="{tmp_path / "split"}", w="{tmp_path / "whole"}"}}'
+    got = eval_sets(load_config(None, [f"task.path={tmp_path / 't.jsonl'}", sets]))
+    assert [p.text for p in got["s"]] == ["test row"]
+    assert [p.text for p in got["w"]] == ["a row", "b row"]
+    cfg = load_config(None, [f"task.path={tmp_path / 't.jsonl'}", sets, 'eval.split="dev"'])
+    with pytest.raises(TaskError, match=r"no file of split 'dev' \(eval.split\)"):
+        eval_sets(cfg)

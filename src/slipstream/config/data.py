@@ -66,6 +66,9 @@ class TaskConfig(_Section):
     split: str = "train"
     """The split of a folder (files whose path names it: `train.jsonl`, `data/test-0.parquet`)
     or of a hub dataset; a single file is all one split."""
+    dataset_config: str | None = None
+    """A hub dataset's config name, for one of several (`openai/gsm8k`'s `main`), as TRL's
+    `dataset_config` and `load_dataset(path, name)`; used for `path` and `heldout_path`."""
     columns: dict[str, str] = Field(default_factory=dict)
     """Your file's column names for `prompt`, `messages`, `answer` and `id`, e.g.
     `{prompt = "problem", answer = "solution"}`. Defaults: `messages`, else `prompt` (a string,
@@ -230,8 +233,11 @@ class EvalConfig(_Section):
     pass_threshold: float = 1.0
     """A held-out sample passes when its reward is at least this (pass@k)."""
     sets: dict[str, str] = Field(default_factory=dict)
-    """More held-out sets, `{name = path}` (files or folders as `task.path`, rendered the same
-    way), each reported as `heldout/<name>/pass@1` and so on."""
+    """More held-out sets, `{name = path}` (files, folders or hub ids as `task.path`, rendered
+    the same way), each reported as `heldout/<name>/pass@1` and so on."""
+    split: str = "test"
+    """The split `eval.sets` read from a folder or hub dataset (a folder whose files name no
+    split is read whole)."""
 
     @model_validator(mode="after")
     def _sampled_when_several(self) -> EvalConfig:

@@ -50,6 +50,7 @@ from slipstream.schedule.replay import ReplayBuffer
 from slipstream.schedule.sampler import score_group
 from slipstream.sim.forecast import OnlineForecast
 from slipstream.tasks import DatasetTask, PromptSource, RowFormat, RunningSums, Task, TaskError
+from slipstream.tasks.datasets import Split
 from slipstream.tasks.guard import ERRORS, GuardedTask, Isolation, RewardGuard, unguarded
 from slipstream.tasks.jsonl import BUILTIN_REWARDS
 from slipstream.tasks.rewards import CombinedReward, RewardPart
@@ -417,6 +418,7 @@ def build_task(cfg: Config) -> GuardedTask:
         fmt=row_format(cfg, need_answer=needs_answer(cfg)),
         split=t.split,
         heldout_split=t.heldout_split,
+        dataset_config=t.dataset_config,
     )
     return GuardedTask(task, guard)
 
@@ -456,8 +458,9 @@ def eval_sets(cfg: Config) -> dict[str, list[Prompt]]:
     if not cfg.eval.sets:
         return {}
     fmt = row_format(cfg, need_answer=needs_answer(cfg))
+    split = Split(cfg.eval.split, "eval.split", unnamed=cfg.eval.split)
     return {
-        name: read_prompts(path, fmt, cfg.task.split)[: cfg.eval.num_prompts]
+        name: read_prompts(path, fmt, split)[: cfg.eval.num_prompts]
         for name, path in cfg.eval.sets.items()
     }
 

@@ -39,20 +39,35 @@ class Row:
     data: dict[str, Any]
 
 
-def read_table(path: str | Path, split: str = "train") -> list[Row]:
+@dataclass(frozen=True)
+class Split:
+    """Which rows of a folder or hub dataset to read: the split's name, the setting that named
+    it (for messages), the split a folder whose files name none is taken to be (`train` for
+    training data; an evaluation set's own split for `eval.sets`), and a hub dataset's config
+    name (`load_dataset(path, name)`, TRL's `dataset_config`)."""
+
+    name: str = "train"
+    setting: str = "task.split"
+    unnamed: str = "train"
+    config: str | None = None
+
+
+def read_table(path: str | Path, split: str | Split = "train") -> list[Row]:
     """Every row of `path` (a file, a folder of files, or a hub dataset id) for `split`."""
+    sp = split if isinstance(split, Split) else Split(split)
     p = Path(path)
     if p.is_dir():
-        return [row for f in split_files(p, split) for row in read_file(f)]
+        return [row for f in split_files(p, sp) for row in read_file(f)]
     if p.is_file():
         return read_file(p)
     if _looks_like_hub_id(str(path)):
-        return read_hub(str(path), split)
+        return read_hub(str(path), sp.name, sp.config)
     raise TaskError(f"{path}: no such file or folder")
 
 
-def split_files(folder: Path, split: str) -> list[Path]:
+def split_files(folder: Path, split: str | Split) -> list[Path]:
     """The data files of `folder` that belong to `split` (module docstring), sorted."""
+    sp = split if isinstance(split, Split) else Split(split)
     files = sorted(f for f in folder.rglob("*") if f.is_file() and f.suffix in SUFFIXES)
     files = [f for f in files if not any(p.startswith(".") for p in f.relative_to(folder).parts)]
     if any(f.suffix == ".arrow" for f in files):  # a save_to_disk folder (load_from_disk's)
@@ -64,14 +79,15 @@ def split_files(folder: Path, split: str) -> list[Path]:
         parts = f.relative_to(folder).with_suffix("").parts
         return {w for part in parts for w in re.split(r"[-_.]", part.lower())}
 
-    named = [f for f in files if split in names(f)]
+    named = [f for f in files if sp.name in names(f)]
     if named:
         return named
-    if split == "train" and not any(names(f) & set(SPLIT_NAMES) for f in files):
+    if sp.name == sp.unnamed and not any(names(f) & set(SPLIT_NAMES) for f in files):
         return files
     found = sorted({w for f in files for w in names(f) & set(SPLIT_NAMES)})
     raise TaskError(
-        f"{folder}: no file of split {split!r} (task.split); splits here: {', '.join(found) or 'none'}"
+        f"{folder}: no file of split {sp.name!r} ({sp.setting}); splits here: "
+        f"{', '.join(found) or f'none (all of it is {sp.unnamed})'}"
     )
 
 
@@ -172,15 +188,18 @@ def _looks_like_hub_id(path: str) -> bool:
     return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", path)) and Path(path).suffix not in SUFFIXES
 
 
-def read_hub(name: str, split: str) -> list[Row]:
-    """A dataset from the Hugging Face hub (`owner/name`), where the network allows it."""
+def read_hub(name: str, split: str, config: str | None = None) -> list[Row]:
+    """A dataset from the Hugging Face hub (`owner/name`, with its `config` name where it has
+    several: `openai/gsm8k`'s `main`), where the network allows it."""
     ds = _datasets()
+    which = f"split {split!r}" + (f", config {config!r}" if config else "")
     try:
-        table = ds.load_dataset(name, split=split)
-    except Exception as e:  # offline, a missing dataset or split: say which, in one line
+        table = ds.load_dataset(name, config, split=split)
+    except Exception as e:  # offline, a missing dataset, config or split: say which, in one line
+        hint = " (name one with task.dataset_config)" if "config" in str(e).lower() else ""
         raise TaskError(
             f"{name}: no such local file or folder, and the hub dataset could not be loaded "
-            f"(split {split!r}): {_first_line(e)}"
+            f"({which}): {_first_line(e)}{hint}"
         ) from None
     return [Row(f"{name} ({split}): row {i}", dict(r)) for i, r in enumerate(table)]
 

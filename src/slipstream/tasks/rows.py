@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from slipstream.tasks.datasets import Row, read_table
+from slipstream.tasks.datasets import Row, Split, read_table
 from slipstream.tasks.jsonl import TaskError
 from slipstream.text import is_text
 from slipstream.types import Prompt
@@ -164,7 +164,7 @@ def _messages(value: Any, where: str, col: str) -> list[dict[str, Any]]:
 
 
 def read_prompts(
-    path: str | Path, fmt: RowFormat | None = None, split: str = "train"
+    path: str | Path, fmt: RowFormat | None = None, split: str | Split = "train"
 ) -> list[Prompt]:
     """The prompts of a dataset file, folder or hub id; a bad row raises `TaskError`."""
     fmt = fmt or RowFormat()
@@ -209,6 +209,7 @@ class DatasetTask:
     fmt: RowFormat | None = None
     split: str = "train"
     heldout_split: str | None = None  # of `heldout_path`, else of `path`
+    dataset_config: str | None = None  # of a hub dataset (`path`, `heldout_path`)
 
     def __post_init__(self) -> None:
         fmt = self.fmt or RowFormat(template=self.template)
@@ -218,10 +219,12 @@ class DatasetTask:
                 "(a split names the files of a folder or a hub dataset); hold rows out with "
                 "task.heldout_fraction, or give the held-out file as task.heldout_path"
             )
-        rows = read_prompts(self.path, fmt, self.split)
+        rows = read_prompts(self.path, fmt, Split(self.split, config=self.dataset_config))
         if self.heldout_path or self.heldout_split:
             source = self.heldout_path or self.path
-            held = read_prompts(source, fmt, self.heldout_split or self.split)
+            which = "task.heldout_split" if self.heldout_split else "task.split"
+            split = Split(self.heldout_split or self.split, which, config=self.dataset_config)
+            held = read_prompts(source, fmt, split)
             self._train, self._heldout = rows, held
         else:
             held_ids = heldout_split(len(rows), self.heldout_fraction, self.seed)
