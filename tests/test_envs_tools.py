@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import string
+from typing import Literal, Optional
 
 import numpy as np
 import pytest
@@ -367,3 +368,93 @@ def test_a_reward_that_is_not_a_number_names_what_returned_it() -> None:
             ValueError, match=r"^the task's reward function returned .*not a finite"
         ):
             env.step(TOK.encode("3"))
+
+
+class Typed:
+    def pick(
+        self,
+        xs: list[int],
+        mode: Literal["a", "b"],
+        k: Optional[int] = None,  # noqa: UP045 - the typing spelling, as TRL users write it
+        scale: float | None = None,
+        tags: dict[str, bool] | None = None,
+        either: int | list[int] = 0,
+    ) -> str:
+        """Pick.
+
+        Args:
+            xs: numbers
+            mode: which
+            k: how many
+            scale: factor
+            tags: flags
+            either: one or several
+        """
+        return json.dumps([xs, mode, k, scale, tags, either])
+
+
+def test_optional_list_and_literal_arguments_are_in_the_schema_and_checked() -> None:
+    """`Optional[int]`, `int | None`, `list[int]`, `Literal[...]`, `dict[str, bool]` and a union
+    have the schema transformers' `get_json_schema` gives them, and a value that does not fit
+    is the tool's error reply (before: `{}` in the schema, and `"1,2"` reached the tool)."""
+    (spec,) = tool_specs(Typed())
+    assert spec.parameters == {
+        "type": "object",
+        "properties": {
+            "xs": {"type": "array", "items": {"type": "integer"}},
+            "mode": {"type": "string", "enum": ["a", "b"]},
+            "k": {"type": "integer", "nullable": True},
+            "scale": {"type": "number", "nullable": True},
+            "tags": {
+                "type": "object",
+                "additionalProperties": {"type": "boolean"},
+                "nullable": True,
+            },
+            "either": {
+                "anyOf": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}]
+            },
+        },
+        "required": ["xs", "mode"],
+    }
+    ok = call_tool([spec], ToolCall("pick", {"xs": [1, "2"], "mode": "b", "k": "5", "scale": 2}))
+    assert not ok.error and json.loads(ok.text) == [[1, 2], "b", 5, 2.0, None, 0]
+    assert (
+        json.loads(call_tool([spec], ToolCall("pick", {"xs": [], "mode": "a", "k": None})).text)[2]
+        is None
+    )
+    for args, expect in [
+        ({"xs": "1,2", "mode": "a"}, "argument 'xs' of pick should be list[int], got '1,2'"),
+        ({"xs": [1.5], "mode": "a"}, "argument 'xs' of pick should be list[int], got [1.5]"),
+        (
+            {"xs": [], "mode": "zzz"},
+            "argument 'mode' of pick should be Literal['a', 'b'], got 'zzz'",
+        ),
+        (
+            {"xs": [], "mode": "a", "k": "x"},
+            "argument 'k' of pick should be Optional[int], got 'x'",
+        ),
+        (
+            {"xs": [], "mode": "a", "scale": "big"},
+            "argument 'scale' of pick should be float | None",
+        ),
+        (
+            {"xs": [], "mode": "a", "tags": {"x": 1}},
+            "argument 'tags' of pick should be dict[str, bool]",
+        ),
+        (
+            {"xs": [], "mode": "a", "either": "x"},
+            "argument 'either' of pick should be int | list[int]",
+        ),
+    ]:
+        reply = call_tool([spec], ToolCall("pick", args))
+        assert reply.error and reply.text.startswith(f"error: {expect}"), (args, reply)
+
+
+def test_argument_schemas_are_the_ones_transformers_gives() -> None:
+    transformers_utils = pytest.importorskip("transformers.utils")
+    (spec,) = tool_specs(Typed())
+    theirs = transformers_utils.get_json_schema(Typed().pick)["function"]["parameters"]
+    for name, prop in theirs["properties"].items():
+        prop.pop("description")
+        assert spec.parameters["properties"][name] == prop, name
+    assert spec.parameters["required"] == theirs["required"]

@@ -10,7 +10,8 @@
             return float(completion.strip() == str(self.answer))
 
 Every public method but `reset` and `reward` is a tool; its typed arguments become the JSON
-schema the model is shown. Any of them may be `async def` (as TRL environments' tools may be):
+schema the model is shown (envs.schema: `Optional[int]`, `list[int]`, `Literal[...]` as
+transformers' `get_json_schema` writes them), and the arguments of a call are checked against it. Any of them may be `async def` (as TRL environments' tools may be):
 it is awaited on the event loop async `Env`s run on (envs.base: the worker process's, or in
 thread workers the environment's own), kept across calls, so what a tool starts (a client, a
 subprocess) is there at its next call.
@@ -30,17 +31,10 @@ from typing import Any
 
 from slipstream.envs.base import resolve
 from slipstream.envs.parse import ToolCall
+from slipstream.envs.schema import NO, fit, type_schema
 from slipstream.text import short_repr
 
 _RESERVED = {"reset", "reward"}
-_JSON_TYPES: dict[Any, str] = {
-    str: "string",
-    int: "integer",
-    float: "number",
-    bool: "boolean",
-    list: "array",
-    dict: "object",
-}
 
 
 @dataclass(frozen=True)
@@ -51,7 +45,7 @@ class ToolSpec:
     description: str
     parameters: dict[str, Any]
     fn: Callable[..., Any]
-    types: dict[str, Any]  # parameter name -> annotated type (absent: not checked)
+    types: dict[str, Any]  # parameter name -> its type hint, where its schema checks it
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI / Hermes function schema (what a tools chat template shows the model)."""
@@ -96,12 +90,10 @@ def _spec(name: str, fn: Callable[..., Any]) -> ToolSpec:
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        t = hints.get(p.name)
-        prop: dict[str, Any] = {}
-        if t in _JSON_TYPES:
-            prop["type"] = _JSON_TYPES[t]
-            types[p.name] = t
-        props[p.name] = prop
+        prop = type_schema(hints[p.name]) if p.name in hints else None
+        if prop:  # ({} or None: any value, unchecked)
+            types[p.name] = hints[p.name]
+        props[p.name] = prop or {}
         if p.default is p.empty:
             required.append(p.name)
     params = {"type": "object", "properties": props, "required": required}
@@ -135,7 +127,8 @@ def call_tool(specs: list[ToolSpec], call: ToolCall) -> ToolReply:
 
 
 def _check_args(spec: ToolSpec, args: dict[str, Any]) -> str:
-    """'' if `args` fit `spec`, else what is wrong (coerces text to a numeric type)."""
+    """'' if `args` fit `spec`, else what is wrong; each checked argument is replaced by
+    the value the tool gets (envs.schema.fit: text taken for a number)."""
     props, required = spec.parameters["properties"], spec.parameters["required"]
     unknown = [k for k in args if k not in props]
     if unknown:
@@ -144,20 +137,19 @@ def _check_args(spec: ToolSpec, args: dict[str, Any]) -> str:
     if missing:
         return f"{spec.name} needs argument {missing[0]!r}"
     for k, v in args.items():
-        t = spec.types.get(k)
-        if t is None or (isinstance(v, t) and not (t is int and isinstance(v, bool))):
+        if k not in spec.types:
             continue
-        try:
-            if t is float and isinstance(v, int) and not isinstance(v, bool):
-                args[k] = float(v)  # (an integer past float's range overflows)
-                continue
-            if t in (int, float) and isinstance(v, str):
-                args[k] = t(v)
-                continue
-        except (ValueError, OverflowError):
-            return f"argument {k!r} of {spec.name} should be {t.__name__}, got {short_repr(v, 60)}"
-        return f"argument {k!r} of {spec.name} should be {t.__name__}, got {type(v).__name__}"
+        value = fit(props[k], v)
+        if value is NO:
+            want = _hint_name(spec.types[k])
+            return f"argument {k!r} of {spec.name} should be {want}, got {short_repr(v, 60)}"
+        args[k] = value
     return ""
+
+
+def _hint_name(hint: object) -> str:
+    """`float`, `int | None`, `list[int]`, `Literal['a', 'b']`: the hint as it is written."""
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
 def _to_text(out: object) -> str:
