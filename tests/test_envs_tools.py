@@ -23,7 +23,10 @@ from slipstream.envs import (
     resolve,
     tool_specs,
 )
+from slipstream.model.chat import ChatTemplate
 from slipstream.model.tokenizer import Tokenizer, char_tokenizer
+from slipstream.tasks.datasets import Row
+from slipstream.tasks.rows import RowFormat
 from slipstream.types import Prompt
 
 TOK = char_tokenizer(string.printable)
@@ -458,3 +461,38 @@ def test_argument_schemas_are_the_ones_transformers_gives() -> None:
         prop.pop("description")
         assert spec.parameters["properties"][name] == prop, name
     assert spec.parameters["required"] == theirs["required"]
+
+
+CHATML = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_reset_gets_the_rows_own_prompt_not_the_chat_rendering() -> None:
+    """Rows read through a chat template: a string row's `prompt` is its text (after
+    `task.prompt_template`), a conversation row's `prompt` and `messages` its messages
+    (before: `prompt` was the rendered `<|im_start|>user ...` text, and no `messages`)."""
+    seen: list[dict[str, object]] = []
+
+    class Seen(Calc):
+        def reset(self, **row: object) -> str | None:
+            seen.append(row)
+            return None
+
+    fmt = RowFormat(template="Q: {prompt}", chat=ChatTemplate(CHATML))
+    convo = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}]
+    rows = [
+        fmt.prompt(Row("f:1", {"prompt": "2+3?", "answer": "5", "level": 1}), "r1"),
+        fmt.prompt(Row("f:2", {"messages": convo, "answer": "5", "level": 2}), "r2"),
+    ]
+    assert rows[0].text.startswith("<|im_start|>user\nQ: 2+3?")  # what the model reads
+    for row in rows:
+        ToolEnv(Seen(), row, TOK, "hermes", HermesRenderer()).initial_observation()
+    assert seen[0] == {"prompt": "Q: 2+3?", "answer": "5", "id": "r1", "level": 1}
+    assert seen[1] == {"prompt": convo, "messages": convo, "answer": "5", "id": "r2", "level": 2}
+    assert seen[1]["messages"] is not rows[1].messages  # a copy: reset may change it
+    plain = Prompt("r3", "Q: 2+3?", "5")  # no chat template: the text is the prompt
+    ToolEnv(Seen(), plain, TOK, "plain").initial_observation()
+    assert seen[2] == {"prompt": "Q: 2+3?", "answer": "5", "id": "r3"}

@@ -26,8 +26,18 @@ RewardFn = Callable[[Prompt, str], float]
 
 
 def row_kwargs(row: Prompt) -> dict[str, Any]:
-    """What `reset(**row)` receives: `prompt`, `answer`, `id` and the row's other fields."""
-    return {**row.meta, "prompt": row.text, "answer": row.answer, "id": row.id}
+    """What `reset(**row)` receives: the row's other fields, `answer`, `id`, and its prompt as
+    the row has it, not as a chat template rendered it: a string row's text as `prompt` (after
+    `task.prompt_template`); a conversation row's messages as `prompt` (as TRL passes a
+    conversational dataset's prompt) and as `messages`, each a copy."""
+    out = {**row.meta, "answer": row.answer, "id": row.id}
+    if row.messages is not None and row.plain_prompt is None:  # a conversation
+        return {**out, "prompt": _copy(row.messages), "messages": _copy(row.messages)}
+    return {**out, "prompt": row.plain_prompt if row.plain_prompt is not None else row.text}
+
+
+def _copy(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(m) for m in messages]
 
 
 class ToolEnv:
