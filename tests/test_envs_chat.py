@@ -3,12 +3,13 @@ the same text as `transformers`' `apply_chat_template(..., tools=...)`, token in
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from chat_model import CHAT_TEMPLATE, QWEN25_TOOLS_TEMPLATE, llama3_tokenizer, qwen2_tokenizer
-from slipstream.config import load_config
+from slipstream.config import ConfigError, load_config
 from slipstream.envs import PlainRenderer, ToolEnv, tool_specs
 from slipstream.envs.render import HermesRenderer, TemplateRenderer, supports_tools
 from slipstream.envs.tools import ToolReply
@@ -173,3 +174,77 @@ def test_a_base_models_eos_does_not_close_a_chatml_turn() -> None:
     base = ChatTemplate(QWEN25_TOOLS_TEMPLATE, special_tokens={"eos_token": "<|endoftext|>"})
     assert TemplateRenderer(base).end_of_turn == "<|im_end|>"
     assert TemplateRenderer(base, end_of_turn="<|x|>").end_of_turn == "<|x|>"
+
+
+LLAMA31 = Path(__file__).parent / "data" / "templates" / "llama31.jinja"
+
+
+def _llama31_folder(path: Path) -> Path:
+    """A Llama-3 tokenizer folder with Llama 3.1-Instruct's tools template (which asks for a
+    bare `{"name": ..., "parameters": ...}` object, no `<tool_call>` tags)."""
+    folder = llama3_tokenizer(path)
+    (folder / "chat_template.jinja").write_text(LLAMA31.read_text())
+    return folder
+
+
+def test_a_llama31_template_gets_bare_json_calls_token_in_token_out(tmp_path: Path) -> None:
+    """`env.tool_format=auto` with Llama 3.1's tools template: the `json` format, so the call
+    the template asks for is run (before: `hermes`, which looks only for `<tool_call>` tags,
+    so every call ended the episode as its answer); the episode's tokens are the template's
+    rendering of the conversation with the call and its reply, as transformers renders it."""
+    folder = _llama31_folder(tmp_path / "m")
+    tok = load_tokenizer(folder)
+    cfg = load_config(None, [f'model.path="{folder}"'])
+    fmt, renderer = tool_renderer(cfg, tok)
+    assert fmt == "json" and isinstance(renderer, TemplateRenderer)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    messages = [{"role": "user", "content": "2+3?"}]
+    env = ToolEnv(Calc(), Prompt("r", "2+3?", "5", messages=messages), tok, fmt, renderer, _exact)
+    schemas = [s.schema() for s in env.specs]
+
+    def hf_text(msgs: list[dict]) -> str:
+        return hf.apply_chat_template(
+            msgs, tools=schemas, tokenize=False, add_generation_prompt=True
+        )
+
+    obs = env.initial_observation()
+    assert obs.text == hf_text(messages) and '"parameters": dictionary' in obs.text
+    call = '{"name": "add", "parameters": {"a": 2, "b": 3}}'
+    eot = tok.inner.token_to_id("<|eot_id|>")
+    turn = [*tok.encode(call, add_special_tokens=False), eot]
+    res = env.step(turn)
+    assert not res.done and res.metrics == {"tool_calls": 1.0, "tool_errors": 0.0}
+    assert res.next_observation is not None
+    seq = obs.tokens + turn + res.next_observation.tokens
+    called = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    convo = [
+        *messages,
+        {"role": "assistant", "tool_calls": [called]},
+        {"role": "tool", "content": "5"},
+    ]
+    assert tok.inner.decode(seq, skip_special_tokens=False) == hf_text(convo)
+    final = env.step([*tok.encode("5", add_special_tokens=False), eot])
+    assert final.done and final.reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("template", "fmt", "error"),
+    [
+        (
+            "llama31",
+            "hermes",
+            "env.tool_format: hermes, but the model's chat template asks for json",
+        ),
+        ("plain", "json", "env.tool_format: json needs a chat template that renders tools"),
+    ],
+)
+def test_a_tool_format_the_template_does_not_ask_for_is_an_error(
+    tmp_path: Path, template: str, fmt: str, error: str
+) -> None:
+    """Before, `hermes` on Llama 3.1's template parsed none of the calls it asks for."""
+    folder = (
+        _llama31_folder(tmp_path / "m") if template == "llama31" else llama3_tokenizer(tmp_path)
+    )
+    cfg = load_config(None, [f'model.path="{folder}"', f"env.tool_format={fmt}"])
+    with pytest.raises(ConfigError, match=f"^{re.escape(error)}"):
+        tool_renderer(cfg, load_tokenizer(folder))

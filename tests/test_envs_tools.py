@@ -496,3 +496,22 @@ def test_reset_gets_the_rows_own_prompt_not_the_chat_rendering() -> None:
     plain = Prompt("r3", "Q: 2+3?", "5")  # no chat template: the text is the prompt
     ToolEnv(Seen(), plain, TOK, "plain").initial_observation()
     assert seen[2] == {"prompt": "Q: 2+3?", "answer": "5", "id": "r3"}
+
+
+def test_parse_bare_json_calls_and_parameters_for_arguments() -> None:
+    """The `json` format (Llama 3.1's tools templates): a turn that is one JSON object with a
+    name and `parameters` (or `arguments`) is a call; `parameters` is taken for `arguments` in
+    a `<tool_call>` block too (before: ignored, the call had no arguments)."""
+    call = '{"name": "add", "parameters": {"a": 1, "b": 2}}'
+    assert parse_tool_calls(f"\n {call}\n", "json") == [ToolCall("add", {"a": 1, "b": 2})]
+    assert parse_tool_calls('{"name": "add", "arguments": "{\\"a\\": 1}"}', "json") == [
+        ToolCall("add", {"a": 1})
+    ]
+    for answer in ["3", "it is 3", f"I call {call}", '{"name": "Paris"}', '{"a": 1}', "[1]"]:
+        assert parse_tool_calls(answer, "json") == [], answer
+    (cut,) = parse_tool_calls('{"name": "add", "parameters": {"a": 1', "json")  # budget hit
+    assert cut.name == "" and "not valid JSON" in cut.error
+    (bad,) = parse_tool_calls('{"name": 3, "parameters": {}}', "json")
+    assert "needs" in bad.error
+    hermes = parse_tool_calls(f"<tool_call>{call}</tool_call>", "hermes")
+    assert hermes == [ToolCall("add", {"a": 1, "b": 2})]

@@ -18,13 +18,16 @@ class EnvConfig(_Section):
     """A token-level environment factory as `module:function` or `path/to/file.py:function`,
     called as `function(row: Prompt, tokenizer) -> Env` (slipstream.envs.base) for each sample.
     Exclusive with `tools`."""
-    tool_format: Literal["auto", "plain", "hermes"] = "auto"
+    tool_format: Literal["auto", "plain", "hermes", "json"] = "auto"
     """How the model calls tools and reads replies (envs.parse, envs.render): `hermes`,
     `<tool_call>{json}</tool_call>` blocks, the prompt and the replies rendered by the model's
     chat template when it renders tools (`apply_chat_template(..., tools=...)`), else by
-    Qwen2.5's ChatML written out; `plain`, `CALL name {json}` lines answered by `RESULT`
-    lines, for models without a tools template; `auto`: `hermes` if the chat template renders
-    tools, else `plain`."""
+    Qwen2.5's ChatML written out; `json`, a turn that is one bare JSON object
+    `{"name": ..., "parameters": {...}}` (Llama 3.1/3.2/3.3's tools templates), rendered by the
+    model's chat template; `plain`, `CALL name {json}` lines answered by `RESULT` lines, for
+    models without a tools template; `auto`: where the chat template renders tools, the format
+    its tool prompt asks for (`hermes` if it shows `<tool_call>` tags, else `json`), else
+    `plain`. A format the template's tool prompt does not ask for is an error."""
     workers: int = Field(8, ge=1, le=256)
     """Environment workers per sampler: each runs one step at a time, so this many steps run
     at once; an episode's environment lives in one worker from its start to its end."""

@@ -2,8 +2,8 @@
 
 Two layers: the token-level `Env` protocol (envs.base), and tool classes whose public methods
 are the tools (envs.tools), run as an `Env` by `ToolEnv` (envs.tool_env) with tool calls parsed
-in the Hermes/Qwen or the plain format (envs.parse) and replies rendered by a `Renderer`
-(envs.render). `PythonTool` (envs.sandbox) runs code in a limited process.
+in the Hermes/Qwen, the Llama 3.1+ bare-JSON or the plain format (envs.parse) and replies
+rendered by a `Renderer` (envs.render). `PythonTool` (envs.sandbox) runs code in a limited process.
 """
 
 from slipstream.envs.base import Env, EnvFactory, Observation, StepResult, resolve

@@ -1,4 +1,4 @@
-"""Tool calls parsed out of a model turn, in one of two documented formats.
+"""Tool calls parsed out of a model turn, in one of three documented formats.
 
 `hermes` (Hermes / Qwen2.5 / Qwen3 chat templates with tools)::
 
@@ -6,9 +6,18 @@
     {"name": "calc", "arguments": {"expr": "7+9"}}
     </tool_call>
 
-one block per call, `arguments` a JSON object (or a string holding one, as some models write).
+one block per call, `arguments` a JSON object (or a string holding one, as some models write;
+`parameters` is taken for `arguments`, in every JSON format here).
 A block whose body starts with a JSON object ends at the first `</tool_call>` after that object,
 so the tag written inside one of its strings (code that prints it) does not close it.
+
+`json` (Llama 3.1 / 3.2 / 3.3 chat templates with tools, which ask for a bare JSON object): a
+turn that is, stripped, one JSON object with `name` and `parameters` (or `arguments`)::
+
+    {"name": "calc", "parameters": {"expr": "7+9"}}
+
+is one call; any other turn is the answer, except one that opens such an object (`{"name":`)
+and is not one (bad JSON, or a turn cut by its token budget): a bad call.
 
 `plain`, for models without a tools template (the built-in one): one call per line,
 
@@ -29,11 +38,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ToolFormat = Literal["hermes", "plain"]
+ToolFormat = Literal["hermes", "json", "plain"]
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _SPACE = re.compile(r"\s*")
 _JSON = json.JSONDecoder()
+_ARGS = {"arguments", "parameters"}
+_JSON_CALL = re.compile(r'\{\s*"name"\s*:')  # how a `json` call opens
 _PLAIN = re.compile(r"^[ \t]*CALL[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 
 
@@ -51,9 +62,24 @@ def parse_tool_calls(text: str, fmt: ToolFormat = "hermes") -> list[ToolCall]:
     """The tool calls in `text`, in order; [] if there are none (the turn is an answer)."""
     if fmt == "hermes":
         return _hermes_calls(text)
+    if fmt == "json":
+        return _json_turn(text.strip())
     if fmt == "plain":
         return [_plain_call(name, rest) for name, rest in _PLAIN.findall(text)]
-    raise ValueError(f"unknown tool call format {fmt!r} (expected 'hermes' or 'plain')")
+    raise ValueError(f"unknown tool call format {fmt!r} (expected 'hermes', 'json' or 'plain')")
+
+
+def _json_turn(text: str) -> list[ToolCall]:
+    """The `json` format: the whole turn is one call, or none (module docstring)."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        if not _JSON_CALL.match(text):
+            return []
+        return [ToolCall("", error=f"tool call is not valid JSON ({e.msg} at char {e.pos})")]
+    if not isinstance(obj, dict) or "name" not in obj or not _ARGS & obj.keys():
+        return []  # (a JSON answer, `{"name": "Paris"}`)
+    return [_call(obj)]
 
 
 def _hermes_calls(text: str) -> list[ToolCall]:
@@ -85,9 +111,14 @@ def _hermes_call(body: str) -> ToolCall:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return ToolCall("", error=f"tool call is not valid JSON ({e.msg} at char {e.pos})")
+    return _call(obj)
+
+
+def _call(obj: object) -> ToolCall:
+    """The call a parsed JSON value is: `{"name": ..., "arguments" (or "parameters"): {...}}`."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return ToolCall("", error='tool call needs {"name": "...", "arguments": {...}}')
-    args = obj.get("arguments", {})
+    args = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args) if args.strip() else {}

@@ -4,7 +4,9 @@ A `Renderer` is the hook where a model's chat template plugs in. Three are built
 
 - `TemplateRenderer`: the model's own chat template (model.chat.ChatTemplate), for a template
   that renders tools (`supports_tools`: Qwen2.5/Qwen3/Hermes-style templates, which show the
-  tools in the system turn and `<tool_response>` blocks for `tool` messages). The first prompt
+  tools in the system turn and `<tool_response>` blocks for `tool` messages; Llama 3.1-style
+  ones, which show them in the first user turn and `ipython` turns for `tool` messages, and
+  ask for bare JSON calls: `template_tool_format`). The first prompt
   is `apply_chat_template(messages, tools=schemas, add_generation_prompt=True)`; the replies
   are the text the template puts after the model's turn for the `tool` messages, up to the
   next assistant turn opened: the template is rendered for a short stand-in conversation
@@ -25,6 +27,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from slipstream.envs.parse import ToolFormat
 from slipstream.envs.tools import ToolReply, ToolSpec
 
 
@@ -143,6 +146,15 @@ _PROBE_TOOL = {
     "function": {"name": "probe_tool_x", "description": "d", "parameters": {"type": "object"}},
 }
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>")
+
+
+def template_tool_format(template: ChatTemplateLike) -> ToolFormat | None:
+    """The call format `template`'s tool prompt asks for: `hermes` where it shows `<tool_call>`
+    tags, else `json` (a bare JSON object, as Llama 3.1's asks); None: it renders no tools."""
+    if not supports_tools(template):
+        return None
+    shown = template.render([{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL])
+    return "hermes" if "<tool_call>" in shown else "json"
 
 
 def supports_tools(template: ChatTemplateLike) -> bool:

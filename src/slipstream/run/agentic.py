@@ -30,12 +30,12 @@ from slipstream.envs.render import (
     PlainRenderer,
     Renderer,
     TemplateRenderer,
-    supports_tools,
+    template_tool_format,
 )
 from slipstream.envs.tool_env import ToolEnv
 from slipstream.envs.workers import ThreadWorkers, Workers
 from slipstream.model.builtin import init_builtin
-from slipstream.model.chat import ChatTemplateError, load_chat_template
+from slipstream.model.chat import ChatTemplate, ChatTemplateError, load_chat_template
 from slipstream.model.llama import CausalLM
 from slipstream.model.tokenizer import Tokenizer
 from slipstream.observe.progress import ProgressView
@@ -180,8 +180,9 @@ def _cached(key: object, make: Callable[[], object]) -> object:
 
 
 def tool_renderer(cfg: Config, tok: Tokenizer) -> tuple[ToolFormat, Renderer]:
-    """The call format and renderer of `env.tool_format`: `auto` is `hermes` through the
-    model's chat template where it renders tools, else `plain`."""
+    """The call format and renderer of `env.tool_format`: `auto` is the model's chat template
+    with the format its tool prompt asks for (`hermes` where it shows `<tool_call>` tags, else
+    `json`) where it renders tools, else `plain`."""
     fmt = cfg.env.tool_format
     try:  # (the template the rows are rendered with: plain calls render a row's chat too)
         template = load_chat_template(
@@ -189,11 +190,31 @@ def tool_renderer(cfg: Config, tok: Tokenizer) -> tuple[ToolFormat, Renderer]:
         )
     except ChatTemplateError as e:
         raise ConfigError(str(e)) from None
-    if fmt != "plain" and template is not None and supports_tools(template):
-        return "hermes", TemplateRenderer(template)
-    if fmt == "hermes":
+    asked = template_tool_format(template) if template is not None else None
+    return _pick_format(fmt, asked, template)
+
+
+def _pick_format(
+    fmt: str, asked: ToolFormat | None, template: ChatTemplate | None
+) -> tuple[ToolFormat, Renderer]:
+    """`env.tool_format` `fmt` with a chat template asking for calls in `asked` (None: one
+    that renders no tools, or none)."""
+    if fmt == "plain" or (fmt == "auto" and asked is None):
+        return "plain", PlainRenderer(template=template)
+    if fmt == "hermes" and asked is None:
         return "hermes", HermesRenderer()
-    return "plain", PlainRenderer(template=template)
+    if asked is None:
+        raise ConfigError(
+            "env.tool_format: json needs a chat template that renders tools (the model's renders"
+            " none); use plain or hermes"
+        )
+    if fmt != "auto" and fmt != asked:
+        raise ConfigError(
+            f"env.tool_format: {fmt}, but the model's chat template asks for {asked} tool calls;"
+            f" use {asked} or auto"
+        )
+    assert template is not None
+    return asked, TemplateRenderer(template)
 
 
 def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | None:
