@@ -1,8 +1,8 @@
 """`ToolEnv`: a tool class (envs.tools) as a token-level `Env`, one instance per sample.
 
 The first observation is the row's prompt rendered with the tools (its conversation, with a
-chat template). Each model turn is decoded and searched for tool calls (envs.parse). A turn without any is
-the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one
+chat template). Each model turn is decoded and searched for tool calls (envs.parse). A turn
+without any is the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one
 (`reset`, `reward` and the tools may be `async def`: each is awaited, envs.tools),
 else by the `reward` function given (the task's verifier), else 0. A turn with calls gets
 every call's reply (errors included) rendered by the `Renderer` and appended as tokens; after

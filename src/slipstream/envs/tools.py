@@ -11,8 +11,8 @@
 
 Every public method but `reset` and `reward` is a tool; its typed arguments become the JSON
 schema the model is shown (envs.schema: `Optional[int]`, `list[int]`, `Literal[...]` as
-transformers' `get_json_schema` writes them), and the arguments of a call are checked against it. Any of them may be `async def` (as TRL environments' tools may be):
-it is awaited on the event loop async `Env`s run on (envs.base: the worker process's, or in
+transformers' `get_json_schema` writes them), and the arguments of a call are checked against
+it. Any of them may be `async def` (as TRL environments' tools may be): it is awaited on the event loop async `Env`s run on (envs.base: the worker process's, or in
 thread workers the environment's own), kept across calls, so what a tool starts (a client, a
 subprocess) is there at its next call.
 A call with unknown or mistyped arguments, an unknown tool, or a tool that raises is answered
