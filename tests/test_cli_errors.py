@@ -131,9 +131,16 @@ def _windowed(tmp_path, **config):
 
     d = qwen2_tokenizer(tmp_path / "model")
     raw = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 4, "num_hidden_layers": 2}
-    (d / "config.json").write_text(json.dumps({**raw, **config}))
-    (d / "model.safetensors").write_text("")
+    _save(d, {**raw, **config})
     return d
+
+
+def _save(d, raw: dict) -> None:
+    """A model of config `raw` (random weights) saved in `d`: config.json and safetensors."""
+    from slipstream.model.hf import config_from_dict, save_pretrained
+    from slipstream.model.llama import CausalLM
+
+    save_pretrained(CausalLM(config_from_dict(raw)), d)
 
 
 # Qwen2's sliding window on layer 1 of 2 (max_window_layers = 1), of 16 tokens
@@ -185,3 +192,78 @@ def test_the_engine_checks_the_measured_length_against_the_window(tmp_path):
     assert engine_shape(cfg, model, [8], 2)[1] == 16  # 8 + 8 fits the window
     with pytest.raises(ConfigError, match="sequences reach 17 tokens"):
         engine_shape(cfg, model, [9], 2)
+
+
+TINY_QWEN = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 8}  # fmt: skip
+
+
+def _sharded(tmp_path):
+    from chat_model import qwen2_tokenizer
+    from slipstream.model.hf import config_from_dict, save_pretrained
+    from slipstream.model.llama import CausalLM
+
+    d = qwen2_tokenizer(tmp_path / "model")
+    save_pretrained(CausalLM(config_from_dict(TINY_QWEN)), d, max_shard_bytes=600)
+    return d
+
+
+def test_a_model_folder_whose_weights_cannot_load_is_refused_before_any_work(capsys, tmp_path):
+    """The check read the index only: a missing or truncated shard, or a config.json whose
+    sizes are not the weights', ended mid-run in a traceback, exit 1."""
+    d = _sharded(tmp_path)
+    shards = sorted(d.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    from slipstream.config import load_config
+    from slipstream.run.preflight import preflight
+
+    preflight(load_config(None, [f'model.path="{d}"']))  # whole, it passes
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[: len(data) // 2])
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
+    assert rc == 2
+    _one_line(err, shards[1].name, "not a readable safetensors file")
+    shards[1].unlink()
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
+    _one_line(err, shards[1].name, "named by model.safetensors.index.json, but missing")
+    d = _sharded(tmp_path / "again")
+    (d / "config.json").write_text(json.dumps({**TINY_QWEN, "intermediate_size": 16}))
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
+    assert rc == 2
+    _one_line(err, "mlp.", "[8, 8] in the weights but [16, 8] by config.json")
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
+    ],
+)
+def test_a_config_this_decoder_would_compute_wrongly_is_refused(capsys, tmp_path, change, said):
+    """A gelu MLP loaded as SwiGLU (logits silently wrong); zero KV heads divided by zero."""
+    d = _sharded(tmp_path)
+    (d / "config.json").write_text(json.dumps({**TINY_QWEN, **change}))
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
+    assert rc == 2
+    _one_line(err, said)
+
+
+def test_a_sliding_window_left_out_is_transformers_default_4096():
+    from slipstream.model.hf import config_from_dict
+    from slipstream.model.llama import window_error
+
+    cfg = config_from_dict({**TINY_QWEN, "use_sliding_window": True, "max_window_layers": 0})
+    assert window_error(cfg, 4096, "x") is None
+    assert "sliding_window = 4096" in (window_error(cfg, 4097, "x") or "")
+
+
+def test_a_tokenizer_that_cannot_tell_its_end_token_is_refused_before_any_work(capsys, tmp_path):
+    d = _sharded(tmp_path)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "eos_token": None}))
+    for name in ("generation_config.json", "special_tokens_map.json"):
+        (d / name).unlink(missing_ok=True)
+    rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
+    assert rc == 2
+    _one_line(err, "model.path", "end-of-sequence")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -97,18 +98,8 @@ def load_pretrained(
     state: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
         state.update(load_file(str(f), device=str(device)))
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    expected = set(model.state_dict().keys())
-    if cfg.tie_word_embeddings:
-        expected.discard("lm_head.weight")
-    missing, unexpected = expected - state.keys(), state.keys() - expected
-    unexpected = {k for k in unexpected if not k.endswith("rotary_emb.inv_freq")}
-    if missing or unexpected:
-        raise ValueError(
-            f"{path}: weights do not match a {cfg.model_type} model: "
-            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
-        )
+    expected = _expected_shapes(model)
+    _check_names(path, cfg, expected.keys(), state.keys())
     state = {k: v.to(dtype) for k, v in state.items() if k in expected}
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
@@ -118,6 +109,64 @@ def load_pretrained(
 
     model.inv_freq = rope_inv_freq(cfg).to(device)
     return model.eval()
+
+
+def _expected_shapes(model: CausalLM) -> dict[str, tuple[int, ...]]:
+    """The tensors a checkpoint of `model` holds, with their shapes (a tied head has none)."""
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    return shapes
+
+
+def _check_names(
+    path: Path, cfg: ModelConfig, expected: Iterable[str], found: Iterable[str]
+) -> None:
+    """A ValueError unless the checkpoint's tensor names `found` are the `expected` ones (a
+    tied head's copy and rotary buffers aside)."""
+    want, have = set(expected), set(found)
+    if cfg.tie_word_embeddings:
+        have.discard("lm_head.weight")
+    missing = want - have
+    unexpected = {k for k in have - want if not k.endswith("rotary_emb.inv_freq")}
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: weights do not match a {cfg.model_type} model: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+
+
+def check_weights(path: Path, cfg: ModelConfig) -> None:
+    """The folder's safetensors files exist and hold exactly the tensors, of the shapes, that
+    config.json's model has, read from the files' headers (no weight is loaded); else a
+    ValueError naming the file or the tensor (a missing shard, a truncated file, a config
+    whose sizes are not the weights')."""
+    from safetensors import safe_open
+
+    with torch.device("meta"):
+        expected = _expected_shapes(CausalLM(cfg))
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in _weight_files(path):
+        if not f.is_file():
+            raise ValueError(f"{f}: named by model.safetensors.index.json, but missing")
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                names = sf.keys()  # (safe_open is not iterable)
+                shapes |= {k: tuple(sf.get_slice(k).get_shape()) for k in names}
+        except Exception as e:  # a truncated or foreign file: safetensors' own error
+            raise ValueError(f"{f}: not a readable safetensors file ({_first_line(e)})") from None
+    _check_names(path, cfg, expected, shapes)
+    for name, shape in expected.items():
+        if shapes[name] != shape:
+            raise ValueError(
+                f"{path}: {name} is {list(shapes[name])} in the weights but {list(shape)} by "
+                "config.json (its sizes are not the weights')"
+            )
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 def save_pretrained(

@@ -48,7 +48,7 @@ def sliding_window(extra: dict[str, Any], num_layers: int) -> int | None:
     layers `max_window_layers` and above (default 28). A query then sees its last
     `sliding_window` keys only, so a sequence of at most that many tokens is unaffected; this
     decoder attends to the whole sequence, so longer ones would differ."""
-    window = extra.get("sliding_window")
+    window = extra.get("sliding_window", 4096)  # left out: transformers' Qwen2/3 default
     if not extra.get("use_sliding_window") or not isinstance(window, int):
         return None
     types = extra.get("layer_types")
@@ -102,10 +102,18 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported model_type {self.model_type!r}; supported: {', '.join(ARCHITECTURES)}"
             )
+        sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+        for name in (*sizes, "vocab_size", "intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        act = self.extra.get("hidden_act", "silu")
+        if act != "silu":  # every Llama / Qwen2 / Qwen3 release; this decoder's MLP is SwiGLU
+            raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
         rope_kind(self.rope_scaling)  # an unsupported scaling fails here, at the config check
 
     @property

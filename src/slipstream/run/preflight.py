@@ -128,6 +128,14 @@ def check_model_folder(path: Path) -> ModelConfig:
     if not (path / "tokenizer.json").is_file():
         raise ConfigError(f"{key} has no tokenizer.json ({FOLDER})")
     check_tokenizer_files(path)
+    from slipstream.model.hf import check_weights
+    from slipstream.model.tokenizer import load_tokenizer
+
+    try:
+        check_weights(path, model)
+        load_tokenizer(path)
+    except (ValueError, KeyError, OSError) as e:
+        raise ConfigError(f"{key}: {str(e).strip().splitlines()[0]}") from None
     return model
 
 
