@@ -10,7 +10,13 @@ import pytest
 
 from slipstream.sim.cli import plan_main, sim_main
 from slipstream.sim.cost import model_shape
-from slipstream.sim.failures import RECOVERY, SOURCES, fit_reliability_constant, goodput
+from slipstream.sim.failures import (
+    RECOVERY,
+    SOURCES,
+    FailureModel,
+    fit_reliability_constant,
+    goodput,
+)
 from slipstream.sim.forecast import MODEL_ERROR
 from slipstream.sim.hardware import hardware
 from slipstream.sim.lengths import Lognormal
@@ -137,11 +143,34 @@ def test_plan_duration_counts_failures(capsys: pytest.CaptureFixture[str]) -> No
     args += ["--lengths", "lognormal:median=800,sigma=0.9,max=8192", "--prompt-len", "128"]
     args += ["--schedules", "sync", "--plot", "", "--json", "--steps", "4"]
     assert plan_main(args) == 0
-    plain = json.loads(capsys.readouterr().out)["run_duration"]
+    plain = json.loads(capsys.readouterr().out)
     assert plan_main([*args, "--failures", "cluster_study", "--recovery", "manual"]) == 0
-    failing = json.loads(capsys.readouterr().out)["run_duration"]
+    failing = json.loads(capsys.readouterr().out)
     c = fit_reliability_constant(SOURCES["cluster_study"].points)
     g = goodput(16 / c, RECOVERY["manual"])
     assert g < 0.999
     for k in ("expected_s", "lo_s", "hi_s"):
-        assert failing[k] == pytest.approx(plain[k] / g)
+        assert failing["run_duration"][k] == pytest.approx(plain["run_duration"][k] / g)
+    # the table's throughput counts them by the same factor: table and duration agree
+    rec, rec0 = failing["recommended"], plain["recommended"]
+    assert rec["goodput"] == pytest.approx(g)
+    assert rec["throughput_tokens_s"] * rec["goodput"] == pytest.approx(
+        rec0["throughput_tokens_s"] * g
+    )
+
+
+def test_plan_counts_failures_once() -> None:
+    # MTTF = 12 min on 16 GPUs: simulated steps would hold failures, whose downtime and
+    # redone work their throughput already counts; the plan counts them once, by the
+    # long-run goodput the run's duration is divided by, and the same splits win
+    fail = FailureModel(16 * 0.2, RECOVERY["hot_spares"])
+    g = fail.goodput(16)
+    assert 0.1 < g < 0.9
+    plain = plan(request(schedules=("sync", "pipeline"), max_lags=(2,)))
+    failing = plan(request(schedules=("sync", "pipeline"), max_lags=(2,), failures=fail))
+    assert len(failing.best) == len(plain.best) == 2
+    for a, b in zip(plain.best, failing.best, strict=True):
+        assert (b.schedule, b.sampler_gpus) == (a.schedule, a.sampler_gpus)
+        assert b.throughput == pytest.approx(a.throughput * g)
+        spares = 1 + RECOVERY["hot_spares"].spare_frac
+        assert b.metrics["cost_per_mtok"] == pytest.approx(a.metrics["cost_per_mtok"] * spares / g)

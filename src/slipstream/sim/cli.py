@@ -23,7 +23,7 @@ from slipstream.sim.calibrate import (
     save_calibration,
 )
 from slipstream.sim.cost import ModelShape, model_shape
-from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel, goodput
+from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel
 from slipstream.sim.forecast import MODEL_ERROR, Forecast, plan_forecast
 from slipstream.sim.hardware import HARDWARE, Hardware, hardware
 from slipstream.sim.lengths import parse_lengths
@@ -326,8 +326,9 @@ def _run_forecast(req: PlanRequest, r: Candidate, args: argparse.Namespace) -> F
     if req.failures is None:
         return f
     # the simulated steps hold no failure: the run's wall time is its work over the
-    # long-run goodput of its recovery at MTTF = c / N (sim.failures)
-    g = goodput(req.n_gpus / req.failures.c_gpu_hours, req.failures.recovery)
+    # long-run goodput of its recovery at MTTF = c / N (sim.failures), the factor the
+    # planner discounts every candidate's throughput by (planner.with_failures)
+    g = req.failures.goodput(req.n_gpus)
     return replace(f, remaining_s=f.remaining_s / g, lo_s=f.lo_s / g, hi_s=f.hi_s / g)
 
 

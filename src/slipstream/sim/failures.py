@@ -166,6 +166,10 @@ class FailureModel:
     def rate_per_s(self, n_gpus: int) -> float:
         return n_gpus / (self.c_gpu_hours * 3600)
 
+    def goodput(self, n_gpus: int) -> float:
+        """Expected long-run goodput of a job on `n_gpus` GPUs (MTTF = c / N, `goodput`)."""
+        return goodput(n_gpus / self.c_gpu_hours, self.recovery)
+
     @classmethod
     def from_source(cls, source: str = "production", strategy: str = "automated") -> FailureModel:
         if source not in SOURCES:

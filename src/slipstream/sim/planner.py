@@ -7,6 +7,12 @@ the cost model says balances them (`balanced_split`) finds the peak in a few sim
 have no split. The recommendation is the highest throughput, except that a lower max lag
 within `tolerance` of it wins: staleness costs learning (importance-ratio variance grows with
 lag, the "k <= 8" rule of thumb), which a throughput number does not show.
+
+Failures (`PlanRequest.failures`) count once, as in the run's duration (`slipstream plan`): the
+steps are simulated without them, and every candidate's throughput is discounted by the
+long-run goodput of the recovery at MTTF = c / N (`FailureModel.goodput`), the factor the
+duration is divided by. A few simulated steps would hold a failure by chance, if at all, and
+their throughput already counts its downtime and redone work.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class PlanRequest:
     steps: int = 8
     seed: int = 0
     failures: FailureModel | None = None
+    """Discount every candidate by the long-run goodput of these failures (module doc)."""
     tolerance: float = 0.03
     """A lower max lag wins if its throughput is within this fraction of the best."""
 
@@ -61,7 +68,8 @@ class Candidate:
 
     @property
     def throughput(self) -> float:
-        """Trained tokens/s, discounted by goodput when failures are modelled."""
+        """Trained tokens/s over a long run: the simulated (failure-free) throughput times
+        the long-run goodput (1 without failures)."""
         return self.metrics["throughput_tokens_s"] * self.metrics["goodput"]
 
 
@@ -75,12 +83,22 @@ class Plan:
     recommended: Candidate | None = None
 
 
+def with_failures(metrics: dict[str, float], goodput: float, spare_frac: float) -> dict[str, float]:
+    """A failure-free simulation's `metrics` over a long run with failures: its `goodput`,
+    and a cost per token raised by the time lost and by the idle spares (`spare_frac` of the
+    GPUs). The throughput stays the simulated one: `Candidate.throughput` discounts it."""
+    cost = metrics["cost_per_mtok"] * (1 + spare_frac) / goodput
+    return {**metrics, "goodput": goodput, "cost_per_mtok": cost}
+
+
 def _evaluate(req: PlanRequest, name: str, lag: int, sampler_gpus: int | None) -> Candidate:
     cluster = Cluster(req.hardware, req.model, req.n_gpus, sampler_gpus)
-    cfg = SimConfig(
-        cluster, req.workload, preset(name, lag), req.steps, req.seed, failures=req.failures
-    )
-    return Candidate(name, lag, sampler_gpus, cluster.trainer_gpus, simulate(cfg).summary())
+    cfg = SimConfig(cluster, req.workload, preset(name, lag), req.steps, req.seed)
+    metrics = simulate(cfg).summary()
+    f = req.failures
+    if f is not None:
+        metrics = with_failures(metrics, f.goodput(req.n_gpus), f.recovery.spare_frac)
+    return Candidate(name, lag, sampler_gpus, cluster.trainer_gpus, metrics)
 
 
 def _splits(req: PlanRequest) -> list[int]:
