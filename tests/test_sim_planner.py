@@ -52,6 +52,15 @@ def test_plan_respects_lag_cap_and_schedule_choice() -> None:
     assert max(c.max_lag for c in p.candidates) <= 2
 
 
+def test_lag_cap_leaves_out_fixed_presets_above_it() -> None:
+    # double_buffer's own max lag is 1: a cap of 0 leaves it out, as it does async's bounds
+    p = plan(request(schedules=("sync", "double_buffer", "async"), lag_cap=0))
+    assert {(c.schedule, c.max_lag) for c in p.candidates} == {("sync", 0)}
+    assert p.recommended is not None and p.recommended.schedule == "sync"
+    with pytest.raises(ValueError, match="no schedule of double_buffer, async within lag cap 0"):
+        plan(request(schedules=("double_buffer", "async"), lag_cap=0))
+
+
 def test_split_search_finds_the_peak_of_a_full_scan() -> None:
     req = request(schedules=("pipeline",), max_lags=(4,))
     p = plan(req)
@@ -123,6 +132,12 @@ def test_sim_main_json(capsys: pytest.CaptureFixture[str]) -> None:
         (sim_main, ["--calibrate", "/nonexistent"], "not a run folder"),
         (sim_main, ["--steps", "many"], "invalid int value"),
         (plan_main, ["--schedules", "sync,fast"], "unknown schedule 'fast'"),
+        (plan_main, ["--lag-cap", "-1"], "--lag-cap must be >= 0, got -1"),
+        (
+            plan_main,
+            ["--lag-cap", "0", "--schedules", "double_buffer,async"],
+            "within lag cap 0",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(

@@ -302,7 +302,13 @@ def _plan_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--schedules", default=",".join(PRESETS), help="comma-separated presets to consider"
     )
-    p.add_argument("--lag-cap", type=int, default=8, help="largest max lag accepted")
+    p.add_argument(
+        "--lag-cap",
+        type=int,
+        default=8,
+        help="largest max lag accepted: bounds and presets above it are not tried "
+        "(double_buffer's is 1, sync's and tail_batching's 0)",
+    )
     p.add_argument("--steps", type=int, default=8, help="steps simulated per candidate")
     p.add_argument("--plot", default="plan.png", help="PNG to draw ('' for none)")
     p.add_argument(
@@ -336,6 +342,8 @@ def _plan(args: argparse.Namespace) -> int:
     schedules = tuple(s for s in args.schedules.split(",") if s)
     for s in schedules:
         preset(s)  # raises naming the valid presets
+    if args.lag_cap < 0:
+        raise ValueError(f"--lag-cap must be >= 0, got {args.lag_cap}")
     cal = _calibration(args)
     req = PlanRequest(
         args.gpus,

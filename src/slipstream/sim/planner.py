@@ -47,7 +47,8 @@ class PlanRequest:
     max_lags: tuple[int, ...] = (1, 2, 4, 8)
     """Bounds tried for `async` and `pipeline` (`double_buffer` is always 1)."""
     lag_cap: int = 8
-    """Largest max lag the user accepts."""
+    """Largest max lag the user accepts: a bound or preset above it is not tried
+    (`double_buffer`, K = 1, under a cap of 0)."""
     steps: int = 8
     seed: int = 0
     failures: FailureModel | None = None
@@ -164,21 +165,28 @@ def _search_split(req: PlanRequest, name: str, lag: int, out: list[Candidate]) -
             step //= 2
 
 
+def allowed_lags(name: str, req: PlanRequest) -> list[int]:
+    """The max lags `req` tries for the preset `name`: a fixed-batching preset's own (0 for
+    the colocated ones, 1 for `double_buffer`), else `req.max_lags`; those above
+    `req.lag_cap` left out."""
+    spec = preset(name)
+    lags = [spec.max_lag] if spec.batching == "fixed" else list(req.max_lags)
+    return [k for k in lags if k <= req.lag_cap]
+
+
 def plan(req: PlanRequest) -> Plan:
     """Simulate every schedule, max lag and split allowed by `req`; recommend one."""
     result = Plan(req)
-    for name in req.schedules:
+    schedules = {name: allowed_lags(name, req) for name in req.schedules}
+    if req.schedules and not any(schedules.values()):
+        raise ValueError(f"no schedule of {', '.join(req.schedules)} within lag cap {req.lag_cap}")
+    for name, lags in schedules.items():
         spec = preset(name)
-        if spec.batching == "fixed" and spec.max_lag == 0:
+        if spec.batching == "fixed" and spec.max_lag == 0 and lags:  # lags == [0]
             coloc = _evaluate(req, name, 0, None)  # colocated: every GPU samples, then trains
             result.candidates.append(coloc)
             result.best.append(coloc)
             continue
-        lags = (
-            [spec.max_lag]
-            if spec.batching == "fixed"
-            else [k for k in req.max_lags if k <= req.lag_cap]
-        )
         for lag in lags:
             cand = _search_split(req, name, lag, result.candidates)
             if cand is not None:
