@@ -31,7 +31,14 @@ from slipstream.sim.failures import (
     simulate_goodput,
 )
 from slipstream.sim.hardware import hardware
-from slipstream.sim.lengths import Empirical, HeavyTail, Lognormal, Straggler, parse_lengths
+from slipstream.sim.lengths import (
+    DEFAULT_MAX_LEN,
+    Empirical,
+    HeavyTail,
+    Lognormal,
+    Straggler,
+    parse_lengths,
+)
 
 H100 = hardware("h100")
 Q7B = model_shape("7b")
@@ -193,7 +200,11 @@ def test_parse_lengths() -> None:
     assert isinstance(d, Lognormal) and d.max_len == 16384
     assert isinstance(parse_lengths("heavy:median=800,sigma=0.6,max=9000,tail=0.1"), HeavyTail)
     assert isinstance(parse_lengths("straggler:p99=40,max=120"), Straggler)
+    # without max, lognormal and heavy are cut at DEFAULT_MAX_LEN; straggler's is its tail's end
+    assert parse_lengths("lognormal:median=5000,sigma=0.6") == Lognormal(5000, 0.6, 16384)
+    assert parse_lengths("heavy:median=800,sigma=0.6").max_len == DEFAULT_MAX_LEN == 16384
     for bad, msg in [
+        ("straggler:p99=40", "missing key max"),
         ("gamma:k=1", "kind must be"),
         ("lognormal:median=2000,max=10", "missing key sigma"),
         ("lognormal:median=x", "numbers"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,9 +21,17 @@ from slipstream.sim.failures import (
 from slipstream.sim.forecast import MODEL_ERROR
 from slipstream.sim.hardware import hardware
 from slipstream.sim.lengths import Lognormal
-from slipstream.sim.planner import PlanRequest, balanced_split, format_plan, plan, plot_plan
+from slipstream.sim.planner import (
+    Plan,
+    PlanRequest,
+    balanced_split,
+    format_plan,
+    plan,
+    plot_plan,
+)
 from slipstream.sim.simulator import Workload
 
+README = Path(__file__).resolve().parents[1] / "README.md"
 LONG_TAIL = Workload(16, 4, Lognormal(median=800, sigma=0.9, max_len=8192), prompt_len=128)
 
 
@@ -108,6 +117,37 @@ def test_plan_main_prints_table_and_draws(
     assert d["expected_s"] == pytest.approx(200 * data["recommended"]["step_time_mean_s"], rel=0.2)
     band = 1 + MODEL_ERROR
     assert d["lo_s"] <= d["expected_s"] / band + 1e-9 and d["hi_s"] >= d["expected_s"] * band
+
+
+def readme_command(sub: str) -> list[str]:
+    """The README's first `slipstream SUB ...` command (continuation lines joined), as the
+    argv after the subcommand."""
+    lines = README.read_text().replace("\\\n", " ").splitlines()
+    line = next(x for x in lines if x.startswith(f"slipstream {sub} "))
+    return shlex.split(line.partition("#")[0])[2:]
+
+
+class _Planned(Exception):
+    """Raised by the stand-in for `plan`: the command got as far as a request."""
+
+
+def test_readme_plan_command_parses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # the README's plan example, exactly (in full it takes half a minute: stopped at `plan`)
+    requests: list[PlanRequest] = []
+
+    def stop(req: PlanRequest) -> Plan:
+        requests.append(req)
+        raise _Planned
+
+    monkeypatch.setattr("slipstream.sim.cli.plan", stop)
+    monkeypatch.chdir(tmp_path)
+    argv = readme_command("plan")
+    assert argv[argv.index("--lengths") + 1] == "lognormal:median=5000,sigma=0.6"
+    with pytest.raises(_Planned):
+        plan_main(argv)
+    (req,) = requests
+    assert req.n_gpus == 128 and req.model.name == "qwen2.5-7b"
+    assert req.workload.lengths == Lognormal(5000, 0.6, 16384)
 
 
 def test_sim_main_json(capsys: pytest.CaptureFixture[str]) -> None:

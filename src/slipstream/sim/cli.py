@@ -26,7 +26,7 @@ from slipstream.sim.cost import ModelShape, model_shape
 from slipstream.sim.failures import RECOVERY, SOURCES, FailureModel
 from slipstream.sim.forecast import MODEL_ERROR, Forecast, plan_forecast
 from slipstream.sim.hardware import HARDWARE, Hardware, hardware
-from slipstream.sim.lengths import parse_lengths
+from slipstream.sim.lengths import DEFAULT_MAX_LEN, parse_lengths
 from slipstream.sim.planner import (
     Candidate,
     PlanRequest,
@@ -38,7 +38,7 @@ from slipstream.sim.planner import (
 from slipstream.sim.runs import RunError, pool_runs, read_run
 from slipstream.sim.simulator import Cluster, SimConfig, SimResult, Workload, simulate
 
-DEFAULT_LENGTHS = "lognormal:median=2000,sigma=0.7,max=16384"
+DEFAULT_LENGTHS = f"lognormal:median=2000,sigma=0.7,max={DEFAULT_MAX_LEN}"
 
 
 def fmt_duration(seconds: float) -> str:
@@ -82,7 +82,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lengths",
         default=DEFAULT_LENGTHS,
-        help="completion lengths (KIND:key=v,... or empirical:RUN_DIR)",
+        help="completion lengths, tokens: lognormal:median=M,sigma=S[,max=N,prompt_share=F], "
+        "heavy:median=M,sigma=S[,max=N,tail=F,alpha=A,prompt_share=F], "
+        f"straggler:p99=P,max=N[,sigma=S,tail=F] or empirical:RUN_DIR; max (the cut) "
+        f"defaults to {DEFAULT_MAX_LEN} for lognormal and heavy (default: %(default)s)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

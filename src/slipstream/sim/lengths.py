@@ -25,6 +25,8 @@ from statistics import NormalDist
 import numpy as np
 
 Z99 = 2.3263478740408408  # standard normal 99th percentile
+DEFAULT_MAX_LEN = 16384
+"""The cut of a `lognormal` or `heavy` spec without `max=` (tokens)."""
 
 
 class LengthDist:
@@ -184,7 +186,9 @@ _norm_ppf = np.vectorize(NormalDist().inv_cdf, otypes=[np.float64])
 def parse_lengths(spec: str) -> LengthDist:
     """A distribution from a CLI string, e.g. `lognormal:median=2000,sigma=0.8,max=16384`,
     `heavy:median=800,sigma=0.6,tail=0.05,alpha=1.5,max=32768`,
-    `straggler:p99=4000,max=12000`, or `empirical:RUN_DIR` (reads its metrics.jsonl)."""
+    `straggler:p99=4000,max=12000`, or `empirical:RUN_DIR` (reads its metrics.jsonl).
+    `lognormal` and `heavy` are cut at `DEFAULT_MAX_LEN` without `max`; `straggler` needs it
+    (its tail's end)."""
     kind, _, rest = spec.partition(":")
     if kind == "empirical":
         from slipstream.sim.runs import read_run
@@ -208,7 +212,7 @@ def parse_lengths(spec: str) -> LengthDist:
     try:
         if kind == "straggler":
             return Straggler(kv["p99"], int(kv["max"]), kv.get("sigma", 0.42), kv.get("tail", 0.01))
-        median, sigma, max_len = kv["median"], kv["sigma"], int(kv["max"])
+        median, sigma, max_len = kv["median"], kv["sigma"], int(kv.get("max", DEFAULT_MAX_LEN))
         share = kv.get("prompt_share", 0.5)
         if kind == "heavy":
             tail, alpha = kv.get("tail", 0.05), kv.get("alpha", 1.5)
