@@ -206,6 +206,17 @@ def test_cli_calibrate_then_predict(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert sim_main(["--predict", str(b), "--profile", str(a / "sim_profile.json"), "--json"]) == 0
     cmp = json.loads(capsys.readouterr().out)
     assert abs(cmp["step_time_err"]) < 0.15
+    # in one command: calibrate, write the profile, then predict with it
+    out = tmp_path / "p.json"
+    assert sim_main(["--calibrate", str(a), "--out", str(out), "--predict", str(b), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["profile"] == str(out) and got["predict"] == cmp
+    assert sim_main(["--calibrate", str(a), "--out", str(out), "--predict", str(b)]) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {out}" in text and "step_time_s" in text and "measured" in text
+    argv = ["--calibrate", str(a), "--predict", str(b), "--profile", str(out)]
+    assert sim_main(argv) == 2
+    assert "predicts with the profile it fits" in capsys.readouterr().err
 
 
 def test_run_folder_errors_name_file_and_line(tmp_path: Path) -> None:

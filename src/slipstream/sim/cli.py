@@ -182,7 +182,7 @@ def _sim_parser() -> argparse.ArgumentParser:
         nargs="+",
         metavar="RUN_DIR",
         help="fit the CPU profile from a local run, or from several runs of one configuration "
-        "(seeds) pooled",
+        "(seeds) pooled; with --predict, then predict those runs with it",
     )
     p.add_argument(
         "--out",
@@ -194,8 +194,8 @@ def _sim_parser() -> argparse.ArgumentParser:
         type=Path,
         nargs="+",
         metavar="RUN_DIR",
-        help="predict a local run with --profile and compare; several runs of one "
-        "configuration (seeds): their means",
+        help="predict a local run with --profile, or with the profile --calibrate fits in the "
+        "same command, and compare; several runs of one configuration (seeds): their means",
     )
     return p
 
@@ -250,6 +250,11 @@ def _format_result(res: SimResult) -> str:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    """Fit and write the profile; with --predict, predict those runs with it."""
+    if args.predict and args.profile:
+        raise ValueError(
+            "--calibrate with --predict predicts with the profile it fits: drop --profile"
+        )
     cal = fit_profile(pool_runs([read_run(d) for d in args.calibrate]))
     out = args.out or args.calibrate[0] / "sim_profile.json"
     save_calibration(cal, out)
@@ -264,29 +269,33 @@ def _calibrate(args: argparse.Namespace) -> int:
         "fit error generate": cal.fit_error["generate"],
         "fit error train": cal.fit_error["train"],
     }
+    cmp = predict_runs(cal, [read_run(d) for d in args.predict]) if args.predict else None
     if args.json:
-        print(json.dumps({**rows, "profile": str(out)}))
-    else:
-        print("\n".join(f"  {k:24} {v:.4g}" for k, v in rows.items()))
-        print(f"wrote {out}")
+        print(json.dumps({**rows, "profile": str(out), **({"predict": cmp} if cmp else {})}))
+        return 0
+    print("\n".join(f"  {k:24} {v:.4g}" for k, v in rows.items()))
+    print(f"wrote {out}")
+    if cmp is not None:
+        print(_format_prediction(cmp, len(args.predict)))
     return 0
 
 
 def _predict(args: argparse.Namespace) -> int:
     if not args.profile:
-        raise ValueError("--predict needs --profile (from --calibrate)")
+        raise ValueError("--predict needs --profile (or --calibrate)")
     cmp = predict_runs(load_calibration(args.profile), [read_run(d) for d in args.predict])
-    if args.json:
-        print(json.dumps(cmp))
-        return 0
-    print(f"  {'':16} {'measured':>10} {'predicted':>10} {'error':>8}")
-    for k, err in (("step_time_s", "step_time_err"), ("sampler_busy", "sampler_busy_err")):
-        print(f"  {k:16} {cmp[k]:>10.4g} {cmp[k + '_pred']:>10.4g} {cmp[err]:>+8.1%}")
-    if len(args.predict) > 1:
-        print(
-            f"  ({len(args.predict)} runs: the means of what they measured and of their predictions)"
-        )
+    print(json.dumps(cmp) if args.json else _format_prediction(cmp, len(args.predict)))
     return 0
+
+
+def _format_prediction(cmp: dict[str, float], n_runs: int) -> str:
+    """`predict_runs`'s comparison of `n_runs` runs as a text table."""
+    lines = [f"  {'':16} {'measured':>10} {'predicted':>10} {'error':>8}"]
+    for k, err in (("step_time_s", "step_time_err"), ("sampler_busy", "sampler_busy_err")):
+        lines.append(f"  {k:16} {cmp[k]:>10.4g} {cmp[k + '_pred']:>10.4g} {cmp[err]:>+8.1%}")
+    if n_runs > 1:
+        lines.append(f"  ({n_runs} runs: the means of what they measured and of their predictions)")
+    return "\n".join(lines)
 
 
 def sim_main(argv: list[str]) -> int:
