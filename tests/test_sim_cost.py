@@ -209,6 +209,17 @@ def test_parse_lengths() -> None:
         ("lognormal:median=2000,max=10", "missing key sigma"),
         ("lognormal:median=x", "numbers"),
         ("lognormal:median=1,sigma=1,max=9,foo=1", "unknown key"),
+        # out of range: one line naming the key (was a ZeroDivisionError for max, alpha)
+        ("lognormal:median=200,sigma=0.5,max=0", "max must be >= 1, got 0"),
+        ("heavy:median=200,sigma=0.5,max=1024,alpha=0", "alpha must be > 0, got 0"),
+        ("lognormal:median=0,sigma=0.5", "median must be > 0, got 0"),
+        ("lognormal:median=-5,sigma=0.5", "median must be > 0, got -5"),
+        ("lognormal:median=inf,sigma=0.5", "median must be > 0, got inf"),
+        ("lognormal:median=9,sigma=-1", "sigma must be >= 0"),
+        ("lognormal:median=9,sigma=1,prompt_share=2", r"prompt_share must be in \[0, 1\]"),
+        ("heavy:median=9,sigma=1,tail=-0.1", r"tail must be in \[0, 1\]"),
+        ("straggler:p99=0,max=50", "p99 must be > 0"),
+        ("straggler:p99=100,max=50", "p99 must be below max"),
     ]:
         with pytest.raises(ValueError, match=msg):
             parse_lengths(bad)

@@ -173,6 +173,10 @@ def test_sim_main_json(capsys: pytest.CaptureFixture[str]) -> None:
         (sim_main, ["--steps", "many"], "invalid int value"),
         (plan_main, ["--schedules", "sync,fast"], "unknown schedule 'fast'"),
         (plan_main, ["--lag-cap", "-1"], "--lag-cap must be >= 0, got -1"),
+        (plan_main, ["--run-steps", "0"], "--run-steps must be >= 1, got 0"),
+        (plan_main, ["--schedules", ","], "--schedules names no schedule"),
+        (sim_main, ["--lengths", "lognormal:median=200,sigma=0.5,max=0"], "max must be >= 1"),
+        (plan_main, ["--lengths", "heavy:median=200,sigma=0.5,alpha=0"], "alpha must be > 0"),
         (
             plan_main,
             ["--lag-cap", "0", "--schedules", "double_buffer,async"],

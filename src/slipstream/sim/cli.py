@@ -340,7 +340,7 @@ def _run_forecast(req: PlanRequest, r: Candidate, args: argparse.Namespace) -> F
     """The recommended configuration's duration for --run-steps steps, with its interval."""
     cluster = Cluster(req.hardware, req.model, req.n_gpus, r.sampler_gpus)
     cfg = SimConfig(cluster, req.workload, preset(r.schedule, r.max_lag), 2, req.seed)
-    f = plan_forecast(cfg, max(1, args.run_steps), args.model_error)
+    f = plan_forecast(cfg, args.run_steps, args.model_error)
     if req.failures is None:
         return f
     # the simulated steps hold no failure: the run's wall time is its work over the
@@ -352,10 +352,14 @@ def _run_forecast(req: PlanRequest, r: Candidate, args: argparse.Namespace) -> F
 
 def _plan(args: argparse.Namespace) -> int:
     schedules = tuple(s for s in args.schedules.split(",") if s)
+    if not schedules:
+        raise ValueError(f"--schedules names no schedule: {args.schedules!r}")
     for s in schedules:
         preset(s)  # raises naming the valid presets
     if args.lag_cap < 0:
         raise ValueError(f"--lag-cap must be >= 0, got {args.lag_cap}")
+    if args.run_steps < 1:
+        raise ValueError(f"--run-steps must be >= 1, got {args.run_steps}")
     cal = _calibration(args)
     req = PlanRequest(
         args.gpus,

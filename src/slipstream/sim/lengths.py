@@ -17,6 +17,8 @@ a lognormal prediction error.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -182,6 +184,27 @@ class Empirical(LengthDist):
 _norm_ppf = np.vectorize(NormalDist().inv_cdf, otypes=[np.float64])
 """Standard normal quantile, elementwise."""
 
+_RULES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "max": (lambda v: v >= 1, ">= 1"),
+    "median": (lambda v: v > 0, "> 0"),
+    "p99": (lambda v: v > 0, "> 0"),
+    "alpha": (lambda v: v > 0, "> 0"),
+    "sigma": (lambda v: v >= 0, ">= 0"),
+    "tail": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "prompt_share": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+}
+"""What each `parse_lengths` key must be, and how to say it."""
+
+
+def check_lengths_keys(spec: str, kv: dict[str, float]) -> None:
+    """Raise a one-line ValueError naming the first key of `kv` out of its range."""
+    for k, v in kv.items():
+        ok, text = _RULES[k]
+        if not (math.isfinite(v) and ok(v)):
+            raise ValueError(f"lengths {spec!r}: {k} must be {text}, got {v:g}")
+    if "p99" in kv and "max" in kv and kv["p99"] >= kv["max"]:
+        raise ValueError(f"lengths {spec!r}: p99 must be below max")
+
 
 def parse_lengths(spec: str) -> LengthDist:
     """A distribution from a CLI string, e.g. `lognormal:median=2000,sigma=0.8,max=16384`,
@@ -209,6 +232,7 @@ def parse_lengths(spec: str) -> LengthDist:
     unknown = set(kv) - allowed[kind]
     if unknown:
         raise ValueError(f"lengths {spec!r}: unknown key(s) {', '.join(sorted(unknown))}")
+    check_lengths_keys(spec, kv)
     try:
         if kind == "straggler":
             return Straggler(kv["p99"], int(kv["max"]), kv.get("sigma", 0.42), kv.get("tail", 0.01))
