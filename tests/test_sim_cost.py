@@ -6,11 +6,14 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.sim.cost import (
     DecodeModel,
+    ModelShape,
     engine_slots,
     kv_capacity_tokens,
     min_trainer_gpus,
@@ -70,6 +73,24 @@ def test_kv_bytes_and_weight_bytes_of_qwen_7b() -> None:
     # 2 (K and V) x 28 layers x 4 KV heads x 128 dims x 2 bytes.
     assert Q7B.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2 == 57344
     assert Q7B.weight_bytes == pytest.approx(15.2e9)
+
+
+def test_model_info_records_the_element_size_and_old_files_keep_2_bytes() -> None:
+    cfg = ModelConfig(
+        vocab_size=13, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    model = CausalLM(cfg)
+    info = model.info()  # what run.setup writes to model_info.json
+    assert info["bytes_per_param"] == 4  # float32, as the CPU runs train
+    assert info["params"] == sum(p.numel() for p in model.parameters())
+    shape = ModelShape.from_info(info)
+    assert shape.bytes_per_param == shape.kv_bytes_per_elem == 4.0
+    assert shape.kv_bytes_per_token == 2 * 2 * 1 * 8 * 4
+    assert model.to(torch.bfloat16).info()["bytes_per_param"] == 2
+    # a model_info.json from before the key: 2 bytes, as its recorded runs were calibrated
+    old = {k: v for k, v in info.items() if k != "bytes_per_param"}
+    assert ModelShape.from_info(old).bytes_per_param == 2.0
 
 
 def test_decode_step_golden_values() -> None:

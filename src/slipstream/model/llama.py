@@ -371,3 +371,19 @@ class CausalLM(nn.Module):
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
         return KVCache(self.config, num_slots, max_len, p.dtype, p.device)
+
+    def info(self) -> dict[str, int]:
+        """The shape a run folder's `model_info.json` records for the simulator
+        (`sim.cost.ModelShape.from_info`); `bytes_per_param` is the parameters' element size
+        (4 in float32), which the weights and the KV cache (`new_cache`) take."""
+        c = self.config
+        assert c.head_dim is not None  # set by ModelConfig.__post_init__
+        return {
+            "params": c.num_params(),
+            "layers": c.num_hidden_layers,
+            "hidden": c.hidden_size,
+            "kv_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "vocab": c.vocab_size,
+            "bytes_per_param": self.lm_head.weight.element_size(),
+        }

@@ -538,18 +538,7 @@ def setup(cfg: Config) -> Run:
         max_len = min(env_max_len(cfg, factory, train + heldout, tok), mc.max_position_embeddings)
         skip_len = 0  # an episode's length is the env's to bound
     engine = make_engine(model, tok, slots, max_len)
-    (run_dir / "model_info.json").write_text(
-        json.dumps(
-            {
-                "params": mc.num_params(),
-                "layers": mc.num_hidden_layers,
-                "hidden": mc.hidden_size,
-                "kv_heads": mc.num_key_value_heads,
-                "head_dim": mc.head_dim,
-                "vocab": mc.vocab_size,
-            }
-        )
-    )
+    (run_dir / "model_info.json").write_text(json.dumps(model.info()))
     return Run(
         cfg=cfg,
         dir=run_dir,

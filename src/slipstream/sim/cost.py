@@ -70,7 +70,11 @@ class ModelShape:
     def from_info(cls, info: dict[str, float], name: str = "run") -> ModelShape:
         """From a run folder's `model_info.json` (params, layers, hidden, kv_heads, ...).
 
-        The CPU runs in float32, so weights and KV cache take 4 bytes per element there.
+        Weights and KV cache take `bytes_per_param` bytes an element: what the run recorded
+        (its parameters' element size, `CausalLM.info`: 4 on the CPU, which runs in float32).
+        A model_info.json written before runs recorded it lacks the key and gets 2.0, the
+        width the recorded runs in tests/data were calibrated with (the figures in the docs),
+        although their parameters were float32, so that they keep their figures.
         """
         keys = ("params", "layers", "hidden", "kv_heads", "head_dim", "vocab")
         missing = [k for k in keys if k not in info]
