@@ -30,10 +30,10 @@ from slipstream.sim.lengths import DEFAULT_MAX_LEN, parse_lengths
 from slipstream.sim.planner import (
     Candidate,
     PlanRequest,
-    balanced_split,
     format_plan,
     plan,
     plot_plan,
+    searched_split,
 )
 from slipstream.sim.runs import RunError, pool_runs, read_run
 from slipstream.sim.simulator import Cluster, SimConfig, SimResult, Workload, simulate
@@ -167,7 +167,9 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--samplers",
         type=int,
-        help="sampler GPUs (default: colocated for sync and tail_batching, else balanced)",
+        help="sampler GPUs (default: colocated for sync and tail_batching, else the split of "
+        "highest simulated throughput, searched as `slipstream plan` does: a climb from the "
+        "cost model's balanced split, 8 steps a simulation)",
     )
     p.add_argument("--steps", type=int, default=100)
     p.add_argument(
@@ -210,7 +212,10 @@ def _sim(args: argparse.Namespace) -> int:
     spec = preset(args.schedule, args.max_lag)
     samplers = args.samplers
     if samplers is None and not (spec.batching == "fixed" and spec.max_lag == 0):
-        samplers = balanced_split(PlanRequest(args.gpus, hw, model, work))
+        req = PlanRequest(args.gpus, hw, model, work, seed=args.seed, lag_policy=args.lag_policy)
+        samplers = searched_split(req, args.schedule, spec.max_lag)
+        if samplers is None:
+            raise ValueError(f"no sampler/trainer split of {args.gpus} GPUs holds {model.name}")
     cfg = SimConfig(
         Cluster(hw, model, args.gpus, samplers),
         work,
@@ -222,7 +227,9 @@ def _sim(args: argparse.Namespace) -> int:
     )
     res = simulate(cfg)
     if args.json:
-        print(json.dumps({**res.summary(), "lag_counts": res.lag_counts, "groups": res.groups}))
+        split = {"sampler_gpus": samplers, "trainer_gpus": cfg.cluster.trainer_gpus}
+        extra = {"lag_counts": res.lag_counts, "groups": res.groups}
+        print(json.dumps({**res.summary(), **split, **extra}))
     else:
         print(_format_result(res))
     return 0

@@ -32,7 +32,7 @@ from slipstream.sim.cost import (
 )
 from slipstream.sim.failures import FailureModel
 from slipstream.sim.hardware import Hardware
-from slipstream.sim.simulator import Cluster, SimConfig, Workload, simulate
+from slipstream.sim.simulator import Cluster, LagPolicy, SimConfig, Workload, simulate
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class PlanRequest:
     """Discount every candidate by the long-run goodput of these failures (module doc)."""
     tolerance: float = 0.03
     """A lower max lag wins if its throughput is within this fraction of the best."""
+    lag_policy: LagPolicy = "drop"
+    """What the simulated trainer does with a group older than the max lag (SimConfig)."""
 
 
 @dataclass
@@ -94,7 +96,9 @@ def with_failures(metrics: dict[str, float], goodput: float, spare_frac: float) 
 
 def _evaluate(req: PlanRequest, name: str, lag: int, sampler_gpus: int | None) -> Candidate:
     cluster = Cluster(req.hardware, req.model, req.n_gpus, sampler_gpus)
-    cfg = SimConfig(cluster, req.workload, preset(name, lag), req.steps, req.seed)
+    cfg = SimConfig(
+        cluster, req.workload, preset(name, lag), req.steps, req.seed, lag_policy=req.lag_policy
+    )
     metrics = simulate(cfg).summary()
     f = req.failures
     if f is not None:
@@ -163,6 +167,14 @@ def _search_split(req: PlanRequest, name: str, lag: int, out: list[Candidate]) -
             if step == 1:
                 return seen[best]
             step //= 2
+
+
+def searched_split(req: PlanRequest, name: str, lag: int) -> int | None:
+    """Sampler GPUs of the highest simulated throughput for schedule `name` at max lag
+    `lag` (`_search_split`: a climb from `balanced_split`, `req.steps` steps a simulation);
+    None when no split is feasible."""
+    cand = _search_split(req, name, lag, [])
+    return cand.sampler_gpus if cand is not None else None
 
 
 def allowed_lags(name: str, req: PlanRequest) -> list[int]:
