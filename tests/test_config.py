@@ -33,6 +33,14 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
             ['task.prompt_template="Q: {question}"'],
             "task.prompt_template: 'Q: {question}' has no {prompt}",
         ),
+        (
+            ["sampling.group_size=1", 'trainer.advantage="rloo"'],
+            "sampling.group_size: rloo needs groups of at least 2",
+        ),
+        (
+            ['task.kind="builtin_tools"', 'filters.overlong="penalty"'],
+            "filters.overlong: 'penalty' weighs one completion",
+        ),
     ],
 )
 def test_bad_override_names_the_key(overrides, expected):

@@ -142,3 +142,27 @@ def test_auto_resolves_by_max_lag_and_sampler_numerics() -> None:
     assert resolve_proximal("auto", 2, exact_sampler=False) == "loglinear"
     assert resolve_proximal("auto", 0, replay=True) == "loglinear"  # replayed samples are old
     assert resolve_proximal("recompute", 4) == "recompute"
+    # truncated behaviour log-probs: only recompute makes pi / mu (= Z on-policy) a weight
+    assert resolve_proximal("auto", 0, truncated=True) == "recompute"
+
+
+def test_truncated_behaviour_log_probs_are_paired_with_recompute_or_refused() -> None:
+    """With `behavior_logprobs = "truncated"` the ratio reads the kept mass Z < 1 on-policy:
+    as the clipped ratio (none, loglinear) a token of Z = 0.7 and a negative advantage lost
+    its gradient. `auto` (the default) resolved to none there."""
+    from slipstream.config import ConfigError, load_config
+    from slipstream.config.load import truncated_behavior
+
+    base = ['trainer.behavior_logprobs="truncated"', "sampling.top_k=5"]
+    cfg = load_config(None, base)
+    assert truncated_behavior(cfg) and cfg.trainer.proximal == "auto"
+    for extra, said in [
+        (['trainer.proximal="none"'], "'truncated' with proximal = 'none'"),
+        (['trainer.proximal="loglinear"'], "'truncated' with proximal = 'loglinear'"),
+        (['schedule.name="pipeline"'], "proximal = 'auto' on data that can be stale"),
+        (["replay.enabled=true"], "on data that can be stale"),
+    ]:
+        with pytest.raises(ConfigError, match=said):
+            load_config(None, [*base, *extra])
+    load_config(None, [*base, 'schedule.name="pipeline"', 'trainer.proximal="recompute"'])
+    assert not truncated_behavior(load_config(None, [base[0], 'trainer.proximal="none"']))

@@ -32,6 +32,7 @@ from slipstream.config.system import (
 )
 from slipstream.config.train import CorrectionConfig, FilterConfig, ReplayConfig, TrainerConfig
 from slipstream.config.watchdog import WatchdogConfig
+from slipstream.schedule.presets import preset
 from slipstream.text import is_text, read_text
 
 
@@ -131,11 +132,42 @@ class Config(_Section):
                 "trainer.advantage: maxrl is defined for rewards in [0, 1], and a negative "
                 "weight in task.rewards makes them negative"
             )
+        if self.trainer.advantage == "rloo" and s.group_size < 2:
+            raise ValueError("sampling.group_size: rloo needs groups of at least 2")
+        if f.overlong == "penalty" and (
+            self.env.tools or self.env.factory or self.task.kind == "builtin_tools"
+        ):
+            raise ValueError(
+                "filters.overlong: 'penalty' weighs one completion's length against "
+                "sampling.max_new_tokens, a cap on one turn, while an episode counts every turn "
+                "and the environment's tokens; use overlong = 'mask' or 'off'"
+            )
+        self._truncated_behavior_paired()
         if f.overlong == "penalty" and f.overlong_cache > s.max_new_tokens:
             raise ValueError(
                 f"filters.overlong_cache: must be at most sampling.max_new_tokens ({s.max_new_tokens}), got {f.overlong_cache}"
             )
         return self
+
+    def _truncated_behavior_paired(self) -> None:
+        """`behavior_logprobs = "truncated"` reads `pi / mu` = Z < 1 on-policy: as the clipped
+        trust-region ratio (proximal `none`, `loglinear`) that cuts the gradient of every token
+        whose kept mass is below 1 - eps_low; only `recompute` makes it a detached weight,
+        which `auto` picks on fresh data (train.trainer.resolve_proximal)."""
+        t = self.trainer
+        if not truncated_behavior(self) or t.proximal == "recompute":
+            return
+        stale = (
+            self.replay.enabled or preset(self.schedule.name, self.schedule.lag_bound).max_lag > 0
+        )
+        if t.proximal != "auto" or stale:
+            why = f"proximal = {t.proximal!r}" + (" on data that can be stale" if stale else "")
+            raise ValueError(
+                f"trainer.behavior_logprobs: 'truncated' with {why} makes the clipped ratio "
+                "read the kept mass Z < 1 on-policy; set trainer.proximal = 'recompute' "
+                "(no trust region on stale data: bench/staleness.py) or behavior_logprobs = "
+                "'full'"
+            )
 
     @model_validator(mode="after")
     def _resolve_agg(self) -> Config:
@@ -145,6 +177,13 @@ class Config(_Section):
             agg = "seq-mean-token-mean" if builtin else losses.METHODS[self.trainer.loss].agg
             object.__setattr__(self.trainer, "agg", agg)
         return self
+
+
+def truncated_behavior(cfg: Config) -> bool:
+    """The behaviour log-probs are those of a truncated distribution: `behavior_logprobs =
+    "truncated"` and a sampler that truncates (top-k, top-p)."""
+    s = cfg.sampling
+    return cfg.trainer.behavior_logprobs == "truncated" and (s.top_k > 0 or s.top_p < 1.0)
 
 
 # ---- loading ------------------------------------------------------------------------------

@@ -66,17 +66,19 @@ class TrainerConfig(_Section):
     the same reason without a binding trust region: it collapsed on stale data in
     bench/staleness.py). `loglinear`: AReaL's interpolation between the sampler's and the
     current log-probs by version. `auto`: `none` for fresh data from an exact sampler,
-    `recompute` for fresh data from an inexact (bfloat16) sampler, `loglinear` when data can be
-    stale (max lag above 0, or replay)."""
+    `recompute` for fresh data from an inexact (bfloat16) sampler or with truncated behaviour
+    log-probs (`behavior_logprobs`), `loglinear` when data can be stale (max lag above 0, or
+    replay)."""
     behavior_logprobs: Literal["full", "truncated"] = "full"
     """The behaviour log-prob `log mu` the ratios and the behaviour weight divide by, when
     `sampling.top_k` or `top_p` truncates the sampler (without them both are the same). `full`:
     the recorded `log p` of the full temperature-scaled softmax, so `pi / mu` reads 1 on-policy
     but is biased by `1 / Z` (Z: the kept mass). `truncated`: `log p - log Z`, the exact
     log-prob of the truncated distribution the token was drawn from, so the weight is
-    unbiased; pair it with `proximal = "recompute"`, where `pi_prox / mu` is only a detached
+    unbiased. It needs `proximal = "recompute"`, where `pi_prox / mu` is only a detached
     weight: as the trust-region ratio (`none`, and `loglinear` for fresh tokens) it reads Z < 1
-    on-policy, which the clip then cuts (engine.sampling)."""
+    on-policy, which the clip then cuts (engine.sampling). `auto` picks `recompute` for it on
+    fresh data; `none`, `loglinear`, or `auto` on data that can be stale, is a config error."""
     eps_low: float | None = Field(None, ge=0.0)
     """PPO-family lower clip; None uses the loss's default."""
     eps_high: float | None = Field(None, ge=0.0)
@@ -186,7 +188,8 @@ class FilterConfig(_Section):
     out of its group before advantages (its tokens count as tokens/wasted; a group left with
     fewer than 2 samples is dropped, reason `overlong`). `penalty`: add the soft length
     penalty, 0 up to max_new_tokens - overlong_cache, then linear down to -1, to the reward
-    used for advantages (the verifier's reward is still what is logged and tracked)."""
+    used for advantages (the verifier's reward is still what is logged and tracked); for one
+    completion, not a multi-turn episode (an error with an environment)."""
     overlong_cache: int = Field(16, ge=0)
     """L_cache of the overlong penalty, in tokens (at most sampling.max_new_tokens)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, ConfigError
+from slipstream.config.load import truncated_behavior
 from slipstream.engine import capacity
 from slipstream.model import CausalLM
 from slipstream.model.llama import window_error
@@ -81,7 +82,9 @@ def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
         pad_id,
         cfg.run.steps,
         parse_dtype(cfg.model.dtype),
-        proximal=resolve_proximal(cfg.trainer.proximal, max_lag, exact, replay=cfg.replay.enabled),
+        proximal=resolve_proximal(
+            cfg.trainer.proximal, max_lag, exact, cfg.replay.enabled, truncated_behavior(cfg)
+        ),
         correction_spec=CorrectionSpec(c.level, c.action, c.low, c.high),
         max_new_tokens=cfg.sampling.max_new_tokens,
     )

@@ -42,10 +42,18 @@ PROXIMAL_MODES = ("none", "recompute", "loglinear")
 
 
 def resolve_proximal(
-    mode: str, max_lag: int, exact_sampler: bool = True, replay: bool = False
+    mode: str,
+    max_lag: int,
+    exact_sampler: bool = True,
+    replay: bool = False,
+    truncated: bool = False,
 ) -> str:
     """`auto`, from bench/staleness.py's measurements (docs/algorithms.md, "Proximal policy"):
 
+    - `truncated` behaviour log-probs (`trainer.behavior_logprobs`, with a sampler that top-k
+      or top-p truncates) on fresh data: `recompute`, the only mode where `pi / mu`, which
+      reads the kept mass Z < 1 on-policy, is a detached weight and not the clipped ratio
+      (stale data with them is a config error: config.load);
     - no trained token can be stale (max lag 0, no replayed samples) and the sampler computes
       the trainer's log-probs exactly: `none`;
     - the same with an inexact sampler (bfloat16): `recompute`, whose weight corrects the
@@ -60,6 +68,8 @@ def resolve_proximal(
         return mode
     if max_lag > 0 or replay:
         return "loglinear"
+    if truncated:
+        return "recompute"
     return "none" if exact_sampler else "recompute"
 
 
