@@ -106,6 +106,7 @@ def overrides(a: Path, run_dir: Path, steps: int) -> list[str]:
         f'task.path="{a / "rows.jsonl"}"',
         f'task.reward="{a / "reward.py"}:odd"',
         "sampling.max_new_tokens=16",
+        "trainer.lr=6e-4",  # the built-in model's (a model.path run defaults to TRL's 1e-6)
         "trainer.batch_prompts=4",
         "sampling.group_size=4",
         "eval.every=2",

@@ -14,7 +14,7 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
     ("overrides", "expected"),
     [
         (["trainer.lrr=3e-4"], "unknown key 'trainer.lrr' (did you mean 'trainer.lr'?)"),
-        (["trainr.lr=3e-4"], "unknown key 'trainr'"),
+        (["trainr.lr=3e-4"], "unknown key 'trainr.lr' (did you mean trainer.lr?)"),
         (["trainer.lr=abc"], "trainer.lr: Input should be a valid number"),
         (
             ["sampling.group_size=0"],

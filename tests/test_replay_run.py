@@ -45,6 +45,7 @@ def _overrides(assets: Path, run_dir: Path) -> list[str]:
         f'task.path="{assets / "rows.jsonl"}"',
         f'task.reward="{assets / "reward.py"}:odd"',
         "sampling.max_new_tokens=16",
+        "trainer.lr=6e-4",  # the built-in model's (a model.path run defaults to TRL's 1e-6)
         "trainer.batch_prompts=4",
         "sampling.group_size=4",
         "eval.every=2",

@@ -28,6 +28,7 @@ def small_cfg(tmp_path: Path, assets: Path, name: str, *extra: str, steps: int) 
         f'model.path="{assets / "model"}"', 'task.kind="jsonl"',
         f'task.path="{assets / "rows.jsonl"}"', f'task.reward="{assets / "reward.py"}:odd"',
         "sampling.max_new_tokens=16", "trainer.batch_prompts=8", "sampling.group_size=4",
+        "trainer.lr=6e-4",  # the built-in model's (a model.path run defaults to TRL's 1e-6)
         "eval.every=3", "eval.num_prompts=16", "filters.zero_variance=false", *extra,
     ])  # fmt: skip
 

@@ -201,7 +201,8 @@ class SamplingConfig(_Section):
     top_k: int = Field(0, ge=0)
     """Keep only the k most likely tokens; 0 keeps all."""
     max_new_tokens: int = Field(64, ge=1)
-    """Longest completion; longer ones are cut and marked `length`."""
+    """Longest completion; longer ones are cut and marked `length`. 64 for the built-in model;
+    with a `model.path` the default is TRL's max_completion_length, 256."""
     stop: list[str] = Field(default_factory=list)
     """Strings that end a completion besides the model's own stop tokens (every
     `eos_token_id` of generation_config.json and config.json, tokenizer_config.json's

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import difflib
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from slipstream.algo import losses
+from slipstream.config import names
 from slipstream.config.base import ConfigError, _Section
 from slipstream.config.data import (
     EvalConfig,
@@ -35,6 +35,10 @@ from slipstream.config.watchdog import WatchdogConfig
 from slipstream.schedule.presets import preset
 from slipstream.text import is_text, read_text
 
+# what a `model.path` run takes where the built-in model's defaults differ: TRL GRPOConfig's
+# learning_rate and max_completion_length (Config._pretrained_defaults)
+PRETRAINED_DEFAULTS = (("trainer", "lr", 1e-6), ("sampling", "max_new_tokens", 256))
+
 
 class Config(_Section):
     """Everything a run needs. Sections mirror the TOML tables."""
@@ -56,6 +60,24 @@ class Config(_Section):
     wandb: WandbConfig = Field(default_factory=WandbConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pretrained_defaults(cls, raw: Any) -> Any:
+        """A model folder (`model.path`) takes TRL's GRPOConfig defaults where the built-in
+        model's differ (`PRETRAINED_DEFAULTS`): the learning rate the 0.8M-parameter model
+        trains from scratch with would wreck a pretrained one, and its 64-token completions cut
+        reasoning short. A value given is kept; config.toml records the one used."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+            return raw
+        if raw["model"].get("path") is None:
+            return raw
+        out = dict(raw)
+        for section, key, value in PRETRAINED_DEFAULTS:
+            table = out.get(section)
+            if table is None or (isinstance(table, dict) and key not in table):
+                out[section] = {**(table or {}), key: value}
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -258,9 +280,11 @@ def _explain(err: ValidationError) -> str:
     e = err.errors()[0]
     if e["type"] == "extra_forbidden":
         key = ".".join(str(x) for x in e["loc"])
-        near = difflib.get_close_matches(key, _all_keys(Config), n=1, cutoff=0.5)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
-        return f"unknown key {key!r}{hint}"
+        got = e.get("input")
+        while isinstance(got, dict) and len(got) == 1:  # an unknown section: the key given
+            ((k, got),) = got.items()
+            key = f"{key}.{k}"
+        return f"unknown key {key!r}{names.hint(key, _all_keys(Config))}"
     key = _key_of(e["loc"])
     msg = e["msg"].removeprefix("Value error, ")
     if not key or msg.startswith(f"{key}."):  # a model-level validator names the key itself

@@ -14,7 +14,8 @@ class TrainerConfig(_Section):
     batch_prompts: int = Field(64, ge=1)
     """B: prompts per optimizer step (B x G samples)."""
     lr: float = Field(6e-4, gt=0.0, lt=1.0)
-    """AdamW learning rate."""
+    """AdamW learning rate: 6e-4 for the built-in model (trained from scratch); with a
+    `model.path` the default is TRL's 1e-6 (config.load.PRETRAINED_DEFAULTS)."""
     weight_decay: float = Field(0.0, ge=0.0)
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)
