@@ -267,3 +267,18 @@ def test_a_tokenizer_that_cannot_tell_its_end_token_is_refused_before_any_work(c
     rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
     assert rc == 2
     _one_line(err, "model.path", "end-of-sequence")
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("task.path=nope.parquet", "task.path"),
+        ("task.heldout_path=nope.jsonl", "task.heldout_path"),
+        ('eval.sets={x="nope.jsonl"}', "eval.sets.x"),
+    ],
+)
+def test_a_dataset_path_that_does_not_exist_names_its_setting(capsys, tmp_path, override, key):
+    """It said only `nope.jsonl: no such file or folder`, after the run folder was made."""
+    rc, err = _train(capsys, tmp_path, override)
+    assert rc == 2
+    _one_line(err, f"{key}: nope.", "does not exist")

@@ -182,6 +182,9 @@ def test_a_ppo_clip_on_a_loss_without_one_is_refused_before_the_run(loss):
     and the first generation)."""
     with pytest.raises(ConfigError, match=rf"trainer.eps_high: loss '{loss}' takes no PPO clip"):
         load_config(None, [f"trainer.loss={loss}", "trainer.eps_high=0.3"])
+    with pytest.raises(ConfigError) as e:  # it named the loss's constants, which are no setting
+        load_config(None, [f"trainer.loss={loss}", "trainer.eps_high=0.3"])
+    assert "its settings" not in str(e.value)
     for ok in ("ppo", "dapo", "gspo"):
         assert load_config(None, [f"trainer.loss={ok}", "trainer.eps_high=0.3"]).trainer.eps_high
 
@@ -218,3 +221,22 @@ def test_a_date_like_value_is_text_and_errors_name_the_setting_itself():
         load_config(None, ["wandb.name=123"])
     with pytest.raises(ConfigError, match=r"unknown key 'trainer.lrr' \(did you mean 'trainer.lr'"):
         load_config(None, ["trainer.lrr=1"])
+
+
+def test_a_config_file_by_flag_or_first_and_a_misplaced_one_says_where(tmp_path, capsys):
+    """TRL's CLI takes `--config FILE`: it was an unknown argument (a usage message); a file
+    after an override was only 'expected key=value'."""
+    from slipstream.cli import main
+
+    f = tmp_path / "run.toml"
+    f.write_text("[trainer]\nlr = 0.5\n")
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(f), "trainer.lrr=1"]) == 2  # the file was read
+    assert "unknown key 'trainer.lrr'" in capsys.readouterr().err
+    assert load_config(f, ["sampling.group_size=4"]).trainer.lr == 0.5
+    assert main(["train", "--config", str(f), str(f), f"run.dir={run}"]) == 2
+    assert "one config file a run" in capsys.readouterr().err
+    assert main(["train", "trainer.lr=0.1", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "a config file goes first (or --config FILE)" in err and "\n" not in err.strip()
+    assert not run.exists()

@@ -41,6 +41,11 @@ def _train(argv: list[str]) -> int:
         "items", nargs="*", help="an optional config file, then key=value overrides"
     )
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML or YAML config file (the same as giving it first among the items)",
+    )
+    parser.add_argument(
         "--resume",
         metavar="RUN_DIR",
         help="continue RUN_DIR from its newest checkpoint with RUN_DIR/config.toml (key=value overrides "
@@ -49,7 +54,12 @@ def _train(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     path = None
     overrides = list(args.items)
-    if args.resume:
+    if args.config and (args.resume or (overrides and "=" not in overrides[0])):
+        other = "--resume (its run's config.toml)" if args.resume else repr(overrides[0])
+        raise ConfigError(f"--config {args.config}: one config file a run, and {other} is another")
+    if args.config:
+        path = args.config
+    elif args.resume:
         path = Path(args.resume) / "config.toml"
         if not path.exists():
             raise ConfigError(f"{args.resume}: no config.toml to resume from")

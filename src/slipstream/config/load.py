@@ -234,7 +234,12 @@ def parse_value(text: str) -> Any:
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
     if "=" not in item:
-        raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.lr=3e-4")
+        where = (
+            "; a config file goes first (or --config FILE)"
+            if item.endswith((".toml", ".yaml", ".yml"))
+            else ""
+        )
+        raise ConfigError(f"override {item!r}: expected key=value, e.g. trainer.lr=3e-4{where}")
     key, _, value = item.partition("=")
     parts = key.strip().split(".")
     if not all(parts) or not is_text(key):

@@ -108,7 +108,7 @@ class TrainerConfig(_Section):
         if any(k not in takes for k in clips):  # else the first step raises, after setup
             raise ValueError(
                 f"trainer.{' and trainer.'.join(clips)}: loss {self.loss!r} takes no PPO clip "
-                f"(its settings: {', '.join(sorted(takes))}); ppo, dapo and gspo do"
+                "(its own constants are fixed); ppo, dapo and gspo take one"
             )
         if self.agg is not None:
             _check_name("trainer.agg", self.agg, losses.AGGS)

@@ -3,8 +3,9 @@ missing or malformed, an optional library a setting needs but that is not instal
 `run.dir` that cannot be made or already holds another run, are a `ConfigError` naming the
 setting (and the install command), not a traceback minutes in.
 
-Only what is cheap is checked (files, JSON, the tokenizer, whether a package can be found);
-the weights themselves are read when the run loads them.
+Only what is cheap is checked (files, JSON, the tokenizer, the weights' safetensors headers,
+whether a package can be found, whether a dataset path exists); the weights themselves are
+read when the run loads them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ def preflight(cfg: Config, resume: bool = False) -> None:
     if cfg.model.path is not None:
         model = check_model_folder(Path(cfg.model.path))
         check_window(cfg, model)
+    check_data_paths(cfg)
+
+
+def check_data_paths(cfg: Config) -> None:
+    """Each dataset a setting names is a file or folder here, or a hub id (`owner/name`,
+    loaded later where the network allows): a path that is neither names its setting."""
+    from slipstream.tasks.datasets import looks_like_hub_id
+
+    t = cfg.task
+    named = [("task.path", t.path), ("task.heldout_path", t.heldout_path)]
+    named += [(f"eval.sets.{k}", v) for k, v in cfg.eval.sets.items()]
+    for key, path in named:
+        if path is not None and not Path(path).exists() and not looks_like_hub_id(path):
+            raise ConfigError(f"{key}: {path} does not exist (a file, a folder or a hub id)")
 
 
 def check_window(cfg: Config, model: ModelConfig) -> None:

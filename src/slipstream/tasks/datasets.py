@@ -60,7 +60,7 @@ def read_table(path: str | Path, split: str | Split = "train") -> list[Row]:
         return [row for f in split_files(p, sp) for row in read_file(f)]
     if p.is_file():
         return read_file(p)
-    if _looks_like_hub_id(str(path)):
+    if looks_like_hub_id(str(path)):
         return read_hub(str(path), sp.name, sp.config)
     raise TaskError(f"{path}: no such file or folder")
 
@@ -184,7 +184,8 @@ def read_arrow(path: Path) -> list[Row]:
     return [Row(f"{path}: row {i}", dict(r)) for i, r in enumerate(table)]
 
 
-def _looks_like_hub_id(path: str) -> bool:
+def looks_like_hub_id(path: str) -> bool:
+    """`owner/name`, not a data file's name: what `read_table` asks the hub for."""
     return bool(re.fullmatch(r"[\w.-]+/[\w.-]+", path)) and Path(path).suffix not in SUFFIXES
 
 
