@@ -115,3 +115,26 @@ def test_resumed_run_forecasts_its_first_step_from_the_steps_before(tmp_path, mo
     offline = OnlineForecast(run, total_steps=5, eval_every=2, every=5, ckpt_every=3)
     expected = [offline.observe(r, eval_in_wall=True) for r in records[:4]][-1]
     assert expected and {k: records[3][k] for k in expected} == expected
+
+
+def test_a_run_of_relative_paths_resumes_from_another_folder(tmp_path, monkeypatch, capsys):
+    """config.toml keeps paths as typed (`model.path="model"`): `--resume` from any other
+    folder than the one the run started in failed with 'model.path: model does not exist'.
+    The run folder records where it started (launch.json), and the resume works there."""
+    from tiny import write_assets
+
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    write_assets(start, "def odd(prompt, completion):\n    return float(len(completion) % 2)\n")
+    elsewhere.mkdir()
+    monkeypatch.chdir(start)
+    args = [
+        "model.path=model", "task.path=rows.jsonl", 'task.reward="reward.py:odd"',
+        "run.dir=r", "run.steps=2", "run.quiet=true", "checkpoint.every=1", "eval.every=2",
+        "trainer.lr=6e-4", "sampling.max_new_tokens=16", "trainer.batch_prompts=4",
+        "sampling.group_size=4", "eval.num_prompts=4", "filters.zero_variance=false",
+    ]  # fmt: skip
+    assert main(["train", *args]) == 0
+    monkeypatch.chdir(elsewhere)
+    assert main(["train", "--resume", str(start / "r"), "run.steps=3"]) == 0
+    assert f"resuming in {start}" in capsys.readouterr().err
+    assert json.loads((start / "r" / "summary.json").read_text())["steps"] == 3

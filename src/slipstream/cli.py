@@ -57,6 +57,8 @@ def _train(argv: list[str]) -> int:
     if args.config and (args.resume or (overrides and "=" not in overrides[0])):
         other = "--resume (its run's config.toml)" if args.resume else repr(overrides[0])
         raise ConfigError(f"--config {args.config}: one config file a run, and {other} is another")
+    if args.resume:
+        args.resume = _in_started_folder(Path(args.resume))
     if args.config:
         path = args.config
     elif args.resume:
@@ -91,6 +93,19 @@ def _train(argv: list[str]) -> int:
             raise
         return 1
     return 0
+
+
+def _in_started_folder(run_dir: Path) -> str:
+    """A resumed run works in the folder it was started in (run.folder.started_in), where its
+    relative paths resolve; `run_dir` as an absolute path from there."""
+    from slipstream.run.folder import started_in
+
+    run_dir = run_dir.absolute()
+    cwd = started_in(run_dir)
+    if cwd is not None and cwd != Path.cwd():
+        os.chdir(cwd)
+        print(f"slipstream: resuming in {cwd}, where the run was started", file=sys.stderr)
+    return str(run_dir)
 
 
 def _warn_changed(run_dir: str, cfg: Config) -> None:

@@ -1,9 +1,14 @@
-"""A run's folder: `run.dir`, or a fresh `runs/<UTC time>`, with the resolved config.toml."""
+"""A run's folder: `run.dir`, or a fresh `runs/<UTC time>`, with the resolved config.toml and
+`launch.json`: the folder the run was started in, against which its relative paths
+(`model.path=model`, `task.reward="rewards.py:fn"`) resolve, so `--resume` from anywhere finds
+them (`started_in`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
+import json
+import os
 from pathlib import Path
 
 from slipstream.config import Config, dump_config
@@ -18,7 +23,20 @@ def make_run_dir(cfg: Config) -> Path:
         path = _new_folder(Path("runs") / dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
     cfg.run.dir = str(path)
     (path / "config.toml").write_text(dump_config(cfg))
+    launch = path / "launch.json"
+    if not launch.exists():  # a resumed run keeps the folder it was first started in
+        launch.write_text(json.dumps({"cwd": os.getcwd()}))
     return path
+
+
+def started_in(run_dir: Path) -> Path | None:
+    """The folder the run in `run_dir` was started in (`launch.json`), where it still exists;
+    None for a run written before it was recorded."""
+    try:
+        cwd = Path(json.loads((run_dir / "launch.json").read_text(encoding="utf-8"))["cwd"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return cwd if cwd.is_dir() else None
 
 
 def _new_folder(base: Path) -> Path:
