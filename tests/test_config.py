@@ -33,6 +33,11 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
             ['task.prompt_template="Q: {question}"'],
             "task.prompt_template: 'Q: {question}' has no {prompt}",
         ),
+        (['task.rewards=[{fun="x.py:f"}]'], "task.rewards[0].fn: Field required"),
+        (
+            ['task.rewards=[{fn="x.py:f", wieght=2}]'],
+            "unknown key 'task.rewards[0].wieght' (did you mean 'task.rewards[0].weight'?)",
+        ),
         (
             ["sampling.group_size=1", 'trainer.advantage="rloo"'],
             "sampling.group_size: rloo needs groups of at least 2",

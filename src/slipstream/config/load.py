@@ -17,6 +17,7 @@ from slipstream.config.base import ConfigError, _Section
 from slipstream.config.data import (
     EvalConfig,
     ModelSection,
+    RewardEntry,
     SamplingConfig,
     TaskConfig,
     WandbConfig,
@@ -284,11 +285,14 @@ def read_file(path: str | Path) -> dict[str, Any]:
 def _explain(err: ValidationError) -> str:
     e = err.errors()[0]
     if e["type"] == "extra_forbidden":
-        key = ".".join(str(x) for x in e["loc"])
+        key = _entry_key(e["loc"])
         got = e.get("input")
         while isinstance(got, dict) and len(got) == 1:  # an unknown section: the key given
             ((k, got),) = got.items()
             key = f"{key}.{k}"
+        if "[" in key:  # a field of a list's entry: `task.rewards` holds `RewardEntry`s
+            fields = [f"{key.rsplit('.', 1)[0]}.{f}" for f in RewardEntry.model_fields]
+            return f"unknown key {key!r}{names.hint(key, fields)}"
         return f"unknown key {key!r}{names.hint(key, _all_keys(Config))}"
     key = _key_of(e["loc"])
     msg = e["msg"].removeprefix("Value error, ")
@@ -301,14 +305,24 @@ def _explain(err: ValidationError) -> str:
     return f"{key}: {msg} (got {got!r}){hint}"
 
 
+def _entry_key(loc: tuple[int | str, ...]) -> str:
+    """`task.rewards[0].fun` for the location ('task', 'rewards', 0, 'fun')."""
+    out = ""
+    for x in loc:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out
+
+
 def _key_of(loc: tuple[int | str, ...]) -> str:
     """The dotted setting of a validation error's location, without what pydantic appends for
     a union's member (`schedule.max_lag.int`, `...sampler_devices.literal['auto']`)."""
     keys = _all_keys(Config)
     parts: list[str] = []
-    for x in map(str, loc):
+    for i, x in enumerate(map(str, loc)):
         name = ".".join([*parts, x])
         if name not in keys and not any(k.startswith(f"{name}.") for k in keys):
+            if isinstance(loc[i], int) and len(loc) > i + 1:  # a list entry's field
+                return f"{'.'.join(parts)}[{x}].{loc[i + 1]}"
             break
         parts.append(x)
     return ".".join(parts) or ".".join(map(str, loc))
