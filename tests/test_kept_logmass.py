@@ -42,6 +42,30 @@ def test_completions_carry_kept_logmass_only_when_they_filter():
     assert all(lp <= z + 1e-6 and z <= 1e-6 for lp, z in zip(nucleus.logp, nucleus.kept_logmass))
 
 
+def test_a_top_p_that_is_1_in_float32_keeps_all_alone_or_beside_a_filtering_request():
+    """0.99999999 is below 1 as a Python float but 1 in the sampler's float32: the request was
+    admitted as filtering, got no mass alone (its Sample then refused 6 tokens with 0 masses)
+    and masses only on the steps a neighbour filtered."""
+    model = _model()
+    near = SamplingParams(1.0, top_p=0.99999999, max_new_tokens=6)
+    assert not near.filters and SamplingParams(1.0, top_p=0.9999).filters
+    alone = _engine(model).generate([Request([5, 6], near, seed=1)])[0]
+    neighbour = Request([2, 3, 4], SamplingParams(1.0, top_k=2, max_new_tokens=3), seed=0)
+    beside = _engine(model).generate([neighbour, Request([5, 6], near, seed=1)])[1]
+    assert alone.kept_logmass is None and beside.kept_logmass is None
+    assert alone.tokens == beside.tokens
+
+
+@pytest.mark.parametrize(
+    "bad", [{"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"temperature": -1.0}]
+)
+def test_sampling_params_out_of_range_are_refused_when_made(bad):
+    """top_p = 0 dropped every token and raised inside Engine.step, after the forward pass,
+    leaving both slots of the batch occupied at position 0."""
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)
+
+
 def test_scored_samples_carry_the_completions_kept_logmass():
     from slipstream.schedule.sampler import score_group
 

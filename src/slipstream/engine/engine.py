@@ -367,7 +367,7 @@ class Engine:
         for i, s in enumerate(self.slots):  # lowest free slots first: keeps the live range dense
             if s is None and self.waiting:
                 r = self.waiting.popleft()
-                mass: list[float] | None = [] if r.params.top_k > 0 or r.params.top_p < 1 else None
+                mass: list[float] | None = [] if r.params.filters else None
                 self.slots[i] = _Slot(r, t_start=now, kept_logmass=mass)
                 self._num_filtering += mass is not None
                 admitted.append(i)

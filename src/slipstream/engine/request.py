@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -16,6 +17,23 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        # checked here, not mid-step: a bad value raised inside `Engine.step` after the
+        # forward pass, leaving every slot of the batch in a broken state
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.temperature < 0 or self.temperature != self.temperature:
+            raise ValueError(
+                f"need top_k >= 0 and temperature >= 0, got {self.top_k}, {self.temperature}"
+            )
+
+    @property
+    def filters(self) -> bool:
+        """Whether the sampler truncates this request's distribution: top-k, or a top-p below
+        1 as the sampler stores it (float32: 0.99999999 is 1 there, and keeps all)."""
+        top_p32 = struct.unpack("f", struct.pack("f", self.top_p))[0]
+        return self.top_k > 0 or top_p32 < 1.0
 
 
 @dataclass
