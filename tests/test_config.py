@@ -35,6 +35,15 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
         ),
         (['task.rewards=[{fun="x.py:f"}]'], "task.rewards[0].fn: Field required"),
         (
+            [
+                'schedule.name="pipeline"',
+                "schedule.min_lag=2",
+                "watchdog.enabled=true",
+                'watchdog.actions={ess_low="tighten"}',
+            ],
+            "schedule.min_lag: 2 with a watchdog action 'tighten'",
+        ),
+        (
             ['task.rewards=[{fn="x.py:f", wieght=2}]'],
             "unknown key 'task.rewards[0].wieght' (did you mean 'task.rewards[0].weight'?)",
         ),

@@ -114,6 +114,18 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _min_lag_untightened(self) -> Config:
+        """The watchdog's `tighten` sets K = 0, below a `schedule.min_lag` of 1 or more: no
+        window could then take a group old enough, and the run would stall."""
+        w = self.watchdog
+        if self.schedule.min_lag and w.enabled and "tighten" in w.actions.values():
+            raise ValueError(
+                f"schedule.min_lag: {self.schedule.min_lag} with a watchdog action 'tighten' "
+                "(K = 0) would leave no window a group old enough; use 'warn' or 'rollback'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _orchestrated_only(self) -> Config:
         """Settings of the orchestrated runtimes: the in-process sync loop (the default) has no
         sampler processes and evaluates as it goes, and would run without a word one
