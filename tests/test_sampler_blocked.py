@@ -97,3 +97,37 @@ def test_a_report_sent_inside_a_spell_is_as_of_the_time_accounted():
     stats.add_report(second)
     rec = stats.record([], {}, {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}, 0.0, 0.0)
     assert 0.9 < rec["runtime/sampler_busy"] <= 1.0 + 1e-9
+
+
+class Queue(ChannelEnd):
+    def __init__(self, room: bool) -> None:
+        self.room, self.got = room, []
+
+    def put(self, msg, timeout):
+        if self.room:
+            self.got.append(msg)
+        return self.room
+
+
+def test_a_group_taken_into_the_engine_is_reported_started_before_its_forward_pass():
+    """`started` was sent only after the engine step that took the group in: a prompt that
+    kills its sampler in that step was taken for not started, and re-sent as it was for ever,
+    never counted toward runtime.max_request_retries."""
+    from slipstream.engine import Request, SamplingParams
+
+    for room in (True, False):
+        w = _worker()
+        w.runner = None
+        w.channels = SimpleNamespace(groups=Queue(room), stop=SimpleNamespace(is_set=lambda: False))
+        p = SamplingParams(1.0, max_new_tokens=4)
+        w.state.backlog.extend(Request([1, 2], p, seed=s, key=(7, s)) for s in range(2))
+        t0 = time.perf_counter()
+        assert len(w._refill(2)) == 2
+        assert time.perf_counter() - t0 < 0.05  # a full queue does not hold the step
+        sent = w.channels.groups.got
+        assert w.state.report.started == 1
+        if room:
+            assert [(m.kind, m.report.started) for m in sent] == [("stats", 1)]
+            assert w.state.started_reported == 1
+        else:  # nothing sent: the report after the step says it (`_report_due`)
+            assert sent == [] and w.state.started_reported == 0

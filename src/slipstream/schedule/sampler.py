@@ -130,6 +130,7 @@ class SamplerWorker:
     """One sampler: `run(channels)` until the stop flag is set."""
 
     log: SamplerLog | None = None  # run.record_schedule (schedule.record)
+    channels: Channels | None = None  # set by `run`: `_refill` reports through them
 
     def __init__(
         self,
@@ -175,6 +176,7 @@ class SamplerWorker:
         Unblocked by: the orchestrator issuing prompts; `ch.stop` (checked every `poll_s`).
         """
         st = self.state
+        self.channels = ch
         st.report = SamplerReport(self.id, time.perf_counter(), time.perf_counter())
         self._load_weights(ch, wait=True)
         st.report.t_ready = time.perf_counter()
@@ -265,7 +267,15 @@ class SamplerWorker:
         out = [b.popleft() for _ in range(min(n, len(b)))]
         # a group starts with its first member (the backlog keeps the inbox's order)
         if self.runner is None:  # (episodes count as started when their environment is)
-            self.state.report.started += sum(_group_member(r.key)[1] == 0 for r in out)
+            started = sum(_group_member(r.key)[1] == 0 for r in out)
+            self.state.report.started += started
+            if started and self.channels is not None and self.log is None:
+                # said before the forward pass that takes them in: a prompt that kills or
+                # hangs this sampler in that pass is then known as started, so its re-issues
+                # count toward runtime.max_request_retries (else resent for ever, unmarked).
+                # (A run recording its schedule reports after the step, as before: its record
+                # places every message between two engine steps.)
+                self._send(self.channels, SamplerMessage("stats", self.id), block=False)
         return out
 
     def _wait_for_work(self, ch: Channels) -> None:
@@ -464,7 +474,9 @@ class SamplerWorker:
             r.intervals.append((st.span[0], st.span[1], st.span[2]))
         st.span = [kind, t0, t1]
 
-    def _send(self, ch: Channels, msg: SamplerMessage) -> None:
+    def _send(self, ch: Channels, msg: SamplerMessage, block: bool = True) -> bool:
+        """Put `msg` with the counters on the group queue; when the queue is full, wait
+        (the time is `blocked`), or with `block` false send nothing. Whether it went."""
         st, r = self.state, self.state.report
         s = self.engine.stats
         # the report is as of the end of the time accounted so far: one sent inside a spell
@@ -476,13 +488,16 @@ class SamplerWorker:
         for k in PASS_SUMS:
             setattr(r, k, getattr(s, k))
         msg.report = replace(r, intervals=list(r.intervals))  # the queue pickles it later
-        if self.log is not None:
+        if self.log is not None and block:  # (a message that may not go takes no record)
             msg.schedule = self.log.flush()
         t0 = time.perf_counter()
         if not ch.groups.put(msg, timeout=0):  # full: blocked until the trainer makes room
+            if not block:
+                return False
             while not ch.groups.put(msg, timeout=self.poll_s):
                 if ch.stop.is_set():
-                    return
+                    return False
             st.blocked.append((t0, time.perf_counter()))
         st.t_last_report, st.started_reported = r.t, r.started
         r.intervals = []
+        return True
