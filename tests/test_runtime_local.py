@@ -295,3 +295,39 @@ def test_kill_ends_a_live_sampler():
         assert rt.procs[0].exitcode == -signal.SIGKILL
     finally:
         rt.shutdown()
+
+
+def test_a_dead_samplers_last_groups_reach_a_full_queue_before_its_work_is_called_lost():
+    """`detach` joined the dead sampler's reader for 0.5 s, but with the trainer's queue full
+    the reader could not move its last groups in until the trainer, waiting in `detach`, took
+    some: they came after `sampler_lost` and were dropped as late, their work counted lost.
+    Now `detach` returns at once and `settling` holds the drain open until the reader is done."""
+    from slipstream.runtime.local import MergedGroups
+
+    class Source:
+        def __init__(self, msgs):
+            self.msgs = list(msgs)
+
+        def get(self, timeout):
+            if self.msgs:
+                return self.msgs.pop(0)
+            time.sleep(timeout)
+            return None
+
+    merged = MergedGroups(maxsize=4)
+    merged.attach(0, Source([SamplerMessage("stats", 0) for _ in range(4)]))
+    deadline = time.monotonic() + 5
+    while merged.depth() < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    merged.attach(1, Source([SamplerMessage("group", 1) for _ in range(3)]))
+    t0 = time.monotonic()
+    merged.detach(1, timeout=5.0)
+    assert time.monotonic() - t0 < 0.1 and merged.settling()
+    got = []
+    while (m := merged.get(0)) is not None or merged.settling():  # as Orchestrator.recover
+        if m is not None:
+            got.append(m)
+        time.sleep(0.005)
+    assert [m.sampler_id for m in got].count(1) == 3  # the dead one's three groups
+    assert not merged.settling()
+    merged.close()

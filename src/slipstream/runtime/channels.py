@@ -108,6 +108,12 @@ class ChannelEnd:
         """Send the puts this end has gathered: now, or with `force` false (a busy loop's
         call) only once they have waited long enough."""
 
+    def settling(self) -> bool:
+        """Whether messages a dead sampler sent may still be on their way into this end
+        (the local runtime's reader of its queue, still moving them): a get that finds
+        nothing is then not yet the end of them."""
+        return False
+
 
 class PromptChannel(Protocol):
     """Bounded queue of prompt requests, trainer to samplers. One item is a list: a fixed-batch
@@ -138,6 +144,8 @@ class GroupChannel(Protocol):
     def get(self, timeout: float) -> SamplerMessage | None: ...
 
     def depth(self) -> int: ...
+
+    def settling(self) -> bool: ...
 
     def push(self, force: bool = True) -> None: ...
 

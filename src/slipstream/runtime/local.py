@@ -171,6 +171,7 @@ class MergedGroups(ChannelEnd):
     def __init__(self, maxsize: int) -> None:
         self._q: queue.Queue[SamplerMessage] = queue.Queue(maxsize)
         self._readers: dict[int, tuple[threading.Thread, threading.Event]] = {}
+        self._settling: list[tuple[threading.Thread, float]] = []  # (dead reader, give up at)
         self._closed = threading.Event()
 
     def attach(self, i: int, source: QueueChannel) -> None:
@@ -183,11 +184,18 @@ class MergedGroups(ChannelEnd):
         t.start()
 
     def detach(self, i: int, timeout: float) -> None:
-        """Sampler `i` died: move what it managed to send, then drop its reader. A torn last
-        message blocks that reader forever; it is a daemon, abandoned after `timeout`."""
+        """Sampler `i` died: its reader moves what it managed to send, then stops; `settling`
+        says so meanwhile, for at most `timeout` seconds (a torn last message blocks that
+        reader forever: a daemon, abandoned then). It cannot finish while this queue is full
+        and the thread that would empty it waits here, so nothing waits here."""
         t, last = self._readers.pop(i)
         last.set()
-        t.join(timeout)
+        self._settling.append((t, time.monotonic() + timeout))
+
+    def settling(self) -> bool:
+        now = time.monotonic()
+        self._settling = [(t, end) for t, end in self._settling if t.is_alive() and now < end]
+        return bool(self._settling)
 
     def _read(self, source: QueueChannel, last: threading.Event) -> None:
         while not self._closed.is_set():
@@ -321,7 +329,7 @@ class LocalRuntime:
         for i, p in enumerate(self.procs):
             if p.exitcode is None or i in self.failed:
                 continue
-            self.merged.detach(i, timeout=0.5)  # its last messages (an error?) go through
+            self.merged.detach(i, timeout=5.0)  # its last messages (an error?) go through
             if p.exitcode == ERROR_EXIT:  # its error message is on its way: the run stops
                 self.failed.add(i)
                 continue

@@ -353,7 +353,11 @@ class Orchestrator:
         # wait until its predecessor is settled, else `sampler_lost` would mark it down
         wait = self.opts.poll_s if self.ch.groups.prefetch else 0.0
         later: list[SamplerMessage] = []
-        while (msg := self.ch.groups.get(wait)) is not None:
+        # a dead sampler's reader may still be moving its last groups in (room in the queue
+        # comes only from these gets): until it is done they are not lost, only late
+        while (msg := self.ch.groups.get(wait)) is not None or self._settling():
+            if msg is None:
+                continue
             r = msg.report
             if msg.sampler_id in dead and r is not None and r.t_ready > t_dead:
                 later.append(msg)
@@ -364,6 +368,13 @@ class Orchestrator:
         for msg in later:
             self.receive(msg)
         self._close_ready_windows()
+
+    def _settling(self) -> bool:
+        """A dead sampler's messages may still come (`GroupChannel.settling`): wait a little."""
+        if not self.ch.groups.settling():
+            return False
+        time.sleep(0.005)
+        return True
 
     def sampler_lost(self, i: int, at: float | None = None) -> None:
         """Sampler `i` died (seen `at`, by default now). Requests it had started generating
