@@ -30,6 +30,14 @@ class Calc:
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
 
+def _hf_text(hf, env):
+    """What transformers renders for a conversation with `env`'s tools (the reference)."""
+    schemas = [s.schema() for s in env.specs]
+    return lambda msgs: hf.apply_chat_template(
+        msgs, tools=schemas, tokenize=False, add_generation_prompt=True
+    )
+
+
 def test_supports_tools_tells_a_tools_template_from_a_plain_one() -> None:
     assert supports_tools(ChatTemplate(QWEN25_TOOLS_TEMPLATE))
     assert not supports_tools(ChatTemplate(CHAT_TEMPLATE))  # renders `tool` turns, no tools
@@ -44,12 +52,7 @@ def test_a_tool_episode_is_the_templates_rendering_token_in_token_out(tmp_path: 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"}]
     row = Prompt("r", template.render(messages), "5", messages=messages)
     env = ToolEnv(Calc(), row, tok, "hermes", TemplateRenderer(template), reward=_exact)
-    schemas = [s.schema() for s in env.specs]
-
-    def hf_text(msgs: list[dict]) -> str:
-        return hf.apply_chat_template(
-            msgs, tools=schemas, tokenize=False, add_generation_prompt=True
-        )
+    hf_text = _hf_text(hf, env)
 
     obs = env.initial_observation()
     assert obs.text == hf_text(messages) and "<tools>" in obs.text
@@ -200,12 +203,7 @@ def test_a_llama31_template_gets_bare_json_calls_token_in_token_out(tmp_path: Pa
     hf = transformers.AutoTokenizer.from_pretrained(str(folder))
     messages = [{"role": "user", "content": "2+3?"}]
     env = ToolEnv(Calc(), Prompt("r", "2+3?", "5", messages=messages), tok, fmt, renderer, _exact)
-    schemas = [s.schema() for s in env.specs]
-
-    def hf_text(msgs: list[dict]) -> str:
-        return hf.apply_chat_template(
-            msgs, tools=schemas, tokenize=False, add_generation_prompt=True
-        )
+    hf_text = _hf_text(hf, env)
 
     obs = env.initial_observation()
     assert obs.text == hf_text(messages) and '"parameters": dictionary' in obs.text

@@ -215,6 +215,8 @@ class MergedGroups(ChannelEnd):
         raise TypeError("the trainer's end of the group channel is read-only")
 
     def get(self, timeout: float) -> SamplerMessage | None:
+        if timeout <= 0 and self._settling and self.settling():
+            timeout = 0.005  # a dead sampler's reader is moving messages in: not a busy spin
         try:
             return self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait()
         except queue.Empty:

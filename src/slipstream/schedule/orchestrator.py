@@ -28,21 +28,18 @@ windows train (several close in one pass after a recovery, or with dynamic sampl
 group trains with a lag above K unless the policy is `keep`.
 
 `min_lag` (measurement only): a continuous window takes only groups whose request was issued
-at least `min(min_lag, windows)` windows ago, earliest first (a window is a version unless all
-its groups were filtered). Admission issues B requests per step, so from step `min_lag` on each
-step trains the groups started exactly `min_lag` versions earlier (their lag is `min_lag`, or
-less where a sampler loaded newer weights before starting). Holding by the token versions
-instead could starve: a request a sampler starts late, under newer weights, would never ripen
-while admission waits for it to be consumed. A retried request keeps its lost one's window;
-dynamic sampling's refills are issued for the open window (so their lag is less).
+at least `min(min_lag, windows)` windows ago, earliest first, so from step `min_lag` on each
+step trains the groups started `min_lag` versions earlier (lag `min_lag`, or less where a
+sampler loaded newer weights first). Holding by token versions could starve: a request started
+late, under newer weights, would never ripen while admission waits for it. A retried request
+keeps its lost one's window; dynamic sampling's refills are issued for the open window.
 
 A sampler that dies takes the requests it held with it: the runtime restarts it, the router
 says which requests it held, the ledger counts each as `lost`, and each is issued again as a
 new request (same prompt, seeds and batch), so no window waits forever and no group is
 trained twice (a group of a lost request that still arrives is dropped). A request lost more
 than `max_request_retries` times is dropped instead (ledger: poisoned), with a warning. A
-sampler that holds work and sends nothing for `sampler_timeout_s` is killed and treated the
-same way.
+sampler holding work and silent for `sampler_timeout_s` is killed and treated the same way.
 """
 
 from __future__ import annotations
@@ -353,9 +350,8 @@ class Orchestrator:
         # wait until its predecessor is settled, else `sampler_lost` would mark it down
         wait = self.opts.poll_s if self.ch.groups.prefetch else 0.0
         later: list[SamplerMessage] = []
-        # a dead sampler's reader may still be moving its last groups in (room in the queue
-        # comes only from these gets): until it is done they are not lost, only late
-        while (msg := self.ch.groups.get(wait)) is not None or self._settling():
+        # a dead sampler's last groups may still be coming in (`settling`): late, not lost
+        while (msg := self.ch.groups.get(wait)) is not None or self.ch.groups.settling():
             if msg is None:
                 continue
             r = msg.report
@@ -368,13 +364,6 @@ class Orchestrator:
         for msg in later:
             self.receive(msg)
         self._close_ready_windows()
-
-    def _settling(self) -> bool:
-        """A dead sampler's messages may still come (`GroupChannel.settling`): wait a little."""
-        if not self.ch.groups.settling():
-            return False
-        time.sleep(0.005)
-        return True
 
     def sampler_lost(self, i: int, at: float | None = None) -> None:
         """Sampler `i` died (seen `at`, by default now). Requests it had started generating
