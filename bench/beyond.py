@@ -115,10 +115,9 @@ def run_target(args: argparse.Namespace, acc_start: float) -> float:
 
 def part_auto(args: argparse.Namespace, extra: list[str], done: dict) -> dict[str, list[dict]]:
     configs = {f"K={k}": [f"schedule.max_lag={k}"] for k in args.lags}
-    configs["auto"] = [
-        'schedule.max_lag="auto"',
-        f"schedule.max_lag_max={max(args.lags)}",
-    ]
+    auto = ['schedule.max_lag="auto"', f"schedule.max_lag_max={max(args.lags)}"]
+    for start in args.auto_starts:  # 1, the default start, is "auto"; others `auto@K0`
+        configs[auto_name(start)] = [*auto, f"schedule.auto_start={start}"]
     res: dict[str, list[dict]] = {}
     for seed in args.seeds:
         for name, ov in configs.items():
@@ -143,6 +142,11 @@ def part_auto(args: argparse.Namespace, extra: list[str], done: dict) -> dict[st
                 flush=True,
             )
     return res
+
+
+def auto_name(start: int) -> str:
+    """`auto` for the default start (K = 1), `auto@K0` for a diagnostic run started at K0."""
+    return "auto" if start == 1 else f"auto@{start}"
 
 
 def _k_path(ks: list[int]) -> str:
@@ -215,7 +219,7 @@ def auto_table(res: dict[str, list[dict]], target: float | str) -> tuple[str, di
         )
     med = {n: (statistics.median(r["time_to_target"] for r in ok),
                statistics.median(r["acc"] for r in ok)) for n, ok in done.items() if ok}  # fmt: skip
-    fixed = [n for n in med if n != "auto"]
+    fixed = [n for n in med if n.startswith("K=")]
     if "auto" not in med or not fixed:
         return "\n".join(lines), {"time_ratio": None, "acc_ratio": None}
     best_t = min(fixed, key=lambda n: med[n][0])
@@ -234,6 +238,9 @@ def auto_table(res: dict[str, list[dict]], target: float | str) -> tuple[str, di
         "time_median_reached": {n: median_reached(done[n]) for n in ("auto", best_t)},
         "acc_paired_points": paired(res, best_a),
     }
+    for name in sorted(n for n in med if n.startswith("auto@")):  # diagnostic starts
+        ratio[f"{name}_time_ratio"] = med[name][0] / med[best_t][0]
+        ratio[f"{name}_acc_ratio"] = med[name][1] / med[best_a][1] if med[best_a][1] else None
     return "\n".join(lines), ratio
 
 
@@ -297,6 +304,12 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--lags", default="1,2,4,8")
+    ap.add_argument(
+        "--auto-starts",
+        default="1",
+        help="auto's first K, one configuration each: 1 (the default) is `auto`; others "
+        "(`auto@2`) are diagnostics, reported beside it",
+    )
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--ckpt-every", type=int, default=5)
@@ -321,6 +334,7 @@ def main(argv: list[str]) -> int:
     args, extra = ap.parse_known_args(argv)
     args.seeds = [int(x) for x in args.seeds.split(",")]
     args.lags = [int(x) for x in args.lags.split(",")]
+    args.auto_starts = [int(x) for x in args.auto_starts.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     done: dict[str, Any] = {}

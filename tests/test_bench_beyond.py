@@ -88,3 +88,15 @@ def test_lag_policy_summary_pairs_every_policy_with_the_first():
     p = s["acc_paired_points"]["keep"]
     assert p["diffs"] == [-5.0, 1.0, 0.0] and abs(p["mean"] + 4 / 3) < 1e-12
     assert set(s["acc_paired_points"]) == {"keep"}
+
+
+def test_a_diagnostic_start_is_reported_beside_auto_never_as_a_fixed_k():
+    res = {
+        "K=2": [_run(8.0, True), _run(10.0, True)],
+        "auto": [_run(12.0, True), _run(14.0, True)],
+        "auto@2": [_run(2.0, True), _run(4.0, True)],  # faster than any K: still not "fixed"
+    }
+    assert bench.auto_name(1) == "auto" and bench.auto_name(2) == "auto@2"
+    _, ratio = bench.auto_table(res, 0.25)
+    assert ratio["best_fixed_time"] == "K=2" and ratio["time_ratio"] == 13.0 / 9.0
+    assert ratio["auto@2_time_ratio"] == 3.0 / 9.0
