@@ -31,6 +31,13 @@ def clip(s: str, n: int = 120) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
+def first_line(e: BaseException, n: int = 200) -> str:
+    """An exception's message for a one-line error: its first line (clipped to `n`), or its
+    type's name when it has none."""
+    lines = str(e).strip().splitlines()
+    return clip(lines[0], n) if lines else type(e).__name__
+
+
 def short_repr(value: object, n: int = 120) -> str:
     """`repr(value)` clipped to `n` characters; `?` where a user type's `__repr__` raises."""
     try:

@@ -64,7 +64,7 @@ class Config(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _pretrained_defaults(cls, raw: Any) -> Any:
+    def _pretrained_defaults(cls, raw: object) -> object:
         """A model folder (`model.path`) takes TRL's GRPOConfig defaults where the built-in
         model's differ (`PRETRAINED_DEFAULTS`): the learning rate the 0.8M-parameter model
         trains from scratch with would wreck a pretrained one, and its 64-token completions cut
@@ -334,7 +334,7 @@ def _key_of(loc: tuple[int | str, ...]) -> str:
         name = ".".join([*parts, x])
         if name not in keys and not any(k.startswith(f"{name}.") for k in keys):
             if isinstance(loc[i], int) and len(loc) > i + 1:  # a list entry's field
-                return f"{'.'.join(parts)}[{x}].{loc[i + 1]}"
+                return _entry_key(loc[: i + 2])
             break
         parts.append(x)
     return ".".join(parts) or ".".join(map(str, loc))

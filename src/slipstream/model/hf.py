@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from slipstream.model.llama import ARCHITECTURES, CausalLM, ModelConfig
+from slipstream.text import first_line
 
 _CONFIG_KEYS = {f.name for f in fields(ModelConfig)} - {"extra"}
 _DROP_ON_LOAD = {"architectures", "torch_dtype", "dtype", "transformers_version"}
@@ -154,7 +155,7 @@ def check_weights(path: Path, cfg: ModelConfig) -> None:
                 names = sf.keys()  # (safe_open is not iterable)
                 shapes |= {k: tuple(sf.get_slice(k).get_shape()) for k in names}
         except Exception as e:  # a truncated or foreign file: safetensors' own error
-            raise ValueError(f"{f}: not a readable safetensors file ({_first_line(e)})") from None
+            raise ValueError(f"{f}: not a readable safetensors file ({first_line(e)})") from None
     _check_names(path, cfg, expected, shapes)
     for name, shape in expected.items():
         if shapes[name] != shape:
@@ -162,11 +163,6 @@ def check_weights(path: Path, cfg: ModelConfig) -> None:
                 f"{path}: {name} is {list(shapes[name])} in the weights but {list(shape)} by "
                 "config.json (its sizes are not the weights')"
             )
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
 
 
 def save_pretrained(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slipstream.config import Config, ConfigError
+from slipstream.text import first_line
 
 if TYPE_CHECKING:
     from slipstream.model.llama import ModelConfig
@@ -150,7 +151,7 @@ def check_model_folder(path: Path) -> ModelConfig:
         check_weights(path, model)
         load_tokenizer(path)
     except (ValueError, KeyError, OSError) as e:
-        raise ConfigError(f"{key}: {str(e).strip().splitlines()[0]}") from None
+        raise ConfigError(f"{key}: {first_line(e)}") from None
     return model
 
 

@@ -293,7 +293,7 @@ class StepStats:
         """A resumed run: the totals of the run before it (`state_dict()`)."""
         self.carry = {k: float(d[k]) for k in (*CARRIED, "lag_max") if k in d}
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, float]:
         """Whole-run values, over every segment of a resumed run: busy and wait shares, the
         token-weighted mean lag, the largest lag trained, the mean ESS over steps, and the
         failure counts."""

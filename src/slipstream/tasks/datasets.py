@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.tasks.jsonl import TaskError
-from slipstream.text import read_text
+from slipstream.text import first_line, read_text
 
 JSON_SUFFIXES = (".jsonl", ".json")
 ARROW_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".arrow": "arrow"}
@@ -180,7 +180,7 @@ def read_arrow(path: Path) -> list[Row]:
         else:
             table = ds.Dataset.from_file(str(path), in_memory=True)
     except Exception as e:  # pyarrow's and pandas' errors: one line, naming the file
-        raise TaskError(f"{path}: cannot be read as {kind} ({_first_line(e)})") from None
+        raise TaskError(f"{path}: cannot be read as {kind} ({first_line(e)})") from None
     return [Row(f"{path}: row {i}", dict(r)) for i, r in enumerate(table)]
 
 
@@ -200,12 +200,6 @@ def read_hub(name: str, split: str, config: str | None = None) -> list[Row]:
         hint = " (name one with task.dataset_config)" if "config" in str(e).lower() else ""
         raise TaskError(
             f"{name}: no such local file or folder, and the hub dataset could not be loaded "
-            f"({which}): {_first_line(e)}{hint}"
+            f"({which}): {first_line(e)}{hint}"
         ) from None
     return [Row(f"{name} ({split}): row {i}", dict(r)) for i, r in enumerate(table)]
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    line = text[0] if text else type(e).__name__
-    return line if len(line) <= 200 else line[:197] + "..."
