@@ -172,3 +172,27 @@ def test_measures_report_both_crossings():
     assert (m["time_to_target_s"], m["time_to_target_monotone_s"]) == (4.0, 4.0)
     assert m["time_to_target_first_s"] == 1.0
     assert bench.measures(res, 0.25, crossing="first")["time_to_target_s"] == 1.0
+
+
+def test_orchestrated_schedules_defer_evaluation_and_read_its_accuracies_back(
+    tmp_path, monkeypatch
+):
+    """Evaluated in line, a pipeline's samplers generate while its trainer evaluates, and the
+    clock takes the evaluation off: the bench defers it for every schedule but sync, and puts
+    the deferred accuracies (summary.json's curve) into the step records it reads."""
+    seen: dict[str, bool] = {}
+
+    def fake(cfg):
+        out = Path(cfg.run.dir)
+        out.mkdir(parents=True, exist_ok=True)
+        seen[cfg.schedule.name] = cfg.runtime.defer_eval
+        (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "wall_s": 1.0}) + "\n")
+        return {"heldout_curve": [{"step": 1, "wall_s": 1.0, "heldout_acc": 0.5}]}
+
+    monkeypatch.setattr("slipstream.run.launch.train_async", fake)
+    monkeypatch.setattr("slipstream.run.sync.train_sync", fake)
+    pipe = bench.run_one(tmp_path / "p", "pipeline", 0, 0.1, 30.0, ["run.steps=1"])
+    bench.run_one(tmp_path / "s", "sync", 0, 0.1, 30.0, ["run.steps=1"])
+    assert seen == {"pipeline": True, "sync": False}
+    assert pipe["records"] == [{"step": 1, "wall_s": 1.0, "heldout_acc": 0.5}]
+    assert pipe["eval_in_wall"] is False
