@@ -233,3 +233,20 @@ def test_a_run_ended_by_a_rollback_at_the_step_before_the_last_writes_its_final_
     assert not checkpoint_due(run, None, 9)  # type: ignore[arg-type]
     run.trainer.version = 10  # the rollback at step 9 published the restored weights as 10
     assert checkpoint_due(run, None, 9)  # type: ignore[arg-type]
+
+
+def test_keep_spares_the_checkpoints_later_alarms_will_target(tmp_path):
+    """rollback_margin 3, keep 1, a checkpoint every step: an alarm at step 6 targets step 3,
+    which the saves of steps 4 and 5 must not have pruned (they did: only the target of an
+    alarm at the next step was spared, and the rollback was refused)."""
+    wd, t, _ = watchdog(tmp_path, actions={"step_kl": "rollback"}, rollback_margin=3)
+    model, tok = init_builtin(seed=1)
+    for s in range(1, 6):
+        t.version = s
+        save_checkpoint(tmp_path, s, model, tok, {}, {}, keep=1, protect=wd.protected())
+    t.version = 6
+    wd.observe(record(6, **{"train/step_kl": 1.0}), [])
+    target = wd.target()
+    assert target is not None and target.name == "step_000003"
+    # with no episode open, only the target and what later alarms may need are kept
+    assert [p.name for p in list_checkpoints(tmp_path)] == [f"step_00000{s}" for s in (3, 4, 5)]

@@ -54,8 +54,8 @@ class WatchdogConfig(_Section):
     """`rollback`: at most this many per run; later alarms only warn."""
     rollback_margin: int = Field(1, ge=0)
     """`rollback`: the checkpoint restored is at least this many steps older than the first
-    alarm (an alarm fires a step or more after a collapse begins). This checkpoint is kept
-    even past `checkpoint.keep`."""
+    alarm (an alarm fires a step or more after a collapse begins). This checkpoint, and the
+    newer ones a later alarm would restore, are kept even past `checkpoint.keep`."""
     inject_lr_spike_at: int = Field(0, ge=0)
     """Fault injection, to test the watchdog on your own setup: at this step (0: never) the
     learning rate is multiplied by `inject_lr_spike_factor` for `inject_lr_spike_steps`

@@ -17,8 +17,8 @@ fired (config `watchdog.actions`, default `warn`):
   counter goes on (samplers load only newer versions): on an orchestrated schedule the
   restored weights are published as a new version, the in-process loop keeps its count.
   At most `max_rollbacks`; without a checkpoint to go back to, or past the bound, a
-  rollback alarm only warns. The checkpoint a rollback would restore is never deleted
-  (`protected`), even past `checkpoint.keep`.
+  rollback alarm only warns. The checkpoint a rollback would restore, and the newer ones an
+  alarm at a later step would, are never deleted (`protected`), even past `checkpoint.keep`.
 
 Events (step, alarm, message, action) go to `summary.json["watchdog"]`.
 
@@ -209,9 +209,16 @@ class Watchdog:
         return ok[-1] if ok else None
 
     def protected(self) -> set[int]:
-        """Checkpoint steps that `checkpoint.keep` must not delete: the rollback target."""
+        """Checkpoint steps that `checkpoint.keep` must not delete: the rollback target and,
+        with no alarm episode open, every newer checkpoint, since an alarm at a later step
+        will target one of them (with `rollback_margin` above `keep`, pruning them would
+        leave that alarm nothing to restore). An open episode keeps its one target."""
         t = self.target()
-        return set() if t is None else {checkpoint_step(t)}
+        keep = set() if t is None else {checkpoint_step(t)}
+        if self.first_alarm is None:
+            cut = self.trainer.version + 1 - self.cfg.rollback_margin
+            keep |= {s for p in list_checkpoints(self.run_dir) if (s := checkpoint_step(p)) > cut}
+        return keep
 
     def hold_checkpoint(self) -> bool:
         """True while an alarm episode is open and a rollback may still come: no checkpoint
