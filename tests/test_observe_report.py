@@ -9,6 +9,7 @@ import struct
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from matplotlib.image import imread
 
 from slipstream.observe.figures import FIGURES, save
 from slipstream.observe.report import report_main, summary_rows
-from slipstream.observe.runs import load_run, load_runs
+from slipstream.observe.runs import RunData, load_run, load_runs
+from slipstream.schedule.ledger import Ledger
 
 RUN_SMALL = Path(__file__).parent / "data" / "run_small"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -76,9 +78,46 @@ def test_summary_of_the_recorded_run() -> None:
     rows = summary_rows(load_run(RUN_SMALL), None)
     assert rows["schedule"] == "pipeline" and rows["steps"] == "10"
     assert rows["held-out accuracy"] == "0.047 → 0.354"
+    # This recording has neither summary.json's lag_mean nor lag_hist per step, so the steps'
+    # means are averaged unweighted; each is 1.5, so any weighting would give 1.50 as well.
     assert rows["lag mean / max"] == "1.50 / 2"
+    assert rows["sampler busy (mean)"] == "95%"  # weighted by step_time_s
     assert rows["ledger: generated / trained"] == "80 / 77" and rows["ledger balanced"] == "yes"
     assert rows["ledger: filtered"] == "zero_variance 3"
+
+
+def _two_unequal_steps(summary: dict[str, Any] | None) -> RunData:
+    """Step 1: 1000 trained tokens at lag 0, a 9 s step, samplers 90% busy; step 2: 10 tokens
+    at lag 1, a 1 s step, 10% busy."""
+    rows: list[dict[str, Any]] = [
+        {"step": 1, "wall_s": 9.0, "step_time_s": 9.0, "runtime/sampler_busy": 0.9},
+        {"step": 2, "wall_s": 10.0, "step_time_s": 1.0, "runtime/sampler_busy": 0.1},
+    ]
+    for row, lag, hist in zip(rows, (0.0, 1.0), ([1000, 0], [0, 10]), strict=True):
+        row |= {"staleness/lag_mean": lag, "staleness/lag_max": lag, "staleness/lag_hist": hist}
+    return RunData(dir=Path("."), label="a", metrics=rows, summary=summary)
+
+
+def test_lag_and_busy_weight_steps_by_tokens_and_time_as_summary_json_does() -> None:
+    rows = summary_rows(_two_unequal_steps(None), None)
+    # tokens: (1000 * 0 + 10 * 1) / 1010; time: (9 * 0.9 + 1 * 0.1) / 10
+    assert rows["lag mean / max"] == "0.01 / 1" and rows["sampler busy (mean)"] == "82%"
+    rows = summary_rows(_two_unequal_steps({"lag_mean": 0.25, "sampler_busy": 0.7}), None)
+    assert rows["lag mean / max"] == "0.25 / 1" and rows["sampler busy (mean)"] == "70%"
+
+
+def test_the_ledger_bar_and_rows_show_every_counter_the_ledger_settles() -> None:
+    ledger = Ledger(generated=24, trained=10, stale=1, aborted=1, lost=1, poisoned=1)
+    ledger.filtered["zero_variance"] = 2
+    ledger.unfinished, ledger.discarded, ledger.in_flight = 4, 3, 1
+    led = ledger.as_dict()
+    assert led["balanced"]
+    run = RunData(dir=Path("."), label="a", metrics=[{"step": 1, "wall_s": 1.0}], ledger=led)
+    fig = FIGURES["ledger.png"][1]([run])
+    assert sum(p.get_width() for p in fig.axes[0].patches) == led["generated"]
+    rows = summary_rows(run, None)
+    key = "ledger: stale / aborted / lost / poisoned / unfinished / discarded / in flight"
+    assert rows[key] == "1 / 1 / 1 / 1 / 4 / 3 / 1"
 
 
 def test_bad_input_is_one_line_on_stderr_and_exit_2(

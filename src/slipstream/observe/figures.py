@@ -257,8 +257,13 @@ LEDGER_COLORS = {
     "stale": "#ff7f0e",
     "aborted": "#d62728",
     "lost": "#000000",
+    "poisoned": "#7b2d8e",
+    "unfinished": "#c7c7c7",
+    "discarded": "#8c564b",
     "in_flight": "#9ecae1",
 }
+"""Every counter of `Ledger.settled()` but `trained` and `filtered` (drawn apart), and
+`in_flight`: a balanced ledger's bar adds up to `generated`."""
 FILTERED_COLORS = ["#8c8c8c", "#b5b5b5", "#6b6b6b", "#d0d0d0"]
 
 
@@ -274,9 +279,7 @@ def ledger_figure(runs: list[RunData]) -> Figure:
         parts = [("trained", led.get("trained", 0), LEDGER_COLORS["trained"])]
         for j, (reason, n) in enumerate(sorted((led.get("filtered") or {}).items())):
             parts.append((f"filtered: {reason}", n, FILTERED_COLORS[j % len(FILTERED_COLORS)]))
-        parts += [
-            (k, led.get(k, 0), LEDGER_COLORS[k]) for k in ("stale", "aborted", "lost", "in_flight")
-        ]
+        parts += [(k, led.get(k, 0), c) for k, c in LEDGER_COLORS.items() if k != "trained"]
         left = 0.0
         for name, n, color in parts:
             if not n:

@@ -30,6 +30,53 @@ def _f(x: Any, fmt: str = ",.3f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def _weighted_mean(pairs: list[tuple[float, float | None]]) -> float | None:
+    """The mean of (value, weight) pairs weighted by the weights when every value has one and
+    they add up to more than 0, else the plain mean (records from before the weight was
+    recorded); None without values."""
+    if not pairs:
+        return None
+    weights = [w for _, w in pairs if w is not None]
+    total = sum(weights)
+    if len(weights) < len(pairs) or total <= 0:
+        return _mean([v for v, _ in pairs])
+    return sum(v * (w or 0.0) for v, w in pairs) / total
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _lag_tokens(row: dict[str, Any]) -> float | None:
+    """The trained tokens a step's `staleness/lag_mean` is over: its lag histogram's counts."""
+    hist = row.get("staleness/lag_hist")
+    if not isinstance(hist, list):
+        return None
+    counts = [_number(c) for c in hist]
+    return None if None in counts else sum(c or 0.0 for c in counts)
+
+
+def lag_mean(run: RunData) -> float | None:
+    """The run's mean lag over trained tokens: summary.json's `lag_mean` where recorded, else
+    the steps' means weighted by their tokens (`staleness/lag_hist`; unweighted for records
+    without it)."""
+    recorded = _number((run.summary or {}).get("lag_mean"))
+    if recorded is not None:
+        return recorded
+    return _weighted_mean([(v, _lag_tokens(r)) for r, v in run.values("staleness/lag_mean")])
+
+
+def sampler_busy(run: RunData) -> float | None:
+    """The samplers' busy share of the run's time: summary.json's `sampler_busy` where
+    recorded, else the steps' shares weighted by their `step_time_s` (unweighted for records
+    without it)."""
+    recorded = _number((run.summary or {}).get("sampler_busy"))
+    if recorded is not None:
+        return recorded
+    pairs = run.values("runtime/sampler_busy", "sampler_busy")
+    return _weighted_mean([(v, _number(r.get("step_time_s"))) for r, v in pairs])
+
+
 def _total(run: RunData, key: str) -> float | None:
     vals = [v for _, v in run.values(key)]
     return sum(vals) if vals else None
@@ -58,7 +105,6 @@ def summary_rows(run: RunData, first: RunData | None) -> dict[str, str]:
     gen_time = _total(run, "time/generate_s")
     trained_rate = trained_per_s(run)
     rewards = [v for _, v in run.values("reward/mean", "reward_mean")[-5:]]
-    lag_means = [v for _, v in run.values("staleness/lag_mean")]
     lag_maxes = [v for _, v in run.values("staleness/lag_max")]
     cfg = run.config
     rows = {
@@ -71,10 +117,8 @@ def summary_rows(run: RunData, first: RunData | None) -> dict[str, str]:
         "trained tokens": _f(trained, ",.0f"),
         "generation tok/s": _f(generated / gen_time if generated and gen_time else None, ",.0f"),
         "trained tok/s (wall)": _f(trained_rate, ",.0f"),
-        "sampler busy (mean)": _f(
-            _mean([v for _, v in run.values("runtime/sampler_busy", "sampler_busy")]), ".0%"
-        ),
-        "lag mean / max": f"{_f(_mean(lag_means), '.2f')} / {_f(max(lag_maxes) if lag_maxes else None, '.0f')}",
+        "sampler busy (mean)": _f(sampler_busy(run), ".0%"),
+        "lag mean / max": f"{_f(lag_mean(run), '.2f')} / {_f(max(lag_maxes) if lag_maxes else None, '.0f')}",
     }
     if first is not None:
         base = trained_per_s(first)
@@ -84,7 +128,7 @@ def summary_rows(run: RunData, first: RunData | None) -> dict[str, str]:
     filtered = led.get("filtered") or {}
     rows["ledger: generated / trained"] = f"{led.get('generated', '–')} / {led.get('trained', '–')}"
     rows["ledger: filtered"] = ", ".join(f"{k} {v}" for k, v in filtered.items()) or "0"
-    kinds = ("stale", "aborted", "lost", "poisoned", "unfinished", "in_flight")
+    kinds = ("stale", "aborted", "lost", "poisoned", "unfinished", "discarded", "in_flight")
     rows["ledger: " + " / ".join(k.replace("_", " ") for k in kinds)] = " / ".join(
         str(led.get(k, "–")) for k in kinds
     )
