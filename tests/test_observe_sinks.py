@@ -112,6 +112,24 @@ def test_tensorboard_writes_event_files(tmp_path: Path) -> None:
     assert "completion_lens" in acc.Tags()["histograms"]
 
 
+def test_tensorboard_draws_a_hist_list_as_counts_per_bin(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard not installed: pip install tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, tb = make_sinks(tmp_path, ["tensorboard"])
+    # 900 tokens at lag 0, 100 at lag 1, none beyond: lags in [0, 1], token-weighted mean 0.1
+    tb.write({"step": 1, "staleness/lag_hist": [900, 100, 0], "completion_lens": [3, 5]})
+    tb.write({"step": 2, "staleness/lag_hist": [0, 0]})  # nothing counted: nothing drawn
+    tb.close()
+    assert not tb.failed
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"histograms": 0})
+    acc.Reload()
+    (event,) = acc.Histograms("staleness/lag_hist")
+    h = event.histogram_value
+    assert (event.step, h.min, h.max, h.num, h.sum) == (1, 0.0, 1.0, 1000.0, 100.0)
+    assert acc.Histograms("completion_lens")[0].histogram_value.num == 2  # values, as before
+
+
 def test_wandb_missing_warns_once_and_is_disabled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,7 +161,15 @@ def test_wandb_runs_offline_with_the_run_config(
         calls["init"] = kwargs
         return FakeRun()
 
-    fake = types.SimpleNamespace(init=init, Histogram=lambda values: ("hist", tuple(values)))
+    def histogram(
+        sequence: list[float] | None = None,
+        np_histogram: tuple[list[float], list[float]] | None = None,
+    ) -> tuple[Any, ...]:  # wandb.Histogram's two ways in
+        if np_histogram is not None:
+            return ("binned", tuple(np_histogram[0]), tuple(np_histogram[1]))
+        return ("hist", tuple(sequence or ()))
+
+    fake = types.SimpleNamespace(init=init, Histogram=histogram)
     monkeypatch.setitem(sys.modules, "wandb", fake)
     (tmp_path / "config.toml").write_text("[run]\nseed = 3\n")
     _, wb = make_sinks(tmp_path, ["wandb"])
@@ -152,6 +178,14 @@ def test_wandb_runs_offline_with_the_run_config(
     assert calls["init"]["mode"] == "offline"  # no network, no account
     assert calls["init"]["dir"] == str(tmp_path) and calls["init"]["config"] == {"run": {"seed": 3}}
     assert calls["log"] == [(7, {"reward_mean": 0.5, "completion_lens": ("hist", (1.0, 2.0))})]
+    # a `_hist` list counts per lag 0, 1, 2: bins centred on the lags, weighted by the counts
+    _, wb = make_sinks(tmp_path, ["wandb"])
+    wb.write({"step": 8, "staleness/lag_hist": [900, 100, 0]})
+    wb.close()
+    assert not wb.failed
+    assert calls["log"][-1] == (
+        8, {"staleness/lag_hist": ("binned", (900.0, 100.0, 0.0), (-0.5, 0.5, 1.5, 2.5))},
+    )  # fmt: skip
     assert calls["finished"]
     # the [wandb] section: project, entity, name, tags, mode, as people use them
     cfg = load_config(None, ["wandb.project=p", "wandb.entity=team", "wandb.name=exp1",

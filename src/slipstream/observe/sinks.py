@@ -1,6 +1,9 @@
 """Where metrics go: JSONL always, TensorBoard and Weights & Biases on request.
 
-A record is a dict of name -> float, int, list of numbers, or `metrics.Metric` value. Every
+A record is a dict of name -> float, int, list of numbers, or `metrics.Metric` value. A list
+is a histogram of its values, except under a name ending in `_hist` (`staleness/lag_hist`):
+that list counts per bin 0, 1, ... (tokens per lag), and is drawn as the bin index weighted by
+its counts, so the histogram's mean is the weighted one (the token-weighted lag). Every
 sink is wrapped in `SafeSink`: a failing sink (a full disk, a missing optional package) warns
 once and never stops training. `make_sinks` builds them by name; `FanOut` writes to all.
 """
@@ -62,6 +65,16 @@ def _numbers(values: Any) -> list[float] | None:
     return out if all(math.isfinite(x) for x in out) else None
 
 
+COUNTS_SUFFIX = "_hist"
+"""A list under a name ending so holds counts per bin 0, 1, ..., not values."""
+
+
+def _counts(values: list[float]) -> list[float] | None:
+    """`values` (of a `COUNTS_SUFFIX` name) as counts per bin 0, 1, ... when they can be: none
+    negative and something counted; else None (nothing to draw)."""
+    return None if any(c < 0 for c in values) or sum(values) <= 0 else values
+
+
 def _scalars(record: dict[str, Any]) -> dict[str, float]:
     """Finite numbers of a resolved record, except the step (it is the x axis)."""
     out = {}
@@ -90,7 +103,8 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    """Scalars, and a histogram for each list of numbers (e.g. `completion_lens`), by step."""
+    """Scalars, and a histogram for each list of numbers (e.g. `completion_lens`; counts per
+    bin for a `_hist` name), by step."""
 
     def __init__(self, log_dir: str | Path) -> None:
         # Imported here: tensorboard is optional, and importing it costs a second.
@@ -107,8 +121,30 @@ class TensorBoardSink:
             self._writer.add_scalar(k, v, step)
         for k, v in record.items():
             values = _numbers(v)
-            if values is not None:
+            if values is None:
+                continue
+            if k.endswith(COUNTS_SUFFIX):
+                counts = _counts(values)
+                if counts is not None:
+                    self._add_counts(k, counts, step)
+            else:
                 self._writer.add_histogram(k, _array(values), step)
+
+    def _add_counts(self, tag: str, counts: list[float], step: int) -> None:
+        """A histogram of the bin index i weighted by `counts[i]`: bin i is (i - 1/2, i + 1/2],
+        and the count, sum and sum of squares are the weighted ones, so its mean is too."""
+        seen = [i for i, c in enumerate(counts) if c > 0]
+        self._writer.add_histogram_raw(
+            tag,
+            min=float(seen[0]),
+            max=float(seen[-1]),
+            num=sum(counts),
+            sum=sum(i * c for i, c in enumerate(counts)),
+            sum_squares=sum(i * i * c for i, c in enumerate(counts)),
+            bucket_limits=[i + 0.5 for i in range(len(counts))],
+            bucket_counts=counts,
+            global_step=step,
+        )
 
     def close(self) -> None:
         self._writer.close()
@@ -159,7 +195,14 @@ class WandbSink:
         data: dict[str, Any] = dict(_scalars(record))
         for k, v in record.items():
             values = _numbers(v)
-            if values is not None:
+            if values is None:
+                continue
+            if k.endswith(COUNTS_SUFFIX):
+                counts = _counts(values)
+                if counts is not None:  # bin i is [i - 1/2, i + 1/2)
+                    edges = [i - 0.5 for i in range(len(counts) + 1)]
+                    data[k] = self._wandb.Histogram(np_histogram=(counts, edges))
+            else:
                 data[k] = self._wandb.Histogram(values)
         self._run.log(data, step=_step(record, self._n))
 
