@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 import types
 import warnings
 from pathlib import Path
@@ -128,6 +129,28 @@ def test_tensorboard_draws_a_hist_list_as_counts_per_bin(tmp_path: Path) -> None
     h = event.histogram_value
     assert (event.step, h.min, h.max, h.num, h.sum) == (1, 0.0, 1.0, 1000.0, 100.0)
     assert acc.Histograms("completion_lens")[0].histogram_value.num == 2  # values, as before
+
+
+def test_tensorboard_of_a_resumed_run_hides_the_steps_after_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard not installed: pip install tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def log(steps: tuple[int, ...], offset: float, resume_step: int | None) -> None:
+        _, tb = make_sinks(tmp_path, ["tensorboard"], resume_step=resume_step)
+        for step in steps:
+            tb.write({"step": step, "train/loss": offset + step})
+        tb.close()
+
+    log((1, 2, 3, 4), 0.0, None)  # killed after step 4, its newest checkpoint at step 2
+    time.sleep(1.1)  # a second event file (they are named by the second they open)
+    log((3, 4, 5), 10.0, 2)
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [
+        (1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0),
+    ]  # fmt: skip
 
 
 def test_wandb_missing_warns_once_and_is_disabled(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -138,3 +139,31 @@ def test_a_run_of_relative_paths_resumes_from_another_folder(tmp_path, monkeypat
     assert main(["train", "--resume", str(start / "r"), "run.steps=3"]) == 0
     assert f"resuming in {start}" in capsys.readouterr().err
     assert json.loads((start / "r" / "summary.json").read_text())["steps"] == 3
+
+
+@pytest.mark.slow
+def test_tensorboard_of_a_resumed_run_shows_each_step_once(tmp_path):
+    """Killed after step 3's record and before its checkpoint, resumed from step 2: the
+    resumed run writes step 3 again, and TensorBoard shows it once (`purge_step`), as
+    metrics.jsonl does (`rewind`); TensorBoard used to show steps 1, 2, 3, 3."""
+    pytest.importorskip("tensorboard", reason="tensorboard not installed: pip install tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tiny import write_assets
+
+    write_assets(tmp_path, "def odd(prompt, completion):\n    return float(len(completion) % 2)\n")
+    run = tmp_path / "r"
+    args = [
+        f'model.path="{tmp_path / "model"}"', f'task.path="{tmp_path / "rows.jsonl"}"',
+        f'task.reward="{tmp_path / "reward.py"}:odd"', f'run.dir="{run}"', "run.steps=3",
+        "run.quiet=true", 'run.sinks=["jsonl", "tensorboard"]', "checkpoint.every=2",
+        "eval.every=2", "sampling.max_new_tokens=16", "trainer.batch_prompts=4",
+        "sampling.group_size=4", "eval.num_prompts=4", "filters.zero_variance=false",
+    ]  # fmt: skip
+    assert main(["train", *args]) == 0
+    shutil.rmtree(run / "checkpoints" / "step_000003", ignore_errors=True)
+    assert main(["train", "--resume", str(run)]) == 0
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward_mean")] == [1, 2, 3]

@@ -106,11 +106,13 @@ class TensorBoardSink:
     """Scalars, and a histogram for each list of numbers (e.g. `completion_lens`; counts per
     bin for a `_hist` name), by step."""
 
-    def __init__(self, log_dir: str | Path) -> None:
+    def __init__(self, log_dir: str | Path, purge_step: int | None = None) -> None:
+        """`purge_step`: the first step a resumed run writes; TensorBoard hides the events of
+        this step and later ones that the run before the resume had written."""
         # Imported here: tensorboard is optional, and importing it costs a second.
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(log_dir), flush_secs=10)
+        self._writer = SummaryWriter(log_dir=str(log_dir), flush_secs=10, purge_step=purge_step)
         self._n = 0
 
     def write(self, record: dict[str, Any]) -> None:
@@ -254,17 +256,25 @@ class _Disabled:
 
 SINKS: dict[str, Any] = {
     "jsonl": lambda run_dir: JsonlSink(Path(run_dir) / "metrics.jsonl"),
-    "tensorboard": lambda run_dir: TensorBoardSink(Path(run_dir) / "tensorboard"),
+    "tensorboard": lambda run_dir, purge_step=None: TensorBoardSink(
+        Path(run_dir) / "tensorboard", purge_step
+    ),
     "wandb": WandbSink,
 }
 """Sink factories by name; each takes the run folder."""
 
 
 def make_sinks(
-    run_dir: str | Path, names: Sequence[str], wandb: Mapping[str, Any] | None = None
+    run_dir: str | Path,
+    names: Sequence[str],
+    wandb: Mapping[str, Any] | None = None,
+    resume_step: int | None = None,
 ) -> list[SafeSink]:
     """The sinks named, JSONL first and always, each wrapped in `SafeSink`; `wandb`: the
-    `WandbSink` settings (the `[wandb]` config section: project, entity, name, tags, mode).
+    `WandbSink` settings (the `[wandb]` config section: project, entity, name, tags, mode);
+    `resume_step`: the checkpoint step a resumed run goes on from, after which TensorBoard
+    hides what the run before the resume wrote (as `run.resume.rewind` drops those records
+    from metrics.jsonl), so no step shows twice.
 
     An unknown name is a configuration error (ValueError). A sink that fails to open warns
     once and is returned disabled (`.failed` is True), so the run goes on without it.
@@ -276,6 +286,8 @@ def make_sinks(
     for name in dict.fromkeys(["jsonl", *names]):
         try:
             extra = dict(wandb or {}) if name == "wandb" else {}
+            if name == "tensorboard" and resume_step is not None:
+                extra = {"purge_step": resume_step + 1}
             out.append(SafeSink(SINKS[name](run_dir, **extra), name))
         except Exception as e:  # deliberate: an optional sink never stops a run
             safe = SafeSink(_Disabled(), name)

@@ -63,6 +63,7 @@ def train_async(
 def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     """The run in this process: build, restore, start the samplers, loop, shut down, finish."""
     from slipstream.run.resume import latest_checkpoint, rewind
+    from slipstream.train.checkpoint import checkpoint_step
 
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
     if ckpt is not None and cfg.run.record_schedule:
@@ -73,7 +74,7 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
         )
     if ckpt is not None:
         rewind(ckpt)
-    built = _build(cfg)
+    built = _build(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
     try:
         return _drive(cfg, signals, ckpt, *built)
     finally:  # also when it raises: an in-process caller (a notebook) keeps no worker processes
@@ -195,8 +196,11 @@ def _record(cfg: Config, run_dir: Path, orch: Orchestrator) -> Callable[[bool], 
     return attach(orch, run_dir, meta)
 
 
-def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, SamplerFactory]:
-    """The run, the runtime (not started), the learner, the orchestrator, the samplers' factory."""
+def _build(
+    cfg: Config, resume_step: int | None = None
+) -> tuple[Run, Runtime, RunLearner, Orchestrator, SamplerFactory]:
+    """The run, the runtime (not started), the learner, the orchestrator, the samplers' factory;
+    `resume_step`: the checkpoint step a resumed run goes on from (`run.setup.setup`)."""
     from slipstream.run.learner import RunLearner
     from slipstream.run.rollback import make_watchdog, orchestrated_rollback
     from slipstream.run.sampler import SamplerFactory
@@ -210,7 +214,7 @@ def _build(cfg: Config) -> tuple[Run, Runtime, RunLearner, Orchestrator, Sampler
     spec = preset(cfg.schedule.name, cfg.schedule.lag_bound)
     rc, sc = cfg.runtime, cfg.schedule
     B, G, r = cfg.trainer.batch_prompts, cfg.sampling.group_size, sc.redundant
-    run = setup(cfg)
+    run = setup(cfg, resume_step)
     torch.set_num_threads(rc.trainer_threads or default_threads(rc.num_samplers))
     rt = make_runtime(
         rc,

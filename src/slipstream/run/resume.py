@@ -23,6 +23,7 @@ from slipstream.observe.runs import saved_changes
 from slipstream.run.setup import Run
 from slipstream.run.summary import read_records
 from slipstream.train.checkpoint import (
+    checkpoint_step,
     list_checkpoints,
     load_trainer_state,
     load_weights,
@@ -91,7 +92,7 @@ def resume_changes(run_dir: Path, cfg: Config) -> list[str]:
     """The settings of `cfg` that differ from the run's own (`run_dir/config.toml`) other than
     `RESUME_FREE`; `ConfigError` if there is no checkpoint, or `run.steps` is below its step."""
     ckpt = latest_checkpoint(run_dir)
-    step = int(ckpt.name.removeprefix("step_"))
+    step = checkpoint_step(ckpt)
     if cfg.run.steps < step:
         raise ConfigError(
             f"run.steps = {cfg.run.steps} is below the step of the newest checkpoint ({ckpt}); "
@@ -111,7 +112,7 @@ def rewind(ckpt: Path) -> None:
     rollouts and timeline intervals of later steps), so the resumed run does not repeat them;
     its `summary.json`, which only the end of a run writes (the resumed run's, if it gets
     there); and mark its schedule record incomplete, which the resumed run does not add to."""
-    run_dir, step = ckpt.parent.parent, int(ckpt.name.removeprefix("step_"))
+    run_dir, step = ckpt.parent.parent, checkpoint_step(ckpt)
     (run_dir / "summary.json").unlink(missing_ok=True)
     void_record(run_dir, step)
     truncate_metrics(run_dir / "metrics.jsonl", step)

@@ -514,7 +514,9 @@ def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
     return max(len(tok.encode_prompt(p)) for p in prompts) + max_new
 
 
-def setup(cfg: Config) -> Run:
+def setup(cfg: Config, resume_step: int | None = None) -> Run:
+    """The run of `cfg`, in its folder; `resume_step`: the step of the checkpoint a resumed
+    run goes on from (its metrics sinks then hide what the run before wrote after it)."""
     where = resolve_placement(cfg)  # before anything is written: a bad device is exit 2
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -549,7 +551,7 @@ def setup(cfg: Config) -> Run:
         engine=engine,
         eval_engine=engine,  # the trainer's own weights, never a second model (Run.evaluate)
         trainer=build_trainer(cfg, model, tok.pad_id),
-        sink=FanOut(make_sinks(run_dir, cfg.run.sinks, cfg.wandb.model_dump())),
+        sink=FanOut(make_sinks(run_dir, cfg.run.sinks, cfg.wandb.model_dump(), resume_step)),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
         view=view,

@@ -17,6 +17,7 @@ from slipstream.run.rollback import inprocess_rollback, make_watchdog
 from slipstream.run.setup import Run, setup
 from slipstream.run.summary import finish
 from slipstream.schedule.sync import train_steps
+from slipstream.train.checkpoint import checkpoint_step
 
 
 def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
     if ckpt is not None:
         rewind(ckpt)
-    run = setup(cfg)
+    run = setup(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
     try:
         return _train(run, ckpt)
     except BaseException:  # an error or Ctrl-C: what `train_async` leaves, the same way

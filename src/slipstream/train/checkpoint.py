@@ -78,9 +78,14 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(run_dir)[:-keep]:
-        if int(old.name.removeprefix(PREFIX)) not in protect:
+        if checkpoint_step(old) not in protect:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def checkpoint_step(ckpt: str | Path) -> int:
+    """The step of a checkpoint folder (`step_NNNNNN`): the trainer's version it holds."""
+    return int(Path(ckpt).name.removeprefix(PREFIX))
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
