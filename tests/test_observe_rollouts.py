@@ -101,6 +101,18 @@ def test_read_timeline_names_the_bad_line(tmp_path: Path) -> None:
         read_timeline(path)
 
 
+def test_read_timeline_skips_a_torn_last_line_only(tmp_path: Path) -> None:
+    # a live run, or one killed mid-write, leaves its last line torn: read what came before it
+    path = tmp_path / "timeline.jsonl"
+    whole = json.dumps({"actor": "a", "kind": "train", "t0": 0, "t1": 1}) + "\n"
+    torn = '{"actor": "a", "kind": "tra'
+    path.write_text(whole + torn)
+    assert read_timeline(path) == [Interval("a", "train", 0.0, 1.0)]
+    path.write_text(whole + torn + "\n" + whole)  # torn elsewhere: still an error
+    with pytest.raises(ValueError, match=r"timeline.jsonl:2: expected \{actor, kind, t0, t1\}"):
+        read_timeline(path)
+
+
 def test_busy_fraction_counts_overlaps_once_and_ignores_waits() -> None:
     ivs = [
         Interval("s", "generate", 0, 4),

@@ -73,26 +73,35 @@ class TimelineWriter:
 
 
 def read_timeline(path: str | Path) -> list[Interval]:
-    """Intervals of a `timeline.jsonl`; a malformed line raises ValueError naming file and line."""
+    """Intervals of a `timeline.jsonl`. A last line that is not valid JSON (torn: a live run
+    writing it, or a run killed mid-write) is skipped, as `observe.runs.read_metrics` skips
+    one; any other malformed line raises ValueError naming file and line."""
     out = []
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                iv = Interval(str(d["actor"]), str(d["kind"]), float(d["t0"]), float(d["t1"]))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(
-                    f"{path}:{n}: expected {{actor, kind, t0, t1}}, got {line.strip()[:80]!r} ({e})"
-                ) from None
-            if iv.t1 < iv.t0:
-                raise ValueError(
-                    f"{path}:{n}: interval ends before it starts (t0 {iv.t0}, t1 {iv.t1})"
-                )
-            out.append(iv)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):
+                break
+            raise _bad_line(path, n, line, e) from None
+        try:
+            iv = Interval(str(d["actor"]), str(d["kind"]), float(d["t0"]), float(d["t1"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise _bad_line(path, n, line, e) from None
+        if iv.t1 < iv.t0:
+            raise ValueError(f"{path}:{n}: interval ends before it starts (t0 {iv.t0}, t1 {iv.t1})")
+        out.append(iv)
     return out
+
+
+def _bad_line(path: Path, n: int, line: str, e: Exception) -> ValueError:
+    return ValueError(
+        f"{path}:{n}: expected {{actor, kind, t0, t1}}, got {line.strip()[:80]!r} ({e})"
+    )
 
 
 def busy_fraction(intervals: list[Interval], actor: str, start: float, end: float) -> float:
