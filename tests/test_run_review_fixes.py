@@ -250,6 +250,20 @@ def test_bench_reuse_trains_an_unfinished_run_again(tmp_path, bench_trained):
     assert main(_bench(tmp_path / "b", "--reuse")) == 0 and len(bench_trained) == 1
 
 
+def test_bench_reuse_trains_a_run_with_a_torn_summary_again(tmp_path, bench_trained):
+    """A summary.json torn by a crash (written in place, before `run.folder.write_atomic`) is
+    not a finished run's: finished_summary raised JSONDecodeError on it, stopping the bench."""
+    from slipstream.observe.runs import finished_summary
+
+    folder = tmp_path / "b" / NAME
+    _write_run(folder)
+    (folder / "summary.json").write_text('{"heldout_acc_start": 0.25, "wall')
+    cfg = load_config(None, [*BENCH, *TINY, f"run.dir={json.dumps(str(folder))}"])
+    assert finished_summary(cfg) is None
+    assert main(_bench(tmp_path / "b", "--reuse")) == 0 and len(bench_trained) == 1
+    assert json.loads((folder / "summary.json").read_text())["heldout_acc_end"] == 0.5
+
+
 @pytest.mark.parametrize("config", ["other", "missing"])
 def test_bench_reuse_keeps_an_unfinished_run_of_other_settings(
     tmp_path, capsys, bench_trained, config

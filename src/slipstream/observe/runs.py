@@ -199,9 +199,13 @@ def saved_changes(folder: Path, cfg: Config) -> list[str] | None:
 def finished_summary(cfg: Config) -> dict[str, Any] | None:
     """The `summary.json` of a finished run in `cfg.run.dir` whose saved config equals `cfg`
     (`saved_changes`: none), else None: what a benchmark's `--reuse` reads back instead of
-    training again."""
+    training again. A summary.json that cannot be read as a JSON object (torn by a crash
+    before summaries were written atomically) is not a finished run's: None."""
     folder = Path(cfg.run.dir or "")
     if not (folder / "summary.json").is_file() or saved_changes(folder, cfg) != []:
         return None
-    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
     return summary if isinstance(summary, dict) else None

@@ -287,9 +287,9 @@ def check_folder(cfg: Config, reuse: bool) -> bool:
             "runs of the same settings, or give another --out"
         )
     changed = saved_changes(folder, cfg)
-    finished = (folder / "summary.json").is_file()
-    if changed == [] and not finished:
+    if changed == []:  # the same settings, not finished (no summary.json, or an unreadable one)
         return True
+    finished = (folder / "summary.json").is_file()
     raise ConfigError(
         f"bench: --reuse: {folder} holds {'a finished' if finished else 'an unfinished'} run "
         f"of other settings ({', '.join((changed or ['no config.toml'])[:5])}); "

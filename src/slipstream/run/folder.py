@@ -1,7 +1,8 @@
 """A run's folder: `run.dir`, or a fresh `runs/<UTC time>`, with the resolved config.toml and
 `launch.json`: the folder the run was started in, against which its relative paths
 (`model.path=model`, `task.reward="rewards.py:fn"`) resolve, so `--resume` from anywhere finds
-them (`started_in`)."""
+them (`started_in`). `write_atomic` writes the files a run ends with (summary.json,
+ledger.json) whole or not at all."""
 
 from __future__ import annotations
 
@@ -27,6 +28,28 @@ def make_run_dir(cfg: Config) -> Path:
     if not launch.exists():  # a resumed run keeps the folder it was first started in
         launch.write_text(json.dumps({"cwd": os.getcwd()}))
     return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`path` holds `text` whole, or what it held before: the text goes to a temporary file in
+    the same folder, flushed and fsynced, which then replaces `path` (`os.replace`), so a crash
+    or a full disk midway leaves no torn file; a failed write removes the temporary file and
+    raises."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself outlives a crash
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def started_in(run_dir: Path) -> Path | None:

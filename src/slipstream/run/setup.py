@@ -39,7 +39,7 @@ from slipstream.run.components import (
     resolve_placement,
 )
 from slipstream.run.evaluate import heldout_accuracy, rewards_of, summarize
-from slipstream.run.folder import make_run_dir
+from slipstream.run.folder import make_run_dir, write_atomic
 from slipstream.runtime import placement
 from slipstream.schedule.agentic import episode_group, make_runner
 from slipstream.schedule.episodes import run_episodes
@@ -224,8 +224,9 @@ class Run:
         self.timeline.close()
 
     def write_ledger(self) -> None:
-        """`ledger.json`: at the end of a run, and of one that stopped on an error."""
-        (self.dir / "ledger.json").write_text(json.dumps(self.ledger.as_dict(), indent=2))
+        """`ledger.json` (whole or not at all: `write_atomic`): at the end of a run, and of one
+        that stopped on an error."""
+        write_atomic(self.dir / "ledger.json", json.dumps(self.ledger.as_dict(), indent=2))
 
     def rollout(self, prompts: list[Prompt]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""

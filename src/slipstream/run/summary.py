@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slipstream.run.folder import write_atomic
 from slipstream.run.setup import Run
 from slipstream.schedule.step_stats import goodput
 
@@ -30,8 +31,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
     """The end of a run: its workers and observers closed, `summary.json` (accuracies, wall
-    time, steps, the ledger, the run's info, goodput) and `ledger.json` written, one line
-    logged; returns the summary."""
+    time, steps, the ledger, the run's info, goodput) and `ledger.json` written, each whole or
+    not at all (`run.folder.write_atomic`), one line logged; returns the summary."""
     run.close_workers()
     run.close_observers()
     samplers = run.info.get("samplers", 0)
@@ -57,7 +58,7 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
         **run.info,
         **good,
     }
-    (run.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(run.dir / "summary.json", json.dumps(summary, indent=2))
     run.write_ledger()
     lost = (
         f", {run.ledger.lost} groups ({good['tokens_lost']} tokens) lost to failures"
