@@ -42,12 +42,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from slipstream.observe.censored import finite_or_none, median_bounds, ratio_bounds
 
 SCHEDULES = ("sync", "pipeline", "async")
 CROSSINGS = ("monotone", "first")
@@ -191,21 +192,12 @@ def seed_bounds(
     rows: list[dict[str, Any]], base: str, other: str, tail: float, key: str = "time_to_target_s"
 ) -> list[tuple[float, float]]:
     """Per seed at `tail`, [low, high] of base's time to target over other's, a run that
-    never reached the target censored at its budget (`train_s`, training time): reached by
-    both, low = high = the ratio; base never, at least base's budget over other's time;
-    other never, at most base's time over other's budget; neither, unknown (0, inf)."""
-    out = []
-    for _, b, o in paired_runs(rows, base, other, tail):
-        if b[key] is not None and o[key] is not None:
-            x = b[key] / max(o[key], 1e-9)
-            out.append((x, x))
-        elif o[key] is not None:
-            out.append((b["train_s"] / max(o[key], 1e-9), math.inf))
-        elif b[key] is not None:
-            out.append((0.0, b[key] / max(o["train_s"], 1e-9)))
-        else:
-            out.append((0.0, math.inf))
-    return out
+    never reached the target censored at its budget (`train_s`, training time):
+    observe.censored.ratio_bounds."""
+    return [
+        ratio_bounds(b[key], b["train_s"], o[key], o["train_s"])
+        for _, b, o in paired_runs(rows, base, other, tail)
+    ]
 
 
 def step_gap(
@@ -224,14 +216,6 @@ def step_gap(
     if not per_seed:
         return None
     return {"mean": statistics.mean(per_seed.values()), "by_seed": per_seed}
-
-
-def median_bounds(bounds: list[tuple[float, float]]) -> list[float] | None:
-    """[low, high] of the median over seeds of ratios known only within bounds (the median
-    is non-decreasing in each value: the median of the lows, of the highs); None: no seed."""
-    if not bounds:
-        return None
-    return [statistics.median(lo for lo, _ in bounds), statistics.median(hi for _, hi in bounds)]
 
 
 def by_schedule(rows: list[dict[str, Any]], key: str, tail: float) -> dict[str, float | None]:
@@ -338,11 +322,11 @@ def main(argv: list[str]) -> int:
     line = {
         "pipeline_speedup_vs_sync": speedup(rows, "sync", "pipeline", top),
         # JSON has no infinity: an unbounded high end is null
-        "pipeline_speedup_vs_sync_bounds": _finite(
+        "pipeline_speedup_vs_sync_bounds": finite_or_none(
             median_bounds(seed_bounds(rows, "sync", "pipeline", top))
         ),
         "pipeline_speedup_by_seed": [
-            _finite(list(b)) for b in seed_bounds(rows, "sync", "pipeline", top)
+            finite_or_none(list(b)) for b in seed_bounds(rows, "sync", "pipeline", top)
         ],
         "pipeline_speedup_vs_sync_first": speedup(
             rows, "sync", "pipeline", top, "time_to_target_first_s"
@@ -375,10 +359,6 @@ def main(argv: list[str]) -> int:
     (out / "agentic.json").write_text(json.dumps({**line, "runs": rows}, indent=2))
     print(json.dumps(line))
     return 0 if all(r["ledger_balanced"] for r in rows) else 1
-
-
-def _finite(xs: list[float] | None) -> list[float | None] | None:
-    return None if xs is None else [x if math.isfinite(x) else None for x in xs]
 
 
 def _median(xs: list[float]) -> float | None:

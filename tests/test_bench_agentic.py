@@ -154,7 +154,7 @@ def test_speedup_bounds_censor_an_unreached_run_at_its_budget():
         0.0,
         math.inf,
     ]
-    assert bench._finite([0.0, math.inf]) == [0.0, None]
+    assert bench.finite_or_none([0.0, math.inf]) == [0.0, None]
     assert bench.median_bounds([]) is None
 
 

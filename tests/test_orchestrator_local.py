@@ -419,9 +419,19 @@ def test_bench_schedules_ratios_medians_and_baseline():
     assert agg["sync"]["train_s"] == 40 and agg["sync"]["wall_s"] == 42
     assert baseline(agg) == "sync_inprocess"
     r = ratios(per_seed, "sync_inprocess", [0.4] * 3)
-    # speedups 10/5 = 2 and 12/4 = 3 (seed 2: pipeline never); walls 0.5, 0.5, 0.5
-    assert r["speedup"] == 2.5 and r["speedup_range"] == [2, 3] and r["speedup_seeds"] == 2
+    # speedups 10/5 = 2 and 12/4 = 3; seed 2: pipeline never within its 15 s, sync at 20 s:
+    # at most 20/15, counted (censored), not dropped. Medians of (2, 3, 0) and (2, 3, 4/3):
+    # 2 both, so the median is 2 (dropping seed 2 gave 2.5 over 2 seeds)
+    assert r["speedup"] == 2 and r["speedup_bounds"] == [2, 2]
+    assert r["speedup_by_seed"] == [[2, 2], [3, 3], [0, pytest.approx(20 / 15)]]
+    assert r["speedup_seeds"] == 3 and r["speedup_reached"] == 2
+    assert r["speedup_range"] == [0, 3]
     assert r["wall_ratio"] == 0.5 and r["wall_ratio_range"] == [0.5, 0.5]
+    # pipeline never within 5 s on seed 2: at most 20/5 = 4; the median lies in [2, 3]:
+    # undecided, so no point figure
+    per_seed[2]["pipeline"] = {**per_seed[2]["pipeline"], "train_s": 5}
+    r = ratios(per_seed, "sync_inprocess", [0.4] * 3)
+    assert r["speedup"] is None and r["speedup_bounds"] == [2, 3]
     # a time of 0 (reached at the start) is a time, not "never": it wins the baseline
     zero = {**agg, "sync": {**agg["sync"], "time_to_target_s": 0.0}}
     assert baseline(zero) == "sync"

@@ -1,3 +1,4 @@
 """Seeing a run: metric values with their reduction (metrics), sinks (JSONL, TensorBoard, W&B),
-the live terminal view (progress), rollouts as text, the busy/idle timeline, and the
-`slipstream report` figures and HTML page (runs, figures, report)."""
+the live terminal view (progress), rollouts as text, the busy/idle timeline, the
+`slipstream report` figures and HTML page (runs, figures, report), the training clock (clock)
+and speedups in time to target with unreached runs censored at their budget (censored)."""

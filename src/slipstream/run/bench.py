@@ -27,14 +27,21 @@ which says nothing: prefer the gain.
 
 Per seed, the pipeline's time-to-target ratio (baseline / pipeline: above 1, the pipeline gets
 there sooner) and wall ratio (pipeline / baseline, the same steps); medians and ranges over
-the seeds. Prints a table, saves it (`bench_schedules.md`, `bench_schedules.json` in `--out`),
-and ends with one JSON line: `{"presets": {NAME: {"time_to_target_s", "time_to_target_range", "time_to_target_wall_s",
-"final_acc", "train_s", "wall_s", "sampler_busy", "trainer_wait", "lag_mean", "lag_max", "ess",
-"reached"}},
-"baseline", "target", "seeds", "pipeline_speedup_vs_sync", "pipeline_speedup_vs_sync_range",
-"pipeline_wall_ratio", "pipeline_wall_ratio_range", "pipeline_speedup_vs": {SYNC: ...}}`, where
-`time_to_target_s` and the ratios are training time, evaluation excluded (the wall ratio is of
-`train_s`), and `time_to_target_wall_s`, `wall_s` the wall clock.
+the seeds. A run that never reached the target is censored at its budget (observe.censored):
+its seed's ratio is known within bounds (baseline unreached: at least its budget over the
+pipeline's time; pipeline unreached: at most the baseline's time over its budget), never left
+out, and the median's bounds are reported with the number of seeds; the median itself is None
+where they differ. Prints a table, saves it (`bench_schedules.md`, `bench_schedules.json` in
+`--out`), and ends with one JSON line: `{"presets": {NAME: {"time_to_target_s",
+"time_to_target_range", "time_to_target_wall_s", "final_acc", "train_s", "wall_s",
+"sampler_busy", "trainer_wait", "lag_mean", "lag_max", "ess", "reached"}},
+"baseline", "target", "seeds", "pipeline_speedup_vs_sync", "pipeline_speedup_vs_sync_bounds",
+"pipeline_speedup_vs_sync_range", "pipeline_wall_ratio", "pipeline_wall_ratio_range",
+"pipeline_speedup_vs": {SYNC: {"speedup", "speedup_bounds", "speedup_range",
+"speedup_by_seed", "speedup_seeds", "speedup_reached", "wall_ratio", "wall_ratio_range"}}}`,
+where `time_to_target_s` (over the seeds that reached it) and the ratios are training time,
+evaluation excluded (the wall ratio is of `train_s`), `time_to_target_wall_s`, `wall_s` the
+wall clock, and an unbounded end of bounds or a range is null.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.config import Config, ConfigError, load_config
+from slipstream.observe.censored import finite_or_none, median_bounds, point, ratio_bounds
 from slipstream.observe.clock import EVAL_S, EVAL_START_S, Reached, time_to_target, training_total
 from slipstream.observe.runs import finished_summary, saved_changes, with_deferred_heldout
 from slipstream.run.preflight import held_run
@@ -134,9 +142,10 @@ def _range(xs: list[float]) -> list[float] | None:
     return [min(xs), max(xs)] if xs else None
 
 
-def _span(r: list[float] | None) -> str:
-    """A range as printed: `1.18-2.16`, or `none`."""
-    return "none" if not r else f"{r[0]:.2f}-{r[1]:.2f}"
+def _span(r: list[float | None] | None) -> str:
+    """A range as printed: `1.18-2.16`, `0.00-inf` (None: unbounded), `1.18` (one value), or
+    `none`."""
+    return "none" if not r else "-".join("inf" if x is None else f"{x:.2f}" for x in r)
 
 
 def aggregate(per_seed: list[dict[str, Any]], targets: list[float]) -> dict[str, Any]:
@@ -174,19 +183,34 @@ def aggregate(per_seed: list[dict[str, Any]], targets: list[float]) -> dict[str,
 
 def ratios(per_seed: list[dict[str, Any]], base: str, targets: list[float]) -> dict[str, Any]:
     """Per seed: base time to target / pipeline's, pipeline budget / base budget (training
-    time, evaluation excluded, both); medians, ranges."""
-    speed, wall = [], []
+    time, evaluation excluded, both). A run that never reached the target is censored at its
+    budget (observe.censored): its seed's speedup is known within bounds, never dropped. The
+    median speedup's bounds (an unbounded end None), the median itself where they meet (else
+    None), each seed's bounds, their range, and how many seeds were compared and how many
+    both runs reached; the wall ratio's median and range."""
+    bounds, wall, both = [], [], 0
     for s, target in zip(per_seed, targets, strict=True):
         if base not in s or "pipeline" not in s:
             continue
         a, b = first_reach(s[base], target), first_reach(s["pipeline"], target)
-        if a is not None and b is not None and b.train_s:
-            speed.append(a.train_s / b.train_s)
+        both += a is not None and b is not None
+        bounds.append(
+            ratio_bounds(
+                None if a is None else a.train_s, s[base]["train_s"],
+                None if b is None else b.train_s, s["pipeline"]["train_s"],
+            )
+        )  # fmt: skip
         wall.append(s["pipeline"]["train_s"] / s[base]["train_s"])
+    med = median_bounds(bounds)
     return {
-        "speedup": _median(speed),
-        "speedup_range": _range(speed),
-        "speedup_seeds": len(speed),
+        "speedup": point(med),
+        "speedup_bounds": finite_or_none(med),
+        "speedup_range": finite_or_none(
+            [min(lo for lo, _ in bounds), max(hi for _, hi in bounds)] if bounds else None
+        ),
+        "speedup_by_seed": [finite_or_none(b) for b in bounds],
+        "speedup_seeds": len(bounds),
+        "speedup_reached": both,
         "wall_ratio": _median(wall),
         "wall_ratio_range": _range(wall),
     }
@@ -359,8 +383,11 @@ def report(
     text = table(agg, targets, seeds)
     if best:
         text += (
-            f"\n\npipeline vs {base} (the better sync), training time: time to target x{_fmt(best['speedup'], '.2f')} "
-            f"(range {_span(best['speedup_range'])}, {best['speedup_seeds']} seeds reached), "
+            f"\n\npipeline vs {base} (the better sync), training time: time to target "
+            f"{'undecided' if best['speedup'] is None else 'x' + format(best['speedup'], '.2f')} "
+            f"(median within {_span(best['speedup_bounds'])}, {best['speedup_seeds']} seeds, "
+            f"{best['speedup_reached']} reached by both; per seed "
+            f"{', '.join(_span(b[:1] if b[0] == b[1] else b) for b in best['speedup_by_seed'])}), "
             f"wall ratio {_fmt(best['wall_ratio'], '.2f')} (range {_span(best['wall_ratio_range'])})"
         )
     print(text)
@@ -371,6 +398,7 @@ def report(
         "target": targets,
         "seeds": seeds,
         "pipeline_speedup_vs_sync": best.get("speedup"),
+        "pipeline_speedup_vs_sync_bounds": best.get("speedup_bounds"),
         "pipeline_speedup_vs_sync_range": best.get("speedup_range"),
         "pipeline_wall_ratio": best.get("wall_ratio"),
         "pipeline_wall_ratio_range": best.get("wall_ratio_range"),
