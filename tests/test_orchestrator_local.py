@@ -433,7 +433,36 @@ def test_bench_schedules_ratios_medians_and_baseline():
     r = ratios(per_seed, "sync_inprocess", [0.4] * 3)
     assert r["speedup"] is None and r["speedup_bounds"] == [2, 3]
     # a time of 0 (reached at the start) is a time, not "never": it wins the baseline
-    zero = {**agg, "sync": {**agg["sync"], "time_to_target_s": 0.0}}
+    zero = {**agg, "sync": {**agg["sync"], "time_to_target_censored_s": 0.0, "reached_seeds": 3}}
     assert baseline(zero) == "sync"
     # per-seed targets: seed 0's 0.6 is never reached, seeds 1-2 as before
     assert aggregate(per_seed, [0.6, 0.4, 0.4])["sync_inprocess"]["reached"] == "2/3"
+
+
+def test_bench_schedules_baseline_is_the_sync_that_reached_on_more_seeds():
+    """A sync configuration that reached the target on 1 seed of 3 (at 10 s) is not the
+    baseline over one that reached it on all 3 (at 20 s): the median over its reached seeds
+    alone (10 s) hides the 2 seeds it never got there."""
+    from slipstream.run.bench import aggregate, baseline
+
+    def run(ttt: float | None, budget: float) -> dict:
+        clock = [{"step": 5, "wall_s": ttt, "time/eval_s": 0.0, "heldout_acc": 0.5}]
+        stats = {"sampler_busy": 0.5, "trainer_wait": 0.5, "lag_mean": 0, "lag_max": 0}
+        return {"clock": clock if ttt is not None else [], "eval_in_wall": False,
+                "heldout_acc_start": 0.1, "heldout_acc_end": 0.5, "train_s": budget,
+                "wall_s": budget, "ess_token": 1.0, **stats}  # fmt: skip
+
+    per_seed = [
+        {"sync_inprocess": run(10, 100), "sync": run(20, 100)},
+        {"sync_inprocess": run(None, 100), "sync": run(20, 100)},
+        {"sync_inprocess": run(None, 100), "sync": run(20, 100)},
+    ]
+    agg = aggregate(per_seed, [0.4] * 3)
+    assert agg["sync_inprocess"]["time_to_target_s"] == 10  # its one reached seed
+    assert baseline(agg) == "sync"
+    # censored: never reached within 100 s counts 100 s (at least): median 100
+    assert agg["sync_inprocess"]["time_to_target_censored_s"] == 100
+    # the same reached count: the lower censored median wins, 15 s against 20 s
+    per_seed[1]["sync_inprocess"] = run(15, 100)
+    per_seed[2]["sync_inprocess"] = run(30, 100)
+    assert baseline(aggregate(per_seed, [0.4] * 3)) == "sync_inprocess"
