@@ -13,7 +13,10 @@ forecast of a run's duration (issue 22).
     `auto_lag_vs_best_fixed`: for time (auto / best fixed, lower is better) and accuracy (auto /
     best fixed, higher is better), the best fixed K picked per metric after the fact, which the
     controller is never told; `time_median_reached` says, for auto and that K, whether the
-    median time is a time to target (True) or an unreached run's whole training time (False). Target: within 5 % on both (time <= 1.05, accuracy >= 0.95).
+    median time is a time to target (True) or an unreached run's whole training time (False),
+    and `stopped` counts the runs of auto and those K that stopped (collapsed). Target: within
+    5 % on both (time <= 1.05, accuracy >= 0.95); `auto_lag_met` is true only where both
+    median times are times to target and no compared run stopped.
     Beside it, auto's final accuracy minus that K's seed by seed, with a 90 % bootstrap
     interval of the mean difference (`acc_paired_points`): a best K picked after the fact
     among noisy columns is favoured by its own noise, and the interval says whether a gap
@@ -236,12 +239,26 @@ def auto_table(res: dict[str, list[dict]], target: float | str) -> tuple[str, di
         # False: that median time is a run's whole training time (it never reached the target), so
         # time_ratio compares budgets there, not times to target
         "time_median_reached": {n: median_reached(done[n]) for n in ("auto", best_t)},
+        # runs that stopped (collapsed), left out of these medians
+        "stopped": {n: len(res[n]) - len(done[n]) for n in ("auto", best_t, best_a)},
         "acc_paired_points": paired(res, best_a),
     }
     for name in sorted(n for n in med if n.startswith("auto@")):  # diagnostic starts
         ratio[f"{name}_time_ratio"] = med[name][0] / med[best_t][0]
         ratio[f"{name}_acc_ratio"] = med[name][1] / med[best_a][1] if med[best_a][1] else None
     return "\n".join(lines), ratio
+
+
+def auto_lag_met(ratio: dict[str, Any]) -> bool:
+    """Whether auto met its target, within 5 % of the best fixed K on both time (ratio <= 1.05)
+    and accuracy (ratio >= 0.95), on medians that are what they say: each compared median time
+    a time to target (`time_median_reached`: not an unreached run's whole training time) and no
+    compared configuration with a stopped run (left out of its medians)."""
+    t, a = ratio.get("time_ratio"), ratio.get("acc_ratio")
+    reached, stopped = ratio.get("time_median_reached", {}), ratio.get("stopped", {})
+    if t is None or a is None or not reached or not all(reached.values()):
+        return False
+    return t <= 1.05 and a >= 0.95 and not any(stopped.values())
 
 
 def paired(
@@ -350,11 +367,7 @@ def main(argv: list[str]) -> int:
         text, ratio = auto_table(res, result["target"])
         print(text)
         result["auto_lag_vs_best_fixed"] = ratio
-        result["auto_lag_met"] = (
-            ratio["time_ratio"] is not None
-            and ratio["time_ratio"] <= 1.05
-            and ratio["acc_ratio"] >= 0.95
-        )
+        result["auto_lag_met"] = auto_lag_met(ratio)
     if not args.skip_watchdog:
         wd = part_watchdog(args, extra, done)
         print("| run | final acc | rollbacks |\n| --- | --- | --- |")

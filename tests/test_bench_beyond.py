@@ -100,3 +100,29 @@ def test_a_diagnostic_start_is_reported_beside_auto_never_as_a_fixed_k():
     _, ratio = bench.auto_table(res, 0.25)
     assert ratio["best_fixed_time"] == "K=2" and ratio["time_ratio"] == 13.0 / 9.0
     assert ratio["auto@2_time_ratio"] == 3.0 / 9.0
+
+
+def test_auto_lag_met_needs_reached_medians_and_no_stopped_run():
+    """`auto_lag_met` compares times to target: not where a compared median time is an
+    unreached run's whole training time, nor where a compared configuration's stopped
+    (collapsed) run was left out of its medians."""
+    k8 = [_run(4.9, True), _run(20.0, True), _run(27.4, True)]
+    met = {"K=8": k8, "auto": [_run(5.5, True), _run(20.5, True), _run(30.0, True)]}
+    _, ratio = bench.auto_table(met, 0.25)
+    assert ratio["time_ratio"] == 20.5 / 20.0 and bench.auto_lag_met(ratio)
+    # auto's median, 20.5, is the budget of a run that never got there: 1.025 "within 5 %"
+    # compares a budget with a time to target
+    unreached = {"K=8": k8, "auto": [_run(5.5, True), _run(20.5, False), _run(30.0, False)]}
+    _, ratio = bench.auto_table(unreached, 0.25)
+    assert ratio["time_ratio"] == 20.5 / 20.0 and ratio["time_median_reached"]["auto"] is False
+    assert not bench.auto_lag_met(ratio)
+    # auto collapsed on one seed: its medians are over the two seeds left (6.0 s)
+    stopped = {"time_to_target": None, "reached": False, "acc": None, "ess_mean": None}
+    collapsed = {"K=8": k8, "auto": [_run(5.0, True), _run(7.0, True), dict(stopped)]}
+    _, ratio = bench.auto_table(collapsed, 0.25)
+    assert ratio["time_ratio"] == 6.0 / 20.0 and ratio["stopped"]["auto"] == 1
+    assert not bench.auto_lag_met(ratio)
+    # ... and so where the best fixed K's run stopped
+    _, ratio = bench.auto_table({"K=8": [*k8, dict(stopped)], "auto": met["auto"]}, 0.25)
+    assert ratio["stopped"] == {"auto": 0, "K=8": 1} and not bench.auto_lag_met(ratio)
+    assert not bench.auto_lag_met({"time_ratio": None, "acc_ratio": None})
