@@ -43,7 +43,10 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slipstream.config import Config
 
 ROLLBACK = [
     "watchdog.enabled=true",
@@ -51,15 +54,13 @@ ROLLBACK = [
 ]
 
 
-def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: list[str]) -> dict:
-    """One `pipeline` run; its time to target, final accuracy and K trajectory."""
+def run_config(
+    name: str, overrides: list[str], args: argparse.Namespace, extra: list[str]
+) -> Config:
+    """The config of one `pipeline` run, trained into `args.out`/`name`."""
     from slipstream.config import load_config
-    from slipstream.observe.clock import time_to_target, training_total
-    from slipstream.observe.runs import with_deferred_heldout
-    from slipstream.run.launch import train_async
 
-    run_dir = Path(args.out) / name
-    cfg = load_config(
+    return load_config(
         None,
         [
             f"run.steps={args.steps}",
@@ -71,11 +72,23 @@ def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: li
             f"checkpoint.every={args.ckpt_every}",
             *extra,
             *overrides,
-            f'run.dir="{run_dir}"',
+            f'run.dir="{Path(args.out) / name}"',
         ],
     )
+
+
+def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: list[str]) -> dict:
+    """One `pipeline` run; its time to target, final accuracy and K trajectory. With
+    `--resume`, a finished run of the same config in its folder is read back instead, never
+    one matched by name and seed alone (run.bench.read_back_or_train)."""
+    from slipstream.observe.clock import time_to_target, training_total
+    from slipstream.observe.runs import with_deferred_heldout
+    from slipstream.run.bench import read_back_or_train
+
+    cfg = run_config(name, overrides, args, extra)
+    run_dir = Path(str(cfg.run.dir))
     try:
-        summary = train_async(cfg)
+        summary = read_back_or_train(cfg, args.resume, "--resume")
     except RuntimeError as err:  # a collapsed run stops ("N windows ... no informative group")
         rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return {"acc": None, "acc_start": None, "stopped": f"step {len(rows)}: {err}",
@@ -124,14 +137,13 @@ def part_auto(args: argparse.Namespace, extra: list[str], done: dict) -> dict[st
     res: dict[str, list[dict]] = {}
     for seed in args.seeds:
         for name, ov in configs.items():
-            key = f"{name}/s{seed}"
-            r = done.get(key) or {
+            r = {
                 **run_one(
                     f"auto_{name.replace('=', '')}_s{seed}", [*ov, f"run.seed={seed}"], args, extra
                 ),
                 "seed": seed,
             }
-            done[key] = r
+            done[f"{name}/s{seed}"] = r
             res.setdefault(name, []).append(r)
             save(args, done)
             if r["acc"] is None:
@@ -177,9 +189,8 @@ def part_watchdog(args: argparse.Namespace, extra: list[str], done: dict) -> dic
     }
     res = {}
     for i, (name, ov) in enumerate(configs.items()):
-        key = f"wd/{name}"
-        r = done.get(key) or run_one(f"wd_{i}", ov, args, extra)
-        done[key] = res[name] = r
+        r = run_one(f"wd_{i}", ov, args, extra)
+        done[f"wd/{name}"] = res[name] = r
         if r["acc"] is None:
             print(f"beyond: watchdog {name}: the run stopped at {r['stopped']}", flush=True)
         else:
@@ -343,7 +354,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--spike-factor", type=float, default=30.0)
     ap.add_argument("--spike-steps", type=int, default=2)
     ap.add_argument("--out", default="bench_out/beyond")
-    ap.add_argument("--resume", action="store_true", help="keep the runs in OUT/results.json")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="read back the finished runs of the same config in OUT instead of training them; "
+        "an unfinished one of the same settings is trained again, one of other settings refused",
+    )
     ap.add_argument("--skip-auto", action="store_true")
     ap.add_argument("--skip-watchdog", action="store_true")
     ap.add_argument("--skip-forecast", action="store_true")
@@ -354,9 +370,7 @@ def main(argv: list[str]) -> int:
     args.auto_starts = [int(x) for x in args.auto_starts.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    done: dict[str, Any] = {}
-    if args.resume and (out / "results.json").exists():
-        done = json.loads((out / "results.json").read_text())
+    done: dict[str, Any] = {}  # this call's runs, trained or read back: OUT/results.json
     result: dict[str, Any] = {
         "steps": args.steps,
         "seeds": args.seeds,

@@ -26,7 +26,10 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slipstream.config import Config
 
 METRICS = {
     "ess": "staleness/ess_token",
@@ -37,13 +40,12 @@ METRICS = {
 }
 
 
-def run_one(k: int, mode: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
-    """One training run; its final accuracy and step means of `METRICS`."""
+def run_config(k: int, mode: str, seed: int, steps: int, out: Path, extra: list[str]) -> Config:
+    """The config of one run, trained into `out`/k{k}_{mode}_s{seed}."""
     from slipstream.config import load_config
-    from slipstream.run.launch import train_async
 
     run_dir = out / f"k{k}_{mode}_s{seed}"
-    cfg = load_config(
+    return load_config(
         None,
         [
             f"run.steps={steps}",
@@ -60,7 +62,19 @@ def run_one(k: int, mode: str, seed: int, steps: int, out: Path, extra: list[str
             f'run.dir="{run_dir}"',
         ],
     )
-    summary = train_async(cfg)
+
+
+def run_one(
+    k: int, mode: str, seed: int, steps: int, out: Path, extra: list[str], resume: bool = False
+) -> dict:
+    """One training run; its final accuracy and step means of `METRICS`. With `resume`, a
+    finished run of the same config in its folder is read back instead, never one matched by
+    its K, mode and seed alone (run.bench.read_back_or_train)."""
+    from slipstream.run.bench import read_back_or_train
+
+    cfg = run_config(k, mode, seed, steps, out, extra)
+    run_dir = Path(str(cfg.run.dir))
+    summary = read_back_or_train(cfg, resume, "--resume")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "train/loss" in r]
     means = {
@@ -135,7 +149,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--out", default="bench_out/staleness")
-    ap.add_argument("--resume", action="store_true", help="keep the runs in OUT/results.json")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="read back the finished runs of the same config in OUT instead of training them; "
+        "an unfinished one of the same settings is trained again, one of other settings refused",
+    )
     args, extra = ap.parse_known_args(argv)
     lags = [int(x) for x in args.lags.split(",")]
     modes = args.modes.split(",")
@@ -143,18 +162,10 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict[tuple[int, str], list[dict[str, Any]]] = {}
-    done: dict[str, dict[str, Any]] = {}
-    if args.resume and (out / "results.json").exists():  # runs finished by an earlier call
-        for key, runs in json.loads((out / "results.json").read_text()).items():
-            for r in runs:
-                done[f"{key}/{r['seed']}"] = r
     for seed in seeds:
         for k in lags:
             for mode in modes:
-                r = done.get(f"{k}/{mode}/{seed}") or {
-                    **run_one(k, mode, seed, args.steps, out, extra),
-                    "seed": seed,
-                }
+                r = {**run_one(k, mode, seed, args.steps, out, extra, args.resume), "seed": seed}
                 res.setdefault((k, mode), []).append(r)
                 print(
                     f"staleness: K={k} {mode} seed={seed}: acc {r['acc']:.3f} "

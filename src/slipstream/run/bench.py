@@ -310,19 +310,20 @@ def reuse(name: str, cfg: Config) -> dict[str, Any] | None:
     return {**summary, **clock_view(name, Path(str(cfg.run.dir)), summary)}
 
 
-def check_folder(cfg: Config, reuse: bool) -> bool:
+def check_folder(cfg: Config, reuse: bool, flag: str = "--reuse") -> bool:
     """Before any run trains: whether `cfg`'s folder holds a run that must be trained again
     (with `reuse`: an unfinished run of the same settings, which `bench_schedules_main`
     removes). A run there that would be mixed with the new one, or removed though it is not
     this bench's, is a `ConfigError`: any run without `reuse`; with it, a run of other
-    settings, finished or not, or one without a config.toml."""
+    settings, finished or not, or one without a config.toml. `flag`: the option that sets
+    `reuse`, as the error names it (bench/beyond.py and bench/staleness.py call it --resume)."""
     folder = Path(str(cfg.run.dir))
     held = held_run(folder)
     if held is None or (reuse and finished_summary(cfg) is not None):
         return False
     if not reuse:
         raise ConfigError(
-            f"bench: {folder} already holds a run ({held}); pass --reuse to read back finished "
+            f"bench: {folder} already holds a run ({held}); pass {flag} to read back finished "
             "runs of the same settings, or give another --out"
         )
     changed = saved_changes(folder, cfg)
@@ -330,10 +331,27 @@ def check_folder(cfg: Config, reuse: bool) -> bool:
         return True
     finished = (folder / "summary.json").is_file()
     raise ConfigError(
-        f"bench: --reuse: {folder} holds {'a finished' if finished else 'an unfinished'} run "
+        f"bench: {flag}: {folder} holds {'a finished' if finished else 'an unfinished'} run "
         f"of other settings ({', '.join((changed or ['no config.toml'])[:5])}); "
         "give another --out"
     )
+
+
+def read_back_or_train(cfg: Config, reuse: bool, flag: str = "--reuse") -> dict[str, Any]:
+    """For bench scripts of the orchestrated loop: the summary of a finished run of exactly
+    `cfg` in its folder, read back with `reuse` (`finished_summary`: never a run matched by
+    its folder's name alone), else of `cfg` trained (`run.launch.train_async`), an unfinished
+    run of the same settings there removed first and any other run refused (`check_folder`,
+    `flag` as its error names the option). A run that stops raises as `train_async` does."""
+    from slipstream.run.launch import train_async
+
+    summary = finished_summary(cfg) if reuse else None
+    if summary is not None:
+        print(f"bench: {cfg.run.dir}: a finished run of the same settings, read back", flush=True)
+        return summary
+    if check_folder(cfg, reuse, flag):  # an interrupted run: trained again from the start
+        shutil.rmtree(str(cfg.run.dir))
+    return train_async(cfg)
 
 
 def _ints(text: str, parser: argparse.ArgumentParser) -> list[int]:
