@@ -74,6 +74,7 @@ import argparse
 import json
 import math
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -386,9 +387,10 @@ def bootstrap(
 ) -> dict[str, dict[str, float]]:
     """How much the headline saving of each filter run depends on which seeds were run: the
     headline (mean curves, smoothed) of `n` resamples of the seeds with replacement. Per run:
-    the 5th, 50th and 95th percentiles and the share of resamples at or above `goal`. A
-    resample whose mean curve never reaches the target counts as the lowest saving (a
-    percentile that lands on one is None)."""
+    the 5th, 50th and 95th percentiles (`percentiles`: interpolated between order statistics)
+    and the share of resamples at or above `goal`. A resample whose mean curve never reaches
+    the target counts as the lowest saving (a percentile on one, or between one and a saving,
+    is None)."""
     rng = random.Random(seed)
     draws: dict[str, list[float]] = {name: [] for name in FILTER_RUNS}
     for _ in range(n):
@@ -402,11 +404,21 @@ def bootstrap(
     for name, v in draws.items():
         if not v:
             continue
-        v.sort()
-        at = (v[min(len(v) - 1, p * len(v) // 100)] for p in (5, 50, 95))
-        q = {f"p{p}": None if x == -math.inf else x for p, x in zip((5, 50, 95), at)}  # never
+        q = {f"p{p}": x for p, x in zip((5, 50, 95), percentiles(v, (5, 50, 95)), strict=True)}
         out[name] = {**q, "share_at_least_goal": sum(x >= goal for x in v) / len(v)}
     return out
+
+
+def percentiles(v: list[float], ps: tuple[int, ...]) -> list[float | None]:
+    """The percentiles `ps` (1 to 99) of `v`, interpolated linearly between the order
+    statistics (statistics.quantiles' `inclusive` method, numpy's default: the p-th at rank
+    (len - 1) p / 100 from 0). `-inf` is a resample that never reached the target: a
+    percentile on one, or between one and a saving, is None."""
+    if len(v) == 1:
+        cuts = [v[0]] * 99
+    else:
+        cuts = statistics.quantiles(v, n=100, method="inclusive")
+    return [cuts[p - 1] if math.isfinite(cuts[p - 1]) else None for p in ps]
 
 
 def per_seed_summary(lines: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:

@@ -84,3 +84,31 @@ def test_per_seed_summary_counts_never_as_zero_and_counts_them():
 def test_default_invocation_says_quick_and_prints_the_headline_command():
     assert "--seeds 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15" in bench.HEADLINE_CMD
     assert "--steps 160" in bench.HEADLINE_CMD and "smoothed curves averaged" in bench.HEADLINE
+
+
+def test_bootstrap_percentiles_interpolate_between_order_statistics(monkeypatch):
+    """Resample i's headline saving made i (0 to 999): the p-th percentile lies at rank
+    999 p / 100 (statistics.quantiles' inclusive method, numpy's default), so p5 = 49.95
+    (between 49 and 50), p50 = 499.5, p95 = 949.05; v[p n // 100] gave 50, 500, 950, each
+    one rank high."""
+
+    def headlines(values: list[float | None]) -> None:
+        it = iter(values)
+        monkeypatch.setattr(bench, "savings_pair", lambda *a: {"headline": next(it)})
+
+    monkeypatch.setattr(bench, "mean_over_seeds", lambda sample: {"zv+pass_rate_band": {}})
+    headlines([float(i) for i in range(1000)])
+    b = bench.bootstrap([{}], n=1000)["zv+pass_rate_band"]
+    assert b["p5"] == pytest.approx(49.95) and b["p50"] == pytest.approx(499.5)
+    assert b["p95"] == pytest.approx(949.05)
+    # 50 resamples never reach the target (the lowest, -inf): p5 at rank 49.95 lies between
+    # a never and the saving 50, so it is not a figure; p50 is unmoved
+    headlines([None] * 50 + [float(i) for i in range(50, 1000)])
+    b = bench.bootstrap([{}], n=1000)["zv+pass_rate_band"]
+    assert b["p5"] is None and b["p50"] == pytest.approx(499.5)
+    # hand-derived on 5 values (1, 2, 4, 8, 16): ranks 0.2, 2 and 3.8 -> 1 + 0.2 x 1,
+    # 4, 8 + 0.8 x 8
+    assert bench.percentiles([1.0, 2.0, 4.0, 8.0, 16.0], (5, 50, 95)) == pytest.approx(
+        [1.2, 4.0, 14.4]
+    )
+    assert bench.percentiles([0.3], (5, 95)) == [0.3, 0.3]
