@@ -136,7 +136,7 @@ def test_a_changed_trainer_setting_replays_the_schedule_to_other_weights(recorde
     """Up to the recorded rollback: a what-if replay could not follow it (its watchdog would
     act on other metrics), so one that reaches it is refused with one line."""
     result = replay(recorded, ["trainer.lr=3e-3", "run.steps=2"], str(tmp_path / "lr"))
-    assert result["changed"] == ["run.steps", "trainer.lr"]
+    assert result["changed"] == ["trainer.lr"] and result["stopped_after"] == 2
     assert result["steps_compared"] == 2 and result["weights_equal"] is False
     assert result["metric_differences"] > 0
     with pytest.raises(ConfigError, match=r"watchdog rollback at step 3.*run\.steps=2"):
@@ -175,6 +175,43 @@ def test_a_moved_weight_load_does_not_replay(recorded, tmp_path):
         except Diverged:
             return
     pytest.fail(f"no moved load of {candidates} made the replay diverge")
+
+
+@pytest.mark.slow
+def test_a_replay_stopped_early_is_the_recorded_run_up_to_there(assets, tmp_path):
+    """`run.steps=N` below the recorded steps bisects: the replay is the recorded run (its
+    cosine learning rate over all 4 steps, past a 1-step warm-up; no evaluation at N that the
+    run did not make), checked against the record (exact), and ends with a checkpoint of N.
+    It used to rebuild the trainer over N steps (another learning rate from step 1), count
+    run.steps as a change (no divergence checks) and evaluate at N."""
+    from slipstream.run.launch import train_async
+
+    run_dir = tmp_path / "run"
+    train_async(load_config(None, [*_overrides(assets, run_dir), *BISECT]))
+    result = replay(run_dir, ["run.steps=2"], str(tmp_path / "bisect"))
+    a, b = _records(run_dir), _records(tmp_path / "bisect")
+    assert [r["train/lr"] for r in b] == [r["train/lr"] for r in a[:2]]
+    assert "heldout_acc" not in b[-1]  # eval.every = 100: the run evaluated at 0 and 4 only
+    assert result["changed"] == [] and result["stopped_after"] == 2
+    assert result["steps_compared"] == 2 and result["metric_differences"] == 0
+    assert result["weights_equal"] is True  # both have step 2's checkpoint
+    summary = json.loads((tmp_path / "bisect" / "summary.json").read_text())
+    assert summary["exact"] is True and summary["heldout_acc_end_step"] == 0
+
+
+# `_overrides` made a 1-sampler pipeline run of 4 steps (K = 1, no watchdog) whose learning
+# rate depends on its length (cosine after a 1-step warm-up), evaluated at the start and the
+# end only, checkpointed at steps 2 and 4
+BISECT = [
+    "run.steps=4",
+    "runtime.num_samplers=1",
+    "schedule.max_lag=1",
+    "watchdog.enabled=false",
+    "trainer.warmup_steps=1",
+    'trainer.lr_schedule="cosine"',
+    "eval.every=100",
+    "checkpoint.every=2",
+]
 
 
 def test_sampler_log_positions_and_rle():

@@ -20,8 +20,10 @@ A replay may change settings that act on the trainer only (`EDITABLE`): the samp
 generate with the new weights under the recorded schedule (each request admitted at its
 recorded engine step if a slot is free, each weight version loaded at its recorded step), so
 the run is the same schedule of staleness with one thing changed. `run.steps` may be lowered
-to stop early (to bisect). Anything that changes what is drawn, how it is sampled, the
-engine or the schedule is refused: the record would not describe that run.
+to stop early (to bisect): the replay is still the recorded run (its learning-rate schedule over
+the recorded steps, its evaluations, checked against the record when nothing else changed) and
+stops after step `run.steps`, with a checkpoint of it. Anything that changes what is drawn, how
+it is sampled, the engine or the schedule is refused: the record would not describe that run.
 """
 
 from __future__ import annotations
@@ -117,9 +119,12 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Config, list[str]]:
-    """The replay's config: the run's, with `overrides`; and the keys they changed.
-    ConfigError names the first key a replay may not change."""
+def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Config, list[str], int]:
+    """The replay's config: the run's, with `overrides`; the keys they changed; the step to
+    stop after. A lowered `run.steps` is that step only: the config keeps the recorded one,
+    which the run computed with (the trainer's learning-rate schedule, its last evaluation
+    and checkpoint), and it is no change. ConfigError names the first key a replay may not
+    change."""
     path = run_dir / "config.toml"
     original = load_config(path, [])
     mine = [f"run.dir={json.dumps(str(out))}", "run.record_schedule=false"]
@@ -133,11 +138,13 @@ def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Confi
                 f"a replay may change only {', '.join(e + '*' if e.endswith('.') else e for e in EDITABLE)} "
                 f"(not {', '.join(FIXED)})"
             )
-    if cfg.run.steps > original.run.steps:
+    stop = cfg.run.steps
+    if stop > original.run.steps:
         raise ConfigError(
-            f"replay: run.steps = {cfg.run.steps}, but the record holds {original.run.steps} steps"
+            f"replay: run.steps = {stop}, but the record holds {original.run.steps} steps"
         )
-    return cfg, changed
+    cfg.run.steps = original.run.steps
+    return cfg, [k for k in changed if k != "run.steps"], stop
 
 
 class TrainerReplay:
@@ -150,8 +157,10 @@ class TrainerReplay:
         record: Path,
         events: list[dict[str, Any]],
         exact: bool,
+        stop: int | None = None,
     ) -> None:
-        """`events`: the record's trainer.jsonl, read by the caller (`replay` checks it)."""
+        """`events`: the record's trainer.jsonl, read by the caller (`replay` checks it);
+        `stop`: the step to stop after (None: the run's last, `run.steps`)."""
         from slipstream.run.learner import RunLearner
         from slipstream.run.rollback import Undone, make_watchdog
         from slipstream.run.sampler import SamplerFactory
@@ -161,6 +170,7 @@ class TrainerReplay:
         from slipstream.train.precision import parse_dtype
 
         self.cfg, self.meta, self.exact = cfg, meta, exact
+        self.stop = cfg.run.steps if stop is None else stop
         self.run = run = setup(cfg)
         self.threads = int(meta["trainer_threads"])
         torch.set_num_threads(self.threads)
@@ -211,7 +221,10 @@ class TrainerReplay:
             raise Diverged(f"{what}: recorded {recorded!r}, replayed {got!r}")
 
     def run_all(self) -> dict[str, Any]:
-        """Every event up to the last step; then the run's end (deferred evaluation, summary)."""
+        """Every event up to the step `stop`; then the run's end (a checkpoint of that step if
+        the run ended before its own last, deferred evaluation, summary). The summary's final
+        accuracy is the last evaluation's the run made up to there (`heldout_acc_end_step`):
+        none is added at `stop`, which would change its step record."""
         from slipstream.run.summary import finish
 
         t0 = time.perf_counter()
@@ -224,13 +237,27 @@ class TrainerReplay:
         }  # fmt: skip
         for e in self.events:
             handlers[e["e"]](e)
-            if e["e"] == "after" and self.learner.version >= self.cfg.run.steps:
+            if e["e"] == "after" and self.learner.version >= self.stop:
                 break
+        self._checkpoint_stop()
         self.learner.evaluate_deferred()
         curve = sorted(self.learner.curve, key=lambda c: c["step"])
         self.run.info.update(replay_of=str(self.meta.get("run_dir", "")), exact=self.exact)
+        self.run.info["heldout_acc_end_step"] = curve[-1]["step"]
         acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
         return finish(self.run, acc_start, curve[-1]["heldout_acc"], time.perf_counter() - t0)
+
+    def _checkpoint_stop(self) -> None:
+        """A replay stopped before the run's last step ends with a checkpoint of where it
+        stopped (the run's own checkpoints are every `checkpoint.every` steps and the last)."""
+        from slipstream.run.resume import checkpoint
+        from slipstream.train.checkpoint import list_checkpoints
+
+        name = f"step_{self.learner.version:06d}"
+        if self.stop < self.cfg.run.steps and name not in {
+            p.name for p in list_checkpoints(self.run.dir)
+        }:
+            checkpoint(self.run)
 
     # ---- messages from samplers ---------------------------------------------------------
     def _msg(self, e: dict[str, Any]) -> None:
@@ -441,9 +468,9 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
     replay leaves the record."""
     meta = read_meta(run_dir)
     path = _out_dir(run_dir, out)
-    cfg, changed = replay_config(run_dir, overrides, path)
+    cfg, changed, stop = replay_config(run_dir, overrides, path)
     events = read_jsonl(run_dir / "schedule" / "trainer.jsonl")
-    rollbacks = [e["bad"] for e in events if e["e"] == "rollback" and e["bad"] <= cfg.run.steps]
+    rollbacks = [e["bad"] for e in events if e["e"] == "rollback" and e["bad"] <= stop]
     if changed and rollbacks:
         raise ConfigError(
             f"replay: the record holds a watchdog rollback at step {rollbacks[0]}, which a replay "
@@ -452,9 +479,15 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
         )
     meta["run_dir"] = str(run_dir)
     t0 = time.perf_counter()
-    TrainerReplay(cfg, meta, run_dir / "schedule", events, exact=not changed).run_all()
+    TrainerReplay(cfg, meta, run_dir / "schedule", events, not changed, stop).run_all()
     wall = time.perf_counter() - t0
-    result = {"out": str(path), "changed": changed, "replay_wall_s": wall, **compare(run_dir, path)}
+    result = {
+        "out": str(path),
+        "changed": changed,
+        "stopped_after": stop,
+        "replay_wall_s": wall,
+        **compare(run_dir, path),
+    }
     summary = run_dir / "summary.json"
     if summary.exists():
         result["original_wall_s"] = json.loads(summary.read_text()).get("wall_s")
