@@ -8,6 +8,7 @@ default, runs the trainer side in a trainer actor (`runtime.trainer_actor`).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,9 +38,12 @@ def train_async(
     shutdown path, and the ledger is written either way. On Ray this starts or joins the
     cluster and (`runtime.trainer_actor`) runs the rest of this function in a trainer actor,
     whose stop flag is `signals`. With `resume`, continue from the newest checkpoint in
-    `cfg.run.dir`: weights, optimizer, run state and the orchestrator's queued work."""
+    `cfg.run.dir`: weights, optimizer, run state and the orchestrator's queued work, and
+    `run.record_schedule` off (`_no_record`)."""
     from slipstream.runtime.local import Interrupts
 
+    if resume and cfg.run.record_schedule:
+        _no_record(cfg)
     rc = cfg.runtime
     if rc.kind == "ray" and signals is None:
         from slipstream.run.folder import make_run_dir
@@ -66,12 +70,6 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     from slipstream.train.checkpoint import checkpoint_step
 
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
-    if ckpt is not None and cfg.run.record_schedule:
-        from slipstream.config import ConfigError
-
-        raise ConfigError(
-            "run.record_schedule: a resumed run cannot be recorded (record from step 0)"
-        )
     if ckpt is not None:
         rewind(ckpt)
     built = _build(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
@@ -79,6 +77,19 @@ def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
         return _drive(cfg, signals, ckpt, *built)
     finally:  # also when it raises: an in-process caller (a notebook) keeps no worker processes
         built[0].close_workers()  # (the trainer's own, of its evaluation episodes)
+
+
+def _no_record(cfg: Config) -> None:
+    """A resumed run is not recorded: a record covers a run from step 0, and the run's own is
+    marked incomplete by the resume (`run.resume.void_record`). Turns `run.record_schedule`
+    off (also in the config.toml the resumed run writes) and says so in one line."""
+    cfg.run.record_schedule = False
+    print(
+        f"slipstream: warning: resuming {cfg.run.dir} without recording it "
+        "(run.record_schedule off): a schedule record covers a run from step 0, so its record "
+        "is marked incomplete and slipstream replay refuses it",
+        file=sys.stderr,
+    )
 
 
 def _drive(

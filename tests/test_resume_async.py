@@ -1,0 +1,77 @@
+"""Resuming an orchestrated run with the command its failure printed (`slipstream train
+--resume RUN_DIR`): a recorded run goes on unrecorded, and a resume that fails leaves the
+run's config.toml as it was, so the same command can be given again.
+
+One `pipeline` run on the local runtime (1 sampler, recorded, a checkpoint at step 2) is killed
+after step 3; each test resumes a copy of its folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slipstream.cli import main
+from slipstream.config import load_config
+from tiny import read_jsonl, write_assets
+
+pytestmark = pytest.mark.slow
+
+REWARD = "def odd(prompt, completion):\n    return float(len(completion) % 2)\n"
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> Path:
+    """The run folder of a recorded 4-step pipeline run killed after step 3."""
+    from slipstream.observe.rollouts import RolloutWriter
+    from slipstream.run.launch import train_async
+
+    assets = write_assets(tmp_path_factory.mktemp("assets"), REWARD)
+    run_dir = tmp_path_factory.mktemp("killed") / "run"
+    cfg = load_config(None, [
+        f'run.dir="{run_dir}"', "run.steps=4", "run.quiet=true", "run.threads=1",
+        "run.record_schedule=true", f'model.path="{assets / "model"}"', 'task.kind="jsonl"',
+        f'task.path="{assets / "rows.jsonl"}"', f'task.reward="{assets / "reward.py"}:odd"',
+        "sampling.max_new_tokens=16", "trainer.batch_prompts=4", "sampling.group_size=4",
+        "trainer.lr=6e-4", "eval.every=2", "eval.num_prompts=8", "checkpoint.every=2",
+        'runtime.kind="local"', "runtime.trainer_threads=1", "runtime.threads_per_sampler=1",
+        'schedule.name="pipeline"', "schedule.max_lag=1",
+    ])  # fmt: skip
+    write = RolloutWriter.write
+
+    def die_after_step_3(self, step, groups):
+        write(self, step, groups)
+        if step == 3:
+            raise Killed
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(Killed):
+        mp.setattr(RolloutWriter, "write", die_after_step_3)
+        train_async(cfg)
+    return run_dir
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    """The killed run's folder, copied (`--resume` names the folder; config.toml's run.dir
+    is the original's, which the resume replaces)."""
+    return Path(shutil.copytree(run_dir, tmp_path / "run"))
+
+
+def test_a_recorded_run_resumes_unrecorded_with_one_warning(killed, tmp_path, capsys):
+    """`run.record_schedule = true` in the run's config.toml made `--resume` (the command
+    printed on failure) a config error (exit 2); now recording is off for the resumed run,
+    with one warning line, and the record stays marked incomplete (resumed from step 2)."""
+    run = _copy(killed, tmp_path)
+    assert main(["train", "--resume", str(run)]) == 0
+    warnings = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
+    assert len(warnings) == 1 and "run.record_schedule off" in warnings[0], warnings
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3, 4]
+    meta = json.loads((run / "schedule" / "meta.json").read_text())
+    assert meta["complete"] is False and meta["resumed_from"] == 2
+    assert load_config(run / "config.toml").run.record_schedule is False
