@@ -219,6 +219,9 @@ def test_wandb_runs_offline_with_the_run_config(
         "p", "team", "exp1", ["a", "b"], "online",
     )  # fmt: skip
     assert init["config"] == {"run": {"seed": 3}}  # the resolved config is the run config
+    # given (run.setup gives it: a resumed run's config.toml is written after its sinks open)
+    make_sinks(tmp_path, ["wandb"], {"config": {"run": {"seed": 4}}})[1].close()
+    assert calls["init"]["config"] == {"run": {"seed": 4}}
     with pytest.raises(ConfigError, match=r"wandb\.mode"):
         load_config(None, ["wandb.mode=sometimes"])
 

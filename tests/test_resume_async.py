@@ -75,3 +75,15 @@ def test_a_recorded_run_resumes_unrecorded_with_one_warning(killed, tmp_path, ca
     meta = json.loads((run / "schedule" / "meta.json").read_text())
     assert meta["complete"] is False and meta["resumed_from"] == 2
     assert load_config(run / "config.toml").run.record_schedule is False
+
+
+def test_a_resume_that_fails_to_restore_leaves_config_toml_as_it_was(killed, tmp_path, capsys):
+    """config.toml was rewritten with the resume's settings when the run was set up, before
+    its checkpoint was restored: a resume that failed there left the run described by settings
+    it never ran with. It is written once the checkpoint is restored."""
+    run = _copy(killed, tmp_path)
+    (run / "checkpoints" / "step_000002" / "trainer.pt").write_bytes(b"not a checkpoint")
+    before = (run / "config.toml").read_bytes()
+    assert main(["train", "--resume", str(run), "trainer.lr=1e-3"]) == 1
+    assert "continue with: slipstream train --resume" in capsys.readouterr().err
+    assert (run / "config.toml").read_bytes() == before

@@ -176,6 +176,43 @@ def test_a_resume_below_its_checkpoint_is_refused(tmp_path, capsys, trained):
     _one_line(capsys.readouterr().err, "run.steps = 1", "step_000002", "run.steps >= 2")
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "ran, change, says",
+    [  # the checkpoint's queue is continuous; the in-process loop keeps none
+        ('schedule.name="pipeline"', 'schedule.name="double_buffer"', "'pipeline'"),
+        ('schedule.name="sync"', 'runtime.kind="inprocess"', "'local'"),
+    ],
+)
+def test_a_resume_under_another_queue_is_refused_before_anything_is_written(
+    tmp_path, capsys, monkeypatch, ran, change, says
+):
+    """A pipeline run resumed with schedule.name="double_buffer" restored its continuous
+    requests (batch -1) into fixed batching and died in its first message (KeyError: -1),
+    after config.toml was rewritten with the new schedule: a plain retry failed the same way."""
+    import slipstream.run.launch
+    import slipstream.run.sync
+
+    loops = (slipstream.run.launch, "train_async"), (slipstream.run.sync, "train_sync")
+    real = {name: getattr(module, name) for module, name in loops}
+    calls: list[Any] = []
+    for module, name in loops:  # stubbed for `main`
+        monkeypatch.setattr(module, name, lambda cfg, resume=False: calls.append(cfg))
+    run = _run_folder(tmp_path / "run", 'runtime.kind="local"', ran)
+    before = _files(run)
+    assert main(["train", "--resume", str(run), change]) == 2 and calls == []
+    setting = change.split("=")[0]
+    _one_line(capsys.readouterr().err, setting, says, f"resume it with {setting} = {says}")
+    assert _files(run) == before
+    train = real["train_sync" if "inprocess" in change else "train_async"]
+    with pytest.raises(ConfigError, match=setting):  # called as a function, the same refusal
+        train(load_config(run / "config.toml", [change]), resume=True)
+    assert _files(run) == before
+
+
 # ---- 4: one-line errors ----
 
 

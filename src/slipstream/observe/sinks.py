@@ -162,7 +162,8 @@ class WandbSink:
     """Weights & Biases, offline by default (no network, no account; `wandb sync` uploads
     later), `online` when asked (`wandb.mode`); project, entity, name and tags as configured.
 
-    The run's resolved `config.toml`, when present, becomes the W&B run config.
+    The run's resolved config (`config`; None: its `config.toml`, when present) becomes the
+    W&B run config.
     """
 
     def __init__(
@@ -173,12 +174,14 @@ class WandbSink:
         name: str | None = None,
         tags: Sequence[str] = (),
         mode: str = "offline",
+        config: dict[str, Any] | None = None,
     ) -> None:
         import wandb  # optional: not a dependency of slipstream
 
         run_dir = Path(run_dir)
         config_path = run_dir / "config.toml"
-        config = tomllib.loads(config_path.read_text()) if config_path.exists() else None
+        if config is None and config_path.exists():
+            config = tomllib.loads(config_path.read_text())
         self._wandb = wandb
         self._run = wandb.init(
             project=project,
@@ -271,10 +274,10 @@ def make_sinks(
     resume_step: int | None = None,
 ) -> list[SafeSink]:
     """The sinks named, JSONL first and always, each wrapped in `SafeSink`; `wandb`: the
-    `WandbSink` settings (the `[wandb]` config section: project, entity, name, tags, mode);
-    `resume_step`: the checkpoint step a resumed run goes on from, after which TensorBoard
-    hides what the run before the resume wrote (as `run.resume.rewind` drops those records
-    from metrics.jsonl), so no step shows twice.
+    `WandbSink` settings (the `[wandb]` config section: project, entity, name, tags, mode;
+    and `config`, the run's resolved config); `resume_step`: the checkpoint step a resumed run
+    goes on from, after which TensorBoard hides what the run before the resume wrote (as
+    `run.resume.rewind` drops those records from metrics.jsonl), so no step shows twice.
 
     An unknown name is a configuration error (ValueError). A sink that fails to open warns
     once and is returned disabled (`.failed` is True), so the run goes on without it.

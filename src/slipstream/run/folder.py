@@ -1,8 +1,9 @@
 """A run's folder: `run.dir`, or a fresh `runs/<UTC time>`, with the resolved config.toml and
 `launch.json`: the folder the run was started in, against which its relative paths
 (`model.path=model`, `task.reward="rewards.py:fn"`) resolve, so `--resume` from anywhere finds
-them (`started_in`). `write_atomic` writes the files a run ends with (summary.json,
-ledger.json) whole or not at all."""
+them (`started_in`). A resumed run writes its config.toml once its checkpoint is restored
+(`run.resume.restore`), so a resume that fails before leaves the run's own. `write_atomic`
+writes the files a run ends with (summary.json, ledger.json) whole or not at all."""
 
 from __future__ import annotations
 
@@ -15,15 +16,17 @@ from pathlib import Path
 from slipstream.config import Config, dump_config
 
 
-def make_run_dir(cfg: Config) -> Path:
-    """`run.dir`, or a new `runs/<UTC time>` (`-2`, `-3`... for runs started in one second)."""
+def make_run_dir(cfg: Config, config: bool = True) -> Path:
+    """`run.dir`, or a new `runs/<UTC time>` (`-2`, `-3`... for runs started in one second);
+    with `config`, its config.toml written (`write_config`)."""
     if cfg.run.dir:
         path = Path(cfg.run.dir)
         path.mkdir(parents=True, exist_ok=True)
     else:
         path = _new_folder(Path("runs") / dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S"))
     cfg.run.dir = str(path)
-    (path / "config.toml").write_text(dump_config(cfg))
+    if config:
+        write_config(path, cfg)
     launch = path / "launch.json"
     if not launch.exists():  # a resumed run keeps the folder it was first started in
         launch.write_text(json.dumps({"cwd": os.getcwd()}))
@@ -50,6 +53,11 @@ def write_atomic(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_config(run_dir: Path, cfg: Config) -> None:
+    """The run's resolved config, `run_dir/config.toml`."""
+    write_atomic(run_dir / "config.toml", dump_config(cfg))
 
 
 def started_in(run_dir: Path) -> Path | None:

@@ -52,7 +52,8 @@ def train_async(
         with session(rc.address):
             if not rc.trainer_actor:
                 return train_async(cfg, Interrupts(), resume)
-            cfg.run.dir = str(make_run_dir(cfg).resolve())  # the actor's working folder may differ
+            # the actor's working folder may differ; a resume writes config.toml once restored
+            cfg.run.dir = str(make_run_dir(cfg, config=not resume).resolve())
             return host_trainer(
                 train_async,
                 (cfg,),
@@ -66,11 +67,12 @@ def train_async(
 
 def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     """The run in this process: build, restore, start the samplers, loop, shut down, finish."""
-    from slipstream.run.resume import latest_checkpoint, rewind
+    from slipstream.run.resume import check_queue, latest_checkpoint, rewind
     from slipstream.train.checkpoint import checkpoint_step
 
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
     if ckpt is not None:
+        check_queue(ckpt.parent.parent, cfg)
         rewind(ckpt)
     built = _build(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
     try:

@@ -3,9 +3,10 @@
 `checkpoint(run)` writes everything the loop's future depends on (weights, optimizer, the
 run's counters and random states, the watchdog's and the forecast's state, the loop's own
 numbers); `latest_checkpoint` finds the newest complete one of a run folder; `resume_changes`
-names the settings a resume changes; `rewind` drops what a killed (or stopped) run wrote after
-it; `restore` puts it back into a freshly set-up run. The in-process loop (`run.sync`) and the
-orchestrated one (`run.launch`) both resume this way.
+names the settings a resume changes, and `check_queue` refuses those the checkpoint's queued
+work cannot be resumed under; `rewind` drops what a killed (or stopped) run wrote after it;
+`restore` puts it back into a freshly set-up run, then writes the run's config.toml. The
+in-process loop (`run.sync`) and the orchestrated one (`run.launch`) both resume this way.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import Any
 
 import torch
 
-from slipstream.config import Config, ConfigError
+from slipstream.config import Config, ConfigError, load_config
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.observe.runs import saved_changes
+from slipstream.run.folder import write_config
 from slipstream.run.setup import Run
 from slipstream.run.summary import read_records
 from slipstream.train.checkpoint import (
@@ -90,7 +92,8 @@ RESUME_FREE = (
 
 def resume_changes(run_dir: Path, cfg: Config) -> list[str]:
     """The settings of `cfg` that differ from the run's own (`run_dir/config.toml`) other than
-    `RESUME_FREE`; `ConfigError` if there is no checkpoint, or `run.steps` is below its step."""
+    `RESUME_FREE`; `ConfigError` if there is no checkpoint, `run.steps` is below its step, or
+    `check_queue` refuses a change."""
     ckpt = latest_checkpoint(run_dir)
     step = checkpoint_step(ckpt)
     if cfg.run.steps < step:
@@ -98,8 +101,32 @@ def resume_changes(run_dir: Path, cfg: Config) -> list[str]:
             f"run.steps = {cfg.run.steps} is below the step of the newest checkpoint ({ckpt}); "
             f"give run.steps >= {step}"
         )
+    check_queue(run_dir, cfg)
     changed = saved_changes(run_dir, cfg) or []  # (the CLI checked that config.toml is there)
     return [k for k in changed if not any(_within(k, f) for f in RESUME_FREE)]
+
+
+def check_queue(run_dir: Path, cfg: Config) -> None:
+    """ConfigError (one line, naming the setting and the run's value) if `cfg` changes what the
+    checkpoint's queued work (`schedule.pipeline_state`) is built for: `schedule.name`, whose
+    batching gives it its form (fixed batches, or one continuous window), or `runtime.kind`
+    taking an orchestrated `sync` run into the in-process loop, which keeps no queue (the
+    prompts it holds would be skipped). Nothing to compare without `run_dir/config.toml`."""
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        return
+    ran = load_config(path)
+    resume = "the resumed run cannot take its checkpoint's queued work; resume it with"
+    if cfg.schedule.name != ran.schedule.name:
+        name = ran.schedule.name
+        raise ConfigError(
+            f"schedule.name: the run ran with {name!r} and {resume} schedule.name = {name!r}"
+        )
+    kind = ran.runtime.kind
+    if cfg.schedule.name == "sync" and cfg.runtime.kind == "inprocess" != kind:
+        raise ConfigError(
+            f"runtime.kind: the run ran on {kind!r} and {resume} runtime.kind = {kind!r}"
+        )
 
 
 def _within(key: str, entry: str) -> bool:
@@ -195,5 +222,6 @@ def restore(run: Run, ckpt: Path) -> dict[str, Any]:
         torch.set_rng_state(trainer_state["rng_torch"])
     if "rng_cuda" in trainer_state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(trainer_state["rng_cuda"])
+    write_config(run.dir, run.cfg)  # restored: the resumed run's settings are the run's now
     run.view.log(f"resumed from {ckpt} (step {run.trainer.version})")
     return state

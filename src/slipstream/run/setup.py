@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import tomllib
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from slipstream.algo import advantages, filters
-from slipstream.config import Config
+from slipstream.config import Config, dump_config
 from slipstream.engine import Engine, Request, SamplingParams, capacity
 from slipstream.engine.stats import EngineStats
 from slipstream.envs.base import EnvFactory
@@ -515,15 +516,23 @@ def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
     return max(len(tok.encode_prompt(p)) for p in prompts) + max_new
 
 
+def _wandb_settings(cfg: Config) -> dict[str, Any]:
+    """The `WandbSink` settings: the `[wandb]` section and the resolved config (a resumed
+    run's config.toml is not rewritten yet when its sinks open)."""
+    return {**cfg.wandb.model_dump(), "config": tomllib.loads(dump_config(cfg))}
+
+
 def setup(cfg: Config, resume_step: int | None = None) -> Run:
-    """The run of `cfg`, in its folder; `resume_step`: the step of the checkpoint a resumed
-    run goes on from (its metrics sinks then hide what the run before wrote after it)."""
+    """The run `cfg` describes, built in its folder. `resume_step`: the step of the checkpoint
+    a resumed run goes on from (its metrics sinks then hide what the run before wrote after
+    it), and its config.toml is rewritten only once the checkpoint is restored
+    (`run.resume.restore`)."""
     where = resolve_placement(cfg)  # before anything is written: a bad device is exit 2
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    run_dir = make_run_dir(cfg)
+    run_dir = make_run_dir(cfg, config=resume_step is None)
     view = ProgressView(cfg.run.steps, "slipstream train", quiet=cfg.run.quiet)
     task = build_task(cfg)
     model, tok, info = build_model(cfg, task, view, where.trainer)
@@ -552,7 +561,7 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
         engine=engine,
         eval_engine=engine,  # the trainer's own weights, never a second model (Run.evaluate)
         trainer=build_trainer(cfg, model, tok.pad_id),
-        sink=FanOut(make_sinks(run_dir, cfg.run.sinks, cfg.wandb.model_dump(), resume_step)),
+        sink=FanOut(make_sinks(run_dir, cfg.run.sinks, _wandb_settings(cfg), resume_step)),
         rollouts=RolloutWriter(run_dir, cfg.run.rollouts_per_step),
         timeline=TimelineWriter(run_dir),
         view=view,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.config import Config
-from slipstream.run.resume import checkpoint, latest_checkpoint, restore, rewind
+from slipstream.run.resume import check_queue, checkpoint, latest_checkpoint, restore, rewind
 from slipstream.run.rollback import inprocess_rollback, make_watchdog
 from slipstream.run.setup import Run, setup
 from slipstream.run.summary import finish
@@ -25,6 +25,7 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
     newest complete checkpoint (the same trajectory as an unbroken run, bit for bit)."""
     ckpt = latest_checkpoint(cfg.run.dir) if resume else None
     if ckpt is not None:
+        check_queue(ckpt.parent.parent, cfg)
         rewind(ckpt)
     run = setup(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
     try:
