@@ -154,7 +154,7 @@ def test_replay_says_why_the_weights_were_not_compared(tmp_path, monkeypatch, ca
 
 
 def test_a_resume_with_changed_settings_warns_naming_them(tmp_path, capsys, trained):
-    run = _run_folder(tmp_path / "run", "run.steps=4")
+    run = _run_folder(tmp_path / "run", "run.steps=4", 'trainer.lr_schedule="constant"')
     args = ["train", "--resume", str(run), "run.seed=5", "trainer.batch_prompts=2"]
     assert main([*args, "run.steps=6", "run.quiet=false"]) == 0 and len(trained) == 1
     err = capsys.readouterr().err.strip()
@@ -164,10 +164,31 @@ def test_a_resume_with_changed_settings_warns_naming_them(tmp_path, capsys, trai
 
 
 def test_a_resume_changing_only_length_display_and_sinks_says_nothing(tmp_path, capsys, trained):
-    run = _run_folder(tmp_path / "run", "run.steps=4", "run.record_schedule=false")
+    """Under a constant learning rate (after warm-up) the run's length changes nothing it
+    computes; under cosine it does (next test)."""
+    run = _run_folder(
+        tmp_path / "run",
+        "run.steps=4",
+        "run.record_schedule=false",
+        'trainer.lr_schedule="constant"',
+    )
     more = ["run.steps=8", "run.quiet=false", "wandb.mode=disabled", "run.rollouts_per_step=0"]
     assert main(["train", "--resume", str(run), *more]) == 0 and len(trained) == 1
     assert capsys.readouterr().err == ""
+
+
+def test_a_longer_resume_under_a_decaying_learning_rate_warns_that_it_changes(
+    tmp_path, capsys, trained
+):
+    """`--resume runs/x run.steps=400` (README) recomputes the cosine schedule over 400 steps:
+    the learning rate from the resumed step on is not the one the run had. It said nothing
+    (run.steps counted as changing nothing the run computes)."""
+    run = _run_folder(tmp_path / "run", "run.steps=4")  # trainer.lr_schedule: cosine
+    assert main(["train", "--resume", str(run), "run.steps=8"]) == 0 and len(trained) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("slipstream: warning: "), err
+    assert "(run.steps)" in err and "cosine learning-rate schedule is recomputed" in err
+    assert "from the resumed step on the learning rate follows the new schedule" in err
 
 
 def test_a_resume_below_its_checkpoint_is_refused(tmp_path, capsys, trained):

@@ -114,11 +114,18 @@ def _warn_changed(run_dir: str, cfg: Config) -> None:
     from slipstream.run.resume import resume_changes
 
     changed = resume_changes(Path(run_dir), cfg)
+    steps = ""
+    if "run.steps" in changed:  # (only under a decaying learning-rate schedule)
+        steps = (
+            f"; with run.steps = {cfg.run.steps} the {cfg.trainer.lr_schedule} learning-rate "
+            "schedule is recomputed over the new length, so from the resumed step on the "
+            "learning rate follows the new schedule"
+        )
     if changed:
         print(
             f"slipstream: warning: resuming {run_dir} with other settings than it ran with "
             f"({', '.join(changed)}); the resumed run is not bit-identical to an unbroken one, "
-            "and its config.toml is rewritten with them",
+            f"and its config.toml is rewritten with them{steps}",
             file=sys.stderr,
         )
 

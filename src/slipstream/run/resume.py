@@ -78,8 +78,9 @@ def latest_checkpoint(run_dir: str | Path | None) -> Path:
     return ckpts[-1]
 
 
-# what a resume may change and still follow the run's trajectory: how far it goes, what it
-# shows, where its metrics go, and whether it is recorded (a resumed run never is)
+# what a resume may change and still follow the run's trajectory: how far it goes (unless the
+# learning rate decays over it: `_free`), what it shows, where its metrics go, and whether it
+# is recorded (a resumed run never is)
 RESUME_FREE = (
     "run.steps",
     "run.quiet",
@@ -103,7 +104,16 @@ def resume_changes(run_dir: Path, cfg: Config) -> list[str]:
         )
     check_queue(run_dir, cfg)
     changed = saved_changes(run_dir, cfg) or []  # (the CLI checked that config.toml is there)
-    return [k for k in changed if not any(_within(k, f) for f in RESUME_FREE)]
+    return [k for k in changed if not _free(k, cfg)]
+
+
+def _free(key: str, cfg: Config) -> bool:
+    """`key` changes nothing the resumed run computes (`RESUME_FREE`). `run.steps` does under a
+    decaying `trainer.lr_schedule`: the schedule spans `run.steps` (Trainer.lr_at), so the
+    learning rate from the resumed step on follows the one over the new length."""
+    if key == "run.steps" and cfg.trainer.lr_schedule != "constant":
+        return False
+    return any(_within(key, f) for f in RESUME_FREE)
 
 
 def check_queue(run_dir: Path, cfg: Config) -> None:
