@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 import yaml
@@ -94,6 +94,14 @@ class Config(_Section):
         if self.filters.pass_rate_low >= self.filters.pass_rate_high:
             raise ValueError("filters.pass_rate_low: must be below filters.pass_rate_high")
         return self
+
+    @property
+    def runtime_kind(self) -> Literal["inprocess", "local", "ray"]:
+        """The runtime that runs this config: `runtime.kind`, except that only the `sync`
+        schedule runs in process; any other schedule asked for `inprocess` (the default)
+        runs on `local`, with `runtime.num_samplers` sampler processes."""
+        kind = self.runtime.kind
+        return "local" if kind == "inprocess" and self.schedule.name != "sync" else kind
 
     @model_validator(mode="after")
     def _recordable(self) -> Config:

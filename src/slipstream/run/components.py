@@ -32,12 +32,12 @@ def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
 
 def resolve_placement(cfg: Config) -> placement.Placement:
     """Devices of the trainer and the samplers; ConfigError (exit 2) if the machine lacks one."""
-    rc = cfg.runtime
-    n = rc.num_samplers if rc.kind != "inprocess" else 1
+    rc, kind = cfg.runtime, cfg.runtime_kind
+    n = rc.num_samplers if kind != "inprocess" else 1
     where = placement.resolve(
         cfg.trainer.device, rc.sampler_devices, n, placement.cuda_device_count()
     )
-    if rc.kind == "ray":  # Ray places sampler actors (`sampler_resources`) and sets their GPU
+    if kind == "ray":  # Ray places sampler actors (`sampler_resources`) and sets their GPU
         gpu = rc.sampler_resources.get("GPU", 0) > 0
         where = placement.Placement(where.trainer, ("cuda:0" if gpu else "cpu",) * n)
     return where
@@ -73,7 +73,7 @@ def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:
     whether the samplers compute the trainer's log-probs exactly: a bfloat16 sampler does not
     (tests/test_engine_bf16.py), the in-process engine shares the float32 master weights."""
     max_lag = preset(cfg.schedule.name, cfg.schedule.lag_bound).max_lag
-    exact = cfg.model.dtype == "float32" or cfg.runtime.kind == "inprocess"
+    exact = cfg.model.dtype == "float32" or cfg.runtime_kind == "inprocess"
     c = cfg.correction
     return Trainer(
         model,

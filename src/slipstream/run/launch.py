@@ -124,7 +124,9 @@ def _drive(
         with signals.catch():
             rt.channels.weights.publish(dict(run.model.named_parameters()), run.trainer.version)
             rt.start(sampler)
-            run.view.log(f"schedule {orch.spec.name}: {rt.num_samplers} sampler(s) on {rc.kind}")
+            run.view.log(
+                f"schedule {orch.spec.name}: {rt.num_samplers} sampler(s) on {cfg.runtime_kind}"
+            )
             orch.wait_ready(cfg.runtime.startup_timeout_s)
             orch.start()
             orch.stats.t_start -= saved.get("wall_s", 0.0)  # a resumed run's clock goes on
@@ -147,7 +149,7 @@ def _drive(
     run.info.update(
         orch.summary(),
         heldout_curve=curve,
-        runtime=rc.kind,
+        runtime=cfg.runtime_kind,
         sampler_pids=rt.pids(),
         samplers=rt.num_samplers,
         weight_channel=type(rt.channels.weights).__name__,  # CudaIpcWeights: device to device
@@ -204,7 +206,7 @@ def _record(cfg: Config, run_dir: Path, orch: Orchestrator) -> Callable[[bool], 
         "sampler_threads": rc.threads_per_sampler or default_threads(rc.num_samplers),
         "schedule": orch.spec.name,
         "max_lag": orch.spec.max_lag,
-        "runtime": rc.kind,
+        "runtime": cfg.runtime_kind,
     }
     return attach(orch, run_dir, meta)
 
