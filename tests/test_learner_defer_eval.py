@@ -46,4 +46,48 @@ def test_deferred_evaluations_score_each_steps_weights_and_hold_none(tmp_path):
     learner.evaluate_deferred()
     assert [(c["step"], c["heldout_acc"]) for c in learner.curve] == [(1, 3.0), (2, 6.0), (3, 9.0)]
     assert torch.equal(model.weight, torch.full((1, 3), -1.0))  # back to the final weights
+    learner.drop_snapshots()  # once the summary is written
     assert not (tmp_path / "eval_snapshots").exists()
+
+
+def test_a_resumed_learner_keeps_the_curve_and_the_snapshots_up_to_its_checkpoint(tmp_path):
+    """A checkpoint at step 2 holds the snapshots of steps 0 and 2 (not scored yet): resumed
+    from it, they are scored with the resumed run's, and the snapshot of step 4 that the run
+    before the resume took (past the checkpoint) is gone. Before, the resumed run's curve began
+    at its first evaluation after the resume, which became its start accuracy."""
+    model = torch.nn.Linear(3, 1, bias=False)
+
+    def make() -> RunLearner:
+        run = SimpleNamespace(
+            model=model,
+            evaluate=lambda: float(model.weight.detach().sum()),
+            ledger=Ledger(),
+            counters=Counter(),
+            dir=tmp_path,
+        )
+        return RunLearner(run, defer_eval=True)  # type: ignore[arg-type]
+
+    first = make()
+    for step in (0, 2):
+        with torch.no_grad():
+            model.weight.fill_(step)
+        first.evaluate(step)
+    saved = first.state_dict()  # the checkpoint of step 2 (JSON)
+    with torch.no_grad():
+        model.weight.fill_(4.0)
+    first.evaluate(4)  # after the checkpoint; then the run is killed
+    resumed = make()
+    resumed.restored(saved, 2)
+    assert sorted(p.name for p in (tmp_path / "eval_snapshots").iterdir()) == [
+        "step_000000.pt",
+        "step_000002.pt",
+    ]
+    with torch.no_grad():
+        model.weight.fill_(5.0)
+    resumed.evaluate(4)  # the resumed run's own step 4
+    resumed.evaluate_deferred()
+    assert [(c["step"], c["heldout_acc"]) for c in resumed.curve] == [
+        (0, 0.0),
+        (2, 6.0),
+        (4, 15.0),
+    ]

@@ -87,3 +87,41 @@ def test_a_resume_that_fails_to_restore_leaves_config_toml_as_it_was(killed, tmp
     assert main(["train", "--resume", str(run), "trainer.lr=1e-3"]) == 1
     assert "continue with: slipstream train --resume" in capsys.readouterr().err
     assert (run / "config.toml").read_bytes() == before
+
+
+def test_a_deferred_run_killed_after_its_last_checkpoint_resumes_with_its_whole_curve(
+    tmp_path,
+):
+    """`runtime.defer_eval`: killed while scoring its snapshots (after the checkpoint of its
+    last step), the run resumed trains nothing and scores them: its summary's curve and start
+    accuracy are the unbroken run's. Before, the checkpoint held no curve and no snapshots,
+    and the resume raised IndexError (an empty curve), again at every retry."""
+    from slipstream.run.launch import train_async
+    from slipstream.run.learner import RunLearner
+
+    assets = write_assets(tmp_path / "assets", REWARD)
+
+    def cfg(run_dir: Path):
+        return load_config(None, [
+            f'run.dir="{run_dir}"', "run.steps=4", "run.quiet=true", "run.threads=1",
+            f'model.path="{assets / "model"}"', 'task.kind="jsonl"',
+            f'task.path="{assets / "rows.jsonl"}"', f'task.reward="{assets / "reward.py"}:odd"',
+            "sampling.max_new_tokens=16", "trainer.batch_prompts=4", "sampling.group_size=4",
+            "trainer.lr=6e-4", "eval.every=2", "eval.num_prompts=8", "checkpoint.every=2",
+            'runtime.kind="local"', "runtime.trainer_threads=1", "runtime.threads_per_sampler=1",
+            'schedule.name="sync"', "runtime.defer_eval=true",
+        ])  # fmt: skip
+
+    whole = train_async(cfg(tmp_path / "whole"))
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(Killed):
+        mp.setattr(RunLearner, "evaluate_deferred", lambda self: (_ for _ in ()).throw(Killed()))
+        train_async(cfg(tmp_path / "run"))
+    resumed = train_async(cfg(tmp_path / "run"), resume=True)
+
+    def curve(s: dict) -> list[tuple[int, float]]:
+        return [(c["step"], c["heldout_acc"]) for c in s["heldout_curve"]]
+
+    assert curve(resumed) == curve(whole) and [s for s, _ in curve(whole)] == [0, 2, 4]
+    assert resumed["heldout_acc_start"] == whole["heldout_acc_start"]
+    assert resumed["heldout_acc_end"] == whole["heldout_acc_end"]
+    assert not (tmp_path / "run" / "eval_snapshots").exists()

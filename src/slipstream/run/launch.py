@@ -117,6 +117,7 @@ def _drive(
         "heldout_acc_start": acc_start,
         "wall_s": time.perf_counter() - orch.stats.t_start,
         "run_stats": orch.stats.state_dict(),  # the summary's run-level figures go on
+        **learner.state_dict(),  # the held-out curve so far, deferred snapshots not scored
         **({"lag_control": ctl.state_dict()} if ctl is not None else {}),
     }
     orch.health = signals.raise_if_requested
@@ -165,7 +166,9 @@ def _drive(
         assert isinstance(rt, RayRuntime)
         run.info.update(weight_transport=rc.weight_transport, weight_fallbacks=rt.weights.fallbacks)
     acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
-    return finish(run, acc_start, curve[-1]["heldout_acc"], wall)
+    summary = finish(run, acc_start, curve[-1]["heldout_acc"], wall)
+    learner.drop_snapshots()
+    return summary
 
 
 def _restore(
@@ -174,11 +177,12 @@ def _restore(
     """A resumed run: the checkpoint `ckpt` into the run, the learner and the orchestrator
     (its queued work, the lag controller's state); its state.json ({} without `ckpt`)."""
     from slipstream.run.resume import restore
+    from slipstream.train.checkpoint import checkpoint_step
 
     if ckpt is None:
         return {}
     saved = restore(run, ckpt)
-    learner.restored(saved.get("heldout_acc_start"))
+    learner.restored(saved, checkpoint_step(ckpt))
     orch.stats.load_state_dict(saved.get("run_stats", {}))  # older checkpoints: none
     if "orchestrator" in saved:
         orch.load_state_dict(saved["orchestrator"])

@@ -54,12 +54,34 @@ class RunLearner:
         self.extra_state: Callable[[], dict[str, Any]] = dict  # more for each checkpoint
         self.watchdog: Watchdog | None = None  # schedule.watchdog
 
-    def restored(self, acc_start: float | None) -> None:
-        """The run was restored from a checkpoint: count from its counters; its held-out
-        accuracy at the start, if it had one, begins the curve."""
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the evaluations so far (JSON): the held-out curve scored
+        and, with `defer_eval`, the snapshots not scored yet (their steps, wall times, files)."""
+        return {
+            "heldout_curve": list(self.curve),
+            "eval_snapshots": [[step, wall, path.name] for step, wall, path in self._snapshots],
+        }
+
+    def restored(self, saved: dict[str, Any], step: int) -> None:
+        """The run was restored from the checkpoint of `step` (its state.json `saved`): count
+        from its counters; the held-out curve and the deferred snapshots up to that step go
+        on (a checkpoint without them: the accuracy at the start, if it had one, begins the
+        curve); snapshots the run before the resume took after that step are deleted, since
+        the resumed run takes its own."""
         self._mark = Counter(self.run.counters)
-        if acc_start is not None:
-            self.curve.append({"step": 0, "wall_s": 0.0, "heldout_acc": acc_start})
+        folder = self.run.dir / "eval_snapshots"
+        if "heldout_curve" in saved:
+            self.curve = [dict(c) for c in saved["heldout_curve"]]
+        elif saved.get("heldout_acc_start") is not None:
+            self.curve.append({"step": 0, "wall_s": 0.0, "heldout_acc": saved["heldout_acc_start"]})
+        kept = {name: (int(s), float(w)) for s, w, name in saved.get("eval_snapshots", [])}
+        for name, (s, wall) in sorted(kept.items(), key=lambda kv: kv[1][0]):
+            if s <= step and (folder / name).is_file():
+                self._snapshots.append((s, wall, folder / name))
+        if folder.is_dir():
+            for path in folder.iterdir():
+                if path.name not in kept or kept[path.name][0] > step:
+                    path.unlink(missing_ok=True)
 
     @property
     def version(self) -> int:
@@ -139,7 +161,9 @@ class RunLearner:
             checkpoint(run, **self.extra_state())
 
     def evaluate_deferred(self) -> None:
-        """Score the snapshots (after the run); leaves the model with its final weights."""
+        """Score the snapshots (after the run); leaves the model with its final weights. The
+        files stay until `drop_snapshots` (after the summary is written), so a run killed
+        meanwhile scores them again when resumed."""
         if not self._snapshots:
             return
         final = {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
@@ -147,8 +171,13 @@ class RunLearner:
             self.run.model.load_state_dict(torch.load(path, weights_only=True))
             self.acc = self.run.evaluate()
             self.curve.append({"step": step, "wall_s": wall, "heldout_acc": self.acc})
-            path.unlink()
         self.run.model.load_state_dict(final)
-        with contextlib.suppress(OSError):  # not empty: someone else's files, left alone
-            self._snapshots[0][2].parent.rmdir()
+
+    def drop_snapshots(self) -> None:
+        """Delete the scored snapshots' files (and their folder, if nothing else is in it)."""
+        for _, _, path in self._snapshots:
+            path.unlink(missing_ok=True)
+        if self._snapshots:
+            with contextlib.suppress(OSError):  # not empty: someone else's files, left alone
+                self._snapshots[0][2].parent.rmdir()
         self._snapshots = []

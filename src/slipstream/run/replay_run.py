@@ -245,7 +245,9 @@ class TrainerReplay:
         self.run.info.update(replay_of=str(self.meta.get("run_dir", "")), exact=self.exact)
         self.run.info["heldout_acc_end_step"] = curve[-1]["step"]
         acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
-        return finish(self.run, acc_start, curve[-1]["heldout_acc"], time.perf_counter() - t0)
+        summary = finish(self.run, acc_start, curve[-1]["heldout_acc"], time.perf_counter() - t0)
+        self.learner.drop_snapshots()
+        return summary
 
     def _checkpoint_stop(self) -> None:
         """A replay stopped before the run's last step ends with a checkpoint of where it
