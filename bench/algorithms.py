@@ -60,7 +60,7 @@ Commands: python bench/algorithms.py --steps 80 --seeds 0,1
     --only no_filters,zv+pass_rate_band,zv+soft_band [--pool 640];
     the 160-step rows: --steps 160 --pool 1280 with the same --only, one seed at a time
     (--seed S --runs-dir RUNS/seedS, two at once on 2 cores: about 22 min a pair), then all read
-    back together: --seeds 0,1,...,15 --reuse --runs-dir RUNS.
+    back together: --seeds 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 --reuse --runs-dir RUNS.
 
 Run: python bench/algorithms.py [--steps 60] [--quick] [--out bench_out/algorithms.png]
      [--only no_filters,zv+pass_rate_band,zv+soft_band] [--seeds 0,1] [--reuse]
