@@ -164,3 +164,36 @@ def test_malformed_jsonl_exits_2_naming_the_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert f"{data}:41: missing column 'answer'" in err
+
+
+def test_a_step_counts_the_generation_time_of_the_batches_that_trained_nothing(
+    tmp_path, monkeypatch
+):
+    """A batch whose groups were all filtered trains nothing, and its tokens go into the next
+    step record (`marks`); its generation seconds go there too, so the record's tokens per
+    second, sampler busy and step time are over the same work. Before, only the last draw's
+    seconds were counted (the live view showed 5x the real generation speed)."""
+    import time
+
+    from slipstream.run.setup import Run
+
+    collect = Run.collect
+    calls = []
+
+    def slow_then_empty(self, n):
+        t0 = time.perf_counter()
+        new, kept = collect(self, n)
+        if not calls:  # the first batch: slow, and nothing to train
+            time.sleep(0.5)
+        calls.append(time.perf_counter() - t0)
+        if len(calls) == 1:
+            self.ledger.filtered["scripted"] = self.ledger.filtered.get("scripted", 0) + len(kept)
+            return new, []
+        return new, kept
+
+    monkeypatch.setattr(Run, "collect", slow_then_empty)
+    cfg = tiny_cfg(tmp_path, "run", "eval.every=100", steps=1)
+    train_sync(cfg)
+    (rec,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert len(calls) == 2
+    assert rec["time/generate_s"] >= sum(calls) and rec["step_time_s"] >= rec["time/generate_s"]

@@ -130,21 +130,25 @@ def train_steps(
     run.view.log(f"run folder {run.dir}{held}")
     empty_draws = 0
     mark, groups = marks(run), []  # counters at the last step record, groups generated since
+    step_t0, t_gen = None, 0.0  # since the last step record: its start, generation seconds
     while run.trainer.version < cfg.run.steps:
         t0 = time.perf_counter()
+        step_t0 = t0 if step_t0 is None else step_t0
         # 1. draw B prompts, sample a group of each (waits for the longest one) and settle it:
         # advantages and filters; groups with no signal go to the ledger, not the trainer
         new, kept = run.collect(cfg.trainer.batch_prompts)
         groups += new
-        t_gen = time.perf_counter() - t0
-        run.timeline.interval("sampler0", "generate", t0 - t_start, t0 - t_start + t_gen)
-        run.timeline.interval("trainer", "wait", t0 - t_start, t0 - t_start + t_gen)
+        t_draw = time.perf_counter() - t0
+        t_gen += t_draw  # a batch that trained nothing: its time is the next step's, as its tokens
+        run.timeline.interval("sampler0", "generate", t0 - t_start, t0 - t_start + t_draw)
+        run.timeline.interval("trainer", "wait", t0 - t_start, t0 - t_start + t_draw)
         if not kept:
             empty_draws = _empty_draw(run, wd, new, empty_draws)
             continue
         empty_draws = 0
         # 2. one optimizer step; the engine samples from the new version from now on
-        record, evaluated = _step(run, wd, kept, groups, mark, t0, t_gen, t_start)
+        record, evaluated = _step(run, wd, kept, groups, mark, step_t0, t_gen, t_start)
+        step_t0, t_gen = None, 0.0
         acc = acc if evaluated is None else evaluated
         record |= start_eval
         start_eval = {}
