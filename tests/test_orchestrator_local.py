@@ -252,6 +252,51 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
     assert json.loads((run_dir / "ledger.json").read_text())["balanced"]
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_sigterm_stops_the_in_process_loop_and_its_reward_workers(assets, tmp_path):
+    """SIGTERM (a scheduler's preemption) takes the in-process loop's shutdown path as Ctrl-C
+    does: its reward workers (a reward in a file runs in worker processes) are stopped and the
+    ledger is written. Before, SIGTERM ended the process at once and its workers ran on."""
+    run_dir = tmp_path / "sigterm"
+    script = tmp_path / "run.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_orchestrator_local import _cfg
+        from slipstream.run.sync import train_sync
+        from pathlib import Path
+        if __name__ == "__main__":
+            train_sync(_cfg(Path({str(assets)!r}), Path({str(run_dir)!r}), 'runtime.kind="inprocess"', "run.steps=100000"))
+    """)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        end = time.monotonic() + 120
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < end, "the run never got going"
+            time.sleep(0.2)
+        assert len(in_session(proc.pid)) >= 2  # the loop and its reward workers
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while in_session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leftover = in_session(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # no orphan outlives a failed test
+    assert leftover == []
+    assert json.loads((run_dir / "ledger.json").read_text())["balanced"]
+
+
 def test_killed_samplers_are_restarted_and_their_work_issued_again(assets, tmp_path):
     """Fault injection (bench/chaos.py's check, on the tiny model, cut to 3 kills in 24 steps
     to keep CI short; `python bench/chaos.py` runs the 20-kill version): SIGKILLs of random

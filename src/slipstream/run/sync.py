@@ -8,6 +8,10 @@ written here, and the run ends in `run.summary.finish`.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,8 @@ def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
         rewind(ckpt)
     run = setup(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
     try:
-        return _train(run, ckpt)
+        with sigterm_as_interrupt():
+            return _train(run, ckpt)
     except BaseException:  # an error or Ctrl-C: what `train_async` leaves, the same way
         run.close_observers()  # the terminal restored; metrics and timeline up to the last step
         # every group generated and neither trained nor filtered was back, not trained
@@ -53,3 +58,23 @@ def _train(run: Run, ckpt: Path | None) -> dict[str, Any]:
 
     acc_start, acc, wall = train_steps(run, wd, saved, save)
     return finish(run, acc_start, acc, wall)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's preemption, `kill`) raises KeyboardInterrupt in the main thread,
+    as Ctrl-C does, so the in-process loop takes its one shutdown path: its environment and
+    reward workers are stopped, its ledger written. By default SIGTERM ended the process at
+    once and left those workers running. Elsewhere than the main thread: nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
