@@ -222,6 +222,19 @@ def test_orchestrated_runtime_settings_on_the_in_process_loop_are_refused(key, v
     load_config(None, [setting, 'schedule.name="pipeline"'])
 
 
+@pytest.mark.parametrize(
+    "where", [['schedule.name="pipeline"'], ['schedule.name="async"'], ['runtime.kind="local"']]
+)
+def test_refill_off_outside_the_in_process_sync_loop_is_refused(where):
+    """Before, `filters.pass_rate_refill=false` with any orchestrated schedule (which issues
+    prompts until a step holds B groups) ran as if it were true, without a word."""
+    off = "filters.pass_rate_refill=false"
+    with pytest.raises(ConfigError, match=r"^filters.pass_rate_refill: false is honoured only"):
+        load_config(None, [off, *where])
+    assert not load_config(None, [off]).filters.pass_rate_refill  # the in-process sync loop
+    assert load_config(None, [*where]).filters.pass_rate_refill
+
+
 def test_a_date_like_value_is_text_and_errors_name_the_setting_itself():
     """`run.dir=2024-01-01` was read as a TOML date and refused; errors on settings of several
     types named keys that do not exist (`schedule.max_lag.int`); a number given to a text

@@ -151,6 +151,19 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _refill_off_in_process(self) -> Config:
+        """`filters.pass_rate_refill = false` is a rule of the in-process sync loop's draw: the
+        orchestrated schedules issue prompts until a step holds B groups, which refills, and
+        would run as if it were true without a word."""
+        if self.filters.pass_rate_refill or self.runtime_kind == "inprocess":
+            return self
+        raise ValueError(
+            "filters.pass_rate_refill: false is honoured only by the in-process sync loop "
+            "(schedule.name = 'sync', runtime.kind = 'inprocess'); the other schedules and "
+            "runtimes issue prompts until a step holds B groups, which refills"
+        )
+
+    @model_validator(mode="after")
     def _algorithms_consistent(self) -> Config:
         s, f = self.sampling, self.filters
         if s.adaptive_group_size and not s.group_size_min <= s.group_size <= s.group_size_max:

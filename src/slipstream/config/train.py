@@ -175,8 +175,9 @@ class FilterConfig(_Section):
     False: nothing, as if its group had been generated and dropped by `zero_variance`: each
     step takes the same B prompts of the dataset as without the band and generates only the
     ones the band lets through (at least one), so the band saves exactly the generation of the
-    groups it predicts to be uninformative. Only the `sync` schedule honours False; the other
-    schedules issue prompts until a step holds B groups, which refills."""
+    groups it predicts to be uninformative. Only the in-process sync loop (`sync` schedule,
+    `runtime.kind = "inprocess"`) honours False, and False anywhere else is a config error: the
+    other schedules and runtimes issue prompts until a step holds B groups, which refills."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling (§3.2): after filtering, draw more prompts until the step holds B
     informative groups or `max_extra_draws` extra prompts were drawn. Each refill draws only
