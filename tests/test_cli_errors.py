@@ -76,6 +76,24 @@ def test_a_missing_optional_library_names_the_install_command(
     _one_line(err, package, f"pip install 'slipstream[{package}]'")
 
 
+def test_a_ray_address_with_no_cluster_there_names_the_setting(capsys, tmp_path, monkeypatch):
+    """Before, `runtime.address=auto` with no Ray cluster running was a traceback
+    (`ConnectionError: Could not find any running Ray instance`), exit 1, and the advice to
+    start again. Ray's discovery is made to find none here, so a cluster another process runs
+    on this machine is not joined."""
+    ray = pytest.importorskip("ray")
+    from ray._private import services
+
+    assert not ray.is_initialized()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(services, "_find_address_from_flag", lambda flag: [])  # no GCS running
+    monkeypatch.setattr(services, "find_bootstrap_address", lambda temp_dir: None)  # nor started
+    services.find_gcs_addresses.cache_clear()
+    rc, err = _train(capsys, tmp_path, 'runtime.kind="ray"', 'runtime.address="auto"')
+    assert rc == 2 and not ray.is_initialized()
+    _one_line(err, "runtime.address", "'auto'", "ray start --head", "leave runtime.address unset")
+
+
 def test_an_empty_value_is_an_error_not_the_default(capsys, tmp_path):
     rc = main(["train", "run.dir=", "run.steps=1"])
     err = capsys.readouterr().err.strip()

@@ -68,6 +68,7 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import ActorDiedError, RayActorError
 
+from slipstream.config.base import ConfigError
 from slipstream.runtime.buckets import broadcast_buckets
 from slipstream.runtime.channels import Channels, Router, SamplerMessage
 from slipstream.runtime.ray_channels import (
@@ -78,6 +79,7 @@ from slipstream.runtime.ray_channels import (
     TrainerWeights,
     get,
 )
+from slipstream.text import first_line
 
 LINGER_S = 0.02  # a busy sampler sends its messages at most this late (fewer, larger calls)
 CHECK_EVERY_S = 0.2  # how often `check()` polls the actors (a death is noticed within it)
@@ -94,7 +96,7 @@ def session(address: str | None) -> Iterator[None]:
         yield
         return
     if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        _join(address)
     else:
         ray.init(
             num_cpus=os.cpu_count(),
@@ -106,6 +108,19 @@ def session(address: str | None) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def _join(address: str) -> None:
+    """`ray.init` on the cluster at `address`; none to join there is a `ConfigError` naming
+    `runtime.address` (Ray's own message suggests flags of its CLI, none of ours)."""
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+    except ConnectionError as e:
+        said = first_line(e).split(". ")[0].rstrip(".")
+        raise ConfigError(
+            f"runtime.address: no Ray cluster to join at {address!r} ({said}); start one with "
+            "`ray start --head`, or leave runtime.address unset for a private Ray on this machine"
+        ) from None
 
 
 def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
