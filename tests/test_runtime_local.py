@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -12,6 +13,7 @@ import torch.multiprocessing as mp
 
 from slipstream.runtime.channels import ChannelEnd, Channels, SamplerMessage
 from slipstream.runtime.local import ERROR_EXIT, LocalRuntime, default_threads
+from slipstream.runtime.processes import WorkersCannotStart
 
 
 class EchoWorker:
@@ -129,6 +131,33 @@ def test_a_failing_sampler_waits_for_room_in_its_queue_to_report_the_error():
         signal.signal(signal.SIGINT, sigint)
     assert e.value.code == ERROR_EXIT and groups.tries == 9
     assert groups.got is not None and "injected failure" in groups.got.error
+
+
+class _ExitsOnUnpickle:
+    """A factory a fresh sampler cannot even receive: unpickling it exits the process with
+    code 1, before its entry function runs (as a sampler does whose main module cannot be
+    imported again: a script without `if __name__ == "__main__":`)."""
+
+    def __reduce__(self):
+        return (os._exit, (1,))
+
+
+@pytest.mark.slow  # ~5 s: the fork server imports torch and the library once
+def test_samplers_that_exit_before_they_start_stop_the_run_naming_the_main_guard():
+    """Before, each was restarted until `RuntimeError: sampler 0 ... was already restarted 3
+    times (runtime.max_restarts)`, which did not say why."""
+    rt = _runtime(1)
+    try:
+        rt.start(_ExitsOnUnpickle())  # type: ignore[arg-type]
+        end = time.monotonic() + 60
+        with pytest.raises(WorkersCannotStart, match=r'3 times in a row.*if __name__ == "__main'):
+            while time.monotonic() < end:
+                rt.check()
+                time.sleep(0.05)
+        assert rt.restarts == [2]  # 3 incarnations; the budget (max_restarts) had one more
+    finally:
+        rt.shutdown()
+    _assert_gone(rt)
 
 
 def test_default_threads_split_the_cores():

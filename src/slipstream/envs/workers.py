@@ -62,6 +62,7 @@ from slipstream.envs.base import (
 )
 from slipstream.envs.scratch import ScratchRoot
 from slipstream.runtime import processes
+from slipstream.runtime.processes import START_FAILURES, WorkersCannotStart
 from slipstream.types import Prompt
 
 Isolation = Literal["process", "thread"]
@@ -74,14 +75,6 @@ class EnvError(RuntimeError):
 
 class WorkerDied(RuntimeError):
     """The worker process that held the episode's environment died."""
-
-
-class WorkersCannotStart(RuntimeError):
-    """Environment worker processes exit before their first reply, again and again (each
-    fresh one would die the same way: the run stops instead of churning)."""
-
-
-START_FAILURES = 3  # fresh workers in a row that exit (not killed) before their first reply
 
 
 class Workers(Protocol):
@@ -322,7 +315,7 @@ class ProcessWorkers:
         self.home: dict[Hashable, int] = {}  # episode -> index of the worker holding its env
         self.lost: dict[Hashable, str] = {}  # episodes whose worker died: why
         self.deaths = 0  # workers that died (killed for a timeout or otherwise)
-        self.start_failures = 0  # fresh workers in a row that exited before their first reply
+        self.starts = processes.StartFailures(START_FAILURES)  # exits before a first reply
 
     def _spawn(self) -> _Worker:
         ours, theirs = self.ctx.Pipe(duplex=True)
@@ -450,7 +443,7 @@ class ProcessWorkers:
             self._died(i, self._why(w))
             return
         op, w.running, w.replied = w.running, None, True
-        self.start_failures = 0
+        self.starts.alive()
         assert op is not None and op.key == key
         if status == "ok":
             op.future.set_result((payload, seconds))
@@ -471,18 +464,13 @@ class ProcessWorkers:
         w = self.workers[i]
         self.deaths += 1
         shutil.rmtree(w.scratch, ignore_errors=True)  # what it left mid-call (a sandbox's)
-        code = w.proc.exitcode
-        if not w.replied and code is not None and code > 0:
-            self.start_failures += 1
-            if self.start_failures >= START_FAILURES:
-                raise WorkersCannotStart(
-                    f"environment workers exit before their first reply ({why}, "
-                    f"{self.start_failures} in a row). They are forked from a fork server "
-                    "that imports the main module again: check that the training script runs "
-                    'its work under `if __name__ == "__main__":` and that the env factory '
-                    "unpickles (importable, not defined in the main script); or set "
-                    'env.isolation="thread"'
-                )
+        if self.starts.ended(w.replied, w.proc.exitcode):
+            raise WorkersCannotStart(
+                f"environment workers exit before their first reply ({why}, "
+                f"{self.starts.in_row} in a row). They are {processes.MAIN_GUARD} and that the env "
+                "factory unpickles (importable, not defined in the main script); or set "
+                'env.isolation="thread"'
+            )
         # a queued first observation lost nothing (its environment was never built): it
         # waits for the fresh worker; the running operation and queued steps fail
         again = [op for op in w.queue if op.op == "first"]

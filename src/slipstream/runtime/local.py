@@ -136,9 +136,13 @@ def _child_main(
     channels: Channels,
     threads: int,
     env: dict[str, str] | None = None,
+    started: Any = None,
 ) -> None:
     """Entry point of a sampler process: build the worker, run it, report a failure. `env`
-    is set before anything touches CUDA (`CUDA_VISIBLE_DEVICES`: only its own GPU)."""
+    is set before anything touches CUDA (`CUDA_VISIBLE_DEVICES`: only its own GPU); `started`
+    (an event) is set first: the process got past its preparation (`check`)."""
+    if started is not None:
+        started.set()
     os.environ.update(env or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns shutdown
     torch.set_num_threads(threads)
@@ -251,7 +255,9 @@ class LocalRuntime:
     with the trainer's weights). `prompt_queue` bounds each sampler's inbox (in chunks),
     `group_queue` the groups waiting for the trainer. A sampler that dies without reporting an
     error (killed, crashed in C) is restarted with a fresh inbox, at most `max_restarts` times
-    each; it loads the latest weights from the weight channel as it starts.
+    each; it loads the latest weights from the weight channel as it starts. One that exits
+    by itself before its entry function runs, `max_restarts + 1` (at most `START_FAILURES`)
+    times in a row, stops the run with `WorkersCannotStart` (runtime.processes).
     """
 
     def __init__(
@@ -285,12 +291,16 @@ class LocalRuntime:
         )
         self.procs: list[Any] = []
         self.restarts = [0] * num_samplers
+        limit = min(processes.START_FAILURES, max_restarts + 1)
+        self.starts = [processes.StartFailures(limit) for _ in range(num_samplers)]
+        self.started: list[Any] = [None] * num_samplers  # each incarnation's `started` event
         self.failed: set[int] = set()  # samplers that exited after reporting an error
         self.factory: WorkerFactory | None = None
         self._closed = False
 
     def _spawn(self, i: int) -> Any:
         ch = replace(self.channels, prompts=self.inboxes[i], groups=self.outboxes[i])
+        self.started[i] = self.ctx.Event()
         p = self.ctx.Process(
             target=_child_main,
             args=(
@@ -299,6 +309,7 @@ class LocalRuntime:
                 ch,
                 self.threads,
                 self.sampler_env[i] if self.sampler_env else None,
+                self.started[i],
             ),
             name=f"slipstream-sampler{i}",
             daemon=True,
@@ -335,6 +346,7 @@ class LocalRuntime:
             if p.exitcode == ERROR_EXIT:  # its error message is on its way: the run stops
                 self.failed.add(i)
                 continue
+            self._started_or_raise(i, p)
             if self.restarts[i] >= self.max_restarts:
                 raise RuntimeError(
                     f"sampler {i} (pid {p.pid}) exited with code {p.exitcode} and was already "
@@ -354,6 +366,17 @@ class LocalRuntime:
             self.procs[i] = self._spawn(i)
             restarted.append(i)
         return restarted
+
+    def _started_or_raise(self, i: int, p: Any) -> None:
+        """Sampler `i` exited: `WorkersCannotStart` if it and the incarnations before it
+        exited by themselves before their entry function ran (`StartFailures`)."""
+        started = self.started[i]
+        if self.starts[i].ended(started is not None and started.is_set(), p.exitcode):
+            raise processes.WorkersCannotStart(
+                f"sampler {i} exits before it starts (exit code {p.exitcode}, "
+                f"{self.starts[i].in_row} times in a row). Samplers are {processes.MAIN_GUARD} "
+                "(every orchestrated run started from a script needs it)"
+            )
 
     def shutdown(self) -> None:
         """The one shutdown path (module docstring). Safe to call twice."""

@@ -11,6 +11,13 @@ memory of the parent's, nothing of its CUDA state). A worker sets its own enviro
 (`CUDA_VISIBLE_DEVICES`, thread counts) in its entry function, before anything touches CUDA:
 the fork server's environment is the parent's when it started, not at each start.
 
+A fresh process that exits by itself (an exit code above 0) before its first sign of life
+failed in that preparation, nearly always because the main module cannot be imported again (a
+script that starts its run outside `if __name__ == "__main__":` starts it again in the child,
+which multiprocessing forbids): each replacement would die the same way. `StartFailures`
+counts them for the environment workers and the samplers alike; `START_FAILURES` in a row
+stop the run with `WorkersCannotStart`, naming the guard (`MAIN_GUARD`).
+
 `start(process)` starts one. Like `spawn`, a fork-server child imports the parent's main
 module again when it has a file; a script read from stdin (`python - <<EOF`) names `<stdin>`,
 which a child cannot find, and every child died with `FileNotFoundError` before running. `start`
@@ -31,6 +38,43 @@ from multiprocessing.process import BaseProcess
 PRELOAD = ["torch", "slipstream.run.sampler", "slipstream.envs", "slipstream.run.agentic"]
 """Imported once by the fork server: what a sampler and an environment worker import (the
 sampler's factory and its loop, the environments and their factories)."""
+
+
+START_FAILURES = 3  # fresh processes in a row that exit (not killed) before any sign of life
+MAIN_GUARD = (  # what `WorkersCannotStart` says of them, after "They are" / "Samplers are"
+    "forked from a fork server that imports the main module again: check that the training "
+    'script runs its work under `if __name__ == "__main__":`'
+)
+
+
+class WorkersCannotStart(RuntimeError):
+    """Worker processes (environment workers, samplers) exit before their first sign of life,
+    again and again (each fresh one would die the same way: the run stops instead of
+    churning)."""
+
+
+class StartFailures:
+    """Fresh processes in a row that exited by themselves (an exit code above 0; a signal
+    never counts) before their first sign of life; `ended` says when they reach `limit`."""
+
+    def __init__(self, limit: int = START_FAILURES) -> None:
+        self.limit = limit
+        self.in_row = 0
+
+    def alive(self) -> None:
+        """A fresh process showed a sign of life (a reply, its entry function running)."""
+        self.in_row = 0
+
+    def ended(self, lived: bool, exitcode: int | None) -> bool:
+        """A process ended, after a sign of life (`lived`) or not: whether it makes `limit`
+        in a row that died by themselves before any."""
+        if lived:
+            self.alive()
+            return False
+        if exitcode is None or exitcode <= 0:
+            return False
+        self.in_row += 1
+        return self.in_row >= self.limit
 
 
 def context() -> ForkServerContext:
