@@ -395,8 +395,8 @@ def test_the_replay_redoes_a_tighten_as_the_run_did():
 
 
 def test_the_final_weights_are_compared_when_a_rollback_ended_the_run(tmp_path):
-    """A rollback at the last step publishes the restored weights as a version of its own,
-    so the final checkpoint is `step_000005` after the record of step 4. The comparison
+    """A rollback at the step before the last (4 of 5) publishes the restored weights as the
+    last version, so the final checkpoint is `step_000005` after the record of step 4. The comparison
     looked for the checkpoint of the last record's step, found none, and an exact replay
     reported its final weights as differing (exit 1)."""
     from safetensors.torch import save_file

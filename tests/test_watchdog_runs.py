@@ -102,21 +102,36 @@ def test_a_run_resumed_after_a_rollback_goes_on_with_the_watchdogs_state(tmp_pat
     assert b["train/loss"] == a["train/loss"]
 
 
+ORCHESTRATED = {
+    "inprocess": [],
+    "pipeline": ['schedule.name="pipeline"', 'runtime.kind="local"'],
+    "deferred": ['schedule.name="pipeline"', 'runtime.kind="local"', "runtime.defer_eval=true"],
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["inprocess", "pipeline"])
+@pytest.mark.parametrize("loop", list(ORCHESTRATED))
 def test_a_run_that_rolls_back_at_its_last_step_reports_the_restored_weights(
     tmp_path, assets, loop
 ):
     """The spike at step 4 of 4 is rolled back to step 3's checkpoint and the run ends there
     (the version count reached `run.steps`): its final held-out accuracy is measured on those
     restored weights, so it equals step 3's evaluation, not the collapsed step 4's (which was
-    evaluated before the rollback)."""
+    evaluated before the rollback). The restored weights keep version 4: an orchestrated run
+    published them as version 5, one past `run.steps` (summary `steps` 5, a checkpoint
+    step_000005, a held-out curve point at step 5)."""
     from slipstream.run.launch import train_async
+    from slipstream.train.checkpoint import list_checkpoints
 
-    extra = ['schedule.name="pipeline"', 'runtime.kind="local"'] if loop == "pipeline" else []
+    extra = ORCHESTRATED[loop]
     cfg = small_cfg(tmp_path, assets, loop, *extra, *SPIKE, steps=4)
     summary = (train_async if extra else train_sync)(cfg)
     assert summary["watchdog"]["rollbacks"] == 1
     recs = {r["step"]: r for r in read_jsonl(tmp_path / loop / "metrics.jsonl")}
     assert recs[4]["watchdog/action"] == "rollback"
-    assert summary["heldout_acc_end"] == recs[3]["heldout_acc"] != recs[4]["heldout_acc"]
+    if loop != "deferred":  # (deferred: the records hold no accuracy, nor the curve step 4's)
+        assert summary["heldout_acc_end"] == recs[3]["heldout_acc"] != recs[4]["heldout_acc"]
+    assert summary["steps"] == 4 and list_checkpoints(tmp_path / loop)[-1].name == "step_000004"
+    if extra:  # the curve's point at step 4 is the restored weights' (one point a step)
+        curve = {c["step"]: c["heldout_acc"] for c in summary["heldout_curve"]}
+        assert list(curve) == [0, 3, 4] and curve[4] == curve[3] == summary["heldout_acc_end"]

@@ -120,6 +120,10 @@ class RunLearner:
         return acc
 
     def _evaluate(self, step: int, wall: float) -> float | None:
+        """An evaluation of a step evaluated before replaces that one: at the last step, a
+        rollback's restored weights keep the step's version (`run.rollback.Undone.undo`)."""
+        self.curve = [c for c in self.curve if c["step"] != step]
+        self._snapshots = [s for s in self._snapshots if s[0] != step]
         if self.defer_eval:
             path = self.run.dir / "eval_snapshots" / f"step_{step:06d}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)

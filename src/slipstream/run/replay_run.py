@@ -318,8 +318,8 @@ class TrainerReplay:
     def _rollback(self, ckpt: Path, last_bad: int) -> None:
         """The replay's watchdog rolls back where the run's did (the same alarms on the same
         metrics): as `rollback.orchestrated_rollback`, into the replay's windows and store."""
-        self.undone.undo(self.run, ckpt, last_bad)
-        self.store.publish(self.learner.version, dict(self.run.model.named_parameters()))
+        if self.undone.undo(self.run, ckpt, last_bad):
+            self.store.publish(self.learner.version, dict(self.run.model.named_parameters()))
         self.rolled_back = [g for g, group in self.window.items() if self.undone.rejects(group)]
         for g in self.rolled_back:
             del self.window[g]
@@ -425,8 +425,8 @@ def compare(original: Path, replayed: Path) -> dict[str, Any]:
 def _weights_equal(original: Path, replayed: Path) -> dict[str, Any]:
     """`weights_equal`: the replay's final checkpoint and the original's of the same name hold
     equal tensors (torch.equal); None if one is missing, and then `weights_not_compared` says
-    which. Named by the version count, which a rollback moves on by one: one at the last step
-    (or the one before) ends the run past the step of its last record."""
+    which. Named by the version count, which a rollback moves on by one (but at the last step):
+    one at the step before the last ends the run past the step of its last record."""
     from safetensors.torch import load_file
 
     from slipstream.train.checkpoint import list_checkpoints

@@ -69,10 +69,12 @@ class Undone:
     def rejects(self, group: Group) -> bool:
         return any(undone(group, lo, hi) for lo, hi in self.ranges)
 
-    def undo(self, run: Run, ckpt: Path, last_bad: int) -> None:
+    def undo(self, run: Run, ckpt: Path, last_bad: int) -> bool:
         """The trainer's side of an orchestrated rollback (live or replayed): restore `ckpt`,
         undo the versions after it up to `last_bad`, forget their replayed samples, and count
-        the restored weights as a new version (samplers load only newer ones)."""
+        the restored weights as a new version (samplers load only newer ones), unless the
+        count is at `run.steps`: the run ends on them, and never counts more versions. True
+        if it counted one (to publish)."""
         restore_training(run, ckpt)
         self.ranges.append((checkpoint_step(ckpt) + 1, last_bad))
         if run.replay is not None:
@@ -80,21 +82,24 @@ class Undone:
             run.replay.discard(
                 lambda s: any(lo <= v <= hi for lo, hi in ranges for v in s.versions_T)
             )
+        if run.trainer.version >= run.cfg.run.steps:
+            return False
         run.trainer.version += 1
         run.engine.version = run.eval_engine.version = run.trainer.version
+        return True
 
 
 def orchestrated_rollback(
     run: Run, learner: RunLearner, orch: Orchestrator
 ) -> Callable[[Path, int], None]:
     """Rollback for an orchestrated schedule: restore, publish the restored weights as a new
-    version, and discard every group with a token of the undone versions: those already
+    version (none at the last step: `Undone.undo`), and discard every group with a token of the undone versions: those already
     received now, those still in flight when they arrive (ledger: `discarded`)."""
     done = Undone()
 
     def go(ckpt: Path, last_bad: int) -> None:
-        done.undo(run, ckpt, last_bad)
-        learner.publish(orch.ch)
+        if done.undo(run, ckpt, last_bad):
+            learner.publish(orch.ch)
         orch.reject = done.rejects
         st = orch.state
         gone: list[Group] = []

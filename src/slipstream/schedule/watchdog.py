@@ -15,7 +15,8 @@ fired (config `watchdog.actions`, default `warn`):
   learning rate is multiplied by `rollback_lr_scale`, then climbs back geometrically over
   `rollback_lr_recover_steps` steps without an alarm (0: it stays lowered). The version
   counter goes on (samplers load only newer versions): on an orchestrated schedule the
-  restored weights are published as a new version, the in-process loop keeps its count.
+  restored weights are published as a new version (but at the last step, where the run ends
+  on them: a run counts at most `run.steps` versions), the in-process loop keeps its count.
   At most `max_rollbacks`; without a checkpoint to go back to, or past the bound, a
   rollback alarm only warns. The checkpoint a rollback would restore, and the newer ones an
   alarm at a later step would, are never deleted (`protected`), even past `checkpoint.keep`.
