@@ -72,3 +72,62 @@ def test_prompts_too_long_for_the_engine_are_skipped_and_counted():
     drawn = run.draw(4)
     assert [p.id for p in drawn] == ["a", "b", "a", "b"]
     assert run.prompts_skipped["too_long"] == 2 and run.counters["prompts/skipped_too_long"] == 2
+
+
+class _Echo:
+    """An eval engine that answers '1' to every request, refusing any longer than `max_len`
+    with the engine's own error."""
+
+    def __init__(self, max_len: int) -> None:
+        from slipstream.engine.stats import EngineStats
+
+        self.max_len, self.stats, self.prompts = max_len, EngineStats(), []
+
+    def generate(self, requests):
+        from slipstream.engine import Completion
+        from slipstream.types import FinishReason
+
+        out = []
+        for r in requests:
+            n = len(r.prompt_tokens) + r.params.max_new_tokens
+            if n > self.max_len:
+                raise ValueError(f"prompt + max_new_tokens = {n} exceeds engine max_len")
+            self.prompts.append("".join(map(chr, r.prompt_tokens)))
+            out.append(Completion(r, [ord("1")], [0.0], [0], FinishReason.STOP, 0.0, 0.0))
+        return out
+
+
+def test_held_out_prompts_too_long_for_the_engine_are_skipped_and_counted():
+    """An evaluation skips what training skips (`Run.fits`) and counts it; its metrics are
+    over the prompts evaluated. Before, the engine raised mid-run on the long prompt."""
+    from test_algo_integration import _prompt, _run
+
+    long = Prompt("long", "x" * 40 + "=", "1")
+    run = _run([_prompt("a")], "sampling.max_new_tokens=8")
+    run.max_len, run.eval_engine = 16, _Echo(16)
+    run.heldout = [_prompt("a"), long, _prompt("b")]
+    run.eval_sets = {"hard": [long, _prompt("c")]}
+    assert run.evaluate() == 1.0  # 2 of 2 evaluated
+    assert run.eval_metrics["heldout/skipped_too_long"] == 1
+    assert run.eval_metrics["heldout/hard/skipped_too_long"] == 1
+    assert run.eval_metrics["heldout/hard/mean@1"] == 1.0
+    assert run.eval_engine.prompts == ["a=", "b=", "c="]
+
+
+def test_a_set_none_of_whose_prompts_fits_is_refused_before_the_run():
+    from slipstream.config import ConfigError
+    from slipstream.run.components import check_too_long
+
+    with pytest.warns(
+        RuntimeWarning, match=r"1 of 2 held-out prompts .*\(heldout/skipped_too_long\)"
+    ):
+        check_too_long({"training": [4, 20], "held-out": [4, 20]}, 8, 16)
+    with pytest.warns(RuntimeWarning, match="heldout/gsm/skipped_too_long"):
+        check_too_long({"eval.sets.gsm": [4, 20]}, 8, 16)
+    for name in ("held-out", "eval.sets.gsm", "training"):
+        with pytest.raises(ConfigError) as err:
+            check_too_long({name: [9, 20]}, 8, 16)
+        assert str(err.value) == (
+            f"engine.max_len: 16 tokens hold no {name} prompt with "
+            "sampling.max_new_tokens = 8 (shortest: 9 tokens)"
+        )

@@ -3,6 +3,8 @@ the engine's shape within its KV budget, and the trainer with its proximal polic
 
 from __future__ import annotations
 
+import warnings
+
 from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, ConfigError
 from slipstream.config.load import truncated_behavior
@@ -66,6 +68,29 @@ def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -
         return capacity.fit_slots(slots, max_len, budget), max_len
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_too_long(groups: dict[str, list[int]], new: int, max_len: int) -> None:
+    """Prompt lengths by what the prompts are (training, held-out, an `eval.sets` set): those
+    that cannot fit `max_len` tokens with `new` more (`capacity.fits`) are skipped, as
+    `Run.draw` and `Run.evaluate` skip them. ConfigError when none of a group's prompts fits;
+    a warning, once, when some held-out ones do not (training counts them as drawn)."""
+    for name, lengths in groups.items():
+        skipped = sum(not capacity.fits(n, new, max_len) for n in lengths)
+        if lengths and skipped == len(lengths):
+            raise ConfigError(
+                f"engine.max_len: {max_len} tokens hold no {name} prompt with "
+                f"sampling.max_new_tokens = {new} (shortest: {min(lengths)} tokens)"
+            )
+        if skipped and name != "training":
+            where = name.removeprefix("eval.sets.") + "/" if name.startswith("eval.") else ""
+            warnings.warn(
+                f"{skipped} of {len(lengths)} {name} prompts do not fit engine.max_len = "
+                f"{max_len} tokens with sampling.max_new_tokens = {new}: each evaluation skips "
+                f"them (heldout/{where}skipped_too_long) and scores the others",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def build_trainer(cfg: Config, model: CausalLM, pad_id: int) -> Trainer:

@@ -35,6 +35,7 @@ from slipstream.run.agentic import (
 )
 from slipstream.run.components import (
     build_trainer,
+    check_too_long,
     engine_shape,
     make_pass_rate_tracker,
     resolve_placement,
@@ -111,7 +112,10 @@ class Run:
     def evaluate(self) -> float:
         """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1); every metric
         of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`. Multi-turn runs:
-        the mean reward of greedy episodes of the held-out split. `eval_engine` is the run's
+        the mean reward of greedy episodes of the held-out split. A prompt the engine cannot
+        hold with a whole completion (`fits`) is skipped, as training skips it, and counted
+        (`heldout/skipped_too_long`, `heldout/<set>/skipped_too_long`): every metric is over
+        the prompts evaluated (setup said so once: `check_too_long`). `eval_engine` is the run's
         engine: the trainer's own weights (one packed copy, one KV cache in the trainer process,
         never a second model); its counters are set aside meanwhile, so evaluation never counts
         as rollout."""
@@ -138,10 +142,13 @@ class Run:
         out: dict[str, float] = {}
         acc = 0.0
         for name, prompts in {"": self.heldout, **self.eval_sets}.items():
+            kept = [p for p in prompts if self.fits(p)]  # the rest skipped, as `draw` skips them
             rewards = rewards_of(
-                self.eval_engine, self.tok, self.task, prompts, params, e.samples_per_prompt
+                self.eval_engine, self.tok, self.task, kept, params, e.samples_per_prompt
             )
             found = summarize(rewards, e.pass_threshold)
+            if len(kept) < len(prompts):
+                found["skipped_too_long"] = len(prompts) - len(kept)
             out.update({f"heldout/{name + '/' if name else ''}{k}": v for k, v in found.items()})
             if not name:
                 acc = found.get(f"mean@{e.samples_per_prompt}", 0.0)
@@ -168,10 +175,8 @@ class Run:
         while len(out) < n and (refill or tries < n or not out):
             p = self.source.draw()
             tries += 1
-            if not self.fits(p):  # setup checked that some prompts fit
-                self.prompts_skipped["too_long"] += (
-                    1  # the engine cannot hold it: nothing generated
-                )
+            if not self.fits(p):  # setup checked that some prompts fit (check_too_long)
+                self.prompts_skipped["too_long"] += 1  # the engine cannot hold it: not generated
                 self.counters["prompts/skipped_too_long"] += 1
                 continue
             ok, reason = (
@@ -539,9 +544,15 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
     train = task.train_prompts()[: cfg.task.max_train_prompts]
     sets = eval_sets(cfg)
-    lengths = [len(tok.encode_prompt(p)) for ps in (train, heldout, *sets.values()) for p in ps]
+    named = {
+        "training": train,
+        "held-out": heldout,
+        **{f"eval.sets.{k}": v for k, v in sets.items()},
+    }
+    lengths = {k: [len(tok.encode_prompt(p)) for p in ps] for k, ps in named.items()}
+    every = [n for ns in lengths.values() for n in ns]
     slots, max_len = engine_shape(
-        cfg, model, lengths, cfg.trainer.batch_prompts * cfg.sampling.group_size
+        cfg, model, every, cfg.trainer.batch_prompts * cfg.sampling.group_size
     )
     mc = model.config
     factory = build_env_factory(cfg, tok, task)
@@ -549,6 +560,8 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     if factory is not None:  # an episode ends `length` at the model's context
         max_len = min(env_max_len(cfg, factory, train + heldout, tok), mc.max_position_embeddings)
         skip_len = 0  # an episode's length is the env's to bound
+    else:
+        check_too_long(lengths, cfg.sampling.max_new_tokens, skip_len)
     engine = make_engine(model, tok, slots, max_len)
     (run_dir / "model_info.json").write_text(json.dumps(model.info()))
     return Run(
