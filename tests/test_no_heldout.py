@@ -1,5 +1,6 @@
 """A run with no held-out rows (`task.heldout_fraction=0`, no held-out path or split) logs no
-held-out metric: no `heldout_acc` of 0.0 over an empty set, in either loop."""
+held-out metric: no `heldout_acc` of 0.0 over an empty set, in either loop, and its last line
+says "no held-out rows", not an accuracy of 0.000 -> 0.000."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tiny import read_jsonl, write_assets
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["sync", "async"])
-def test_no_heldout_rows_means_no_heldout_metric(tmp_path, loop):
+def test_no_heldout_rows_means_no_heldout_metric(tmp_path, capsys, loop):
     folder = write_assets(tmp_path, "def reward(p, c):\n    return float(len(c) % 2)\n")
     cfg = load_config(None, [
         f'run.dir="{tmp_path / "run"}"', "run.steps=2", "run.quiet=true", "run.threads=1",
@@ -31,3 +32,6 @@ def test_no_heldout_rows_means_no_heldout_metric(tmp_path, loop):
     assert summary["heldout_acc_start"] is None and summary["heldout_acc_end"] is None
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["heldout_acc_start"] is None
+    done = [x for x in capsys.readouterr().err.splitlines() if x.startswith("done: ")]
+    assert len(done) == 1 and "; no held-out rows; " in done[0], done  # not 0.000 -> 0.000
+    assert "held-out accuracy" not in done[0]

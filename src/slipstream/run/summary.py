@@ -65,8 +65,11 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
         if run.ledger.lost
         else ""
     )
+    held = (
+        f"held-out accuracy {acc_start:.3f} -> {acc_end:.3f}" if run.heldout else "no held-out rows"
+    )
     run.view.log(
-        f"done: {summary['steps']} steps in {wall:.0f}s; held-out accuracy {acc_start:.3f} -> {acc_end:.3f}; "
+        f"done: {summary['steps']} steps in {wall:.0f}s; {held}; "
         f"goodput {good['goodput']:.0%}{lost}; ledger {run.ledger.as_dict()}"
     )
     return summary
