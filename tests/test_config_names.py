@@ -3,6 +3,9 @@ takes TRL's defaults where the built-in model's would wreck it."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from slipstream.config import ConfigError, load_config
@@ -44,3 +47,46 @@ def test_a_model_folder_takes_trls_learning_rate_and_completion_length():
     assert (cfg.trainer.lr, cfg.sampling.max_new_tokens) == (3e-6, 64)
     cfg = load_config(None, [])
     assert (cfg.trainer.lr, cfg.sampling.max_new_tokens) == (6e-4, 64)
+
+
+def _trl_table() -> list[tuple[list[str], set[str], str]]:
+    """The README's "Coming from TRL" rows: (TRL names, slipstream settings, note)."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    blocks = readme.split("### Coming from TRL", 1)[1].split("\n\n")
+    table = next(b for b in blocks if b.startswith("| TRL"))
+    rows = []
+    for line in table.splitlines()[2:]:
+        trl, ours, note = (c.strip() for c in line.strip().strip("|").split("|"))
+        names = [m.split("=")[0] for m in re.findall(r"`([a-z_][a-z0-9_]*(?:=[^`]*)?)`", trl)]
+        settings = {w.split("=")[0] for m in re.findall(r"`([^`]*)`", ours) for w in m.split()}
+        rows.append((names, {s for s in settings if "." in s}, note if ours == "none" else ""))
+    return [r for r in rows if r[0]]
+
+
+def test_the_readme_trl_table_is_read():
+    rows = _trl_table()
+    assert len(rows) >= 15
+    assert (["num_iterations"], set(), "one optimizer update a batch") in rows
+    names = {n for r in rows for n in r[0]}
+    assert {"gradient_accumulation_steps", "learning_rate", "report_to"} <= names
+
+
+@pytest.mark.parametrize("row", _trl_table(), ids=lambda r: r[0][0])
+def test_every_trl_name_of_the_readme_table_gets_the_tables_answer(row):
+    """Bare and section-prefixed: `gradient_accumulation_steps` was answered 'trainer.grad_clip'
+    or 'trainer.warmup_steps', `num_iterations` 'trainer.lr_min_ratio' or nothing."""
+    names, settings, note = row
+    keys = _all_keys(Config)
+    for name in names:
+        for key in (name, f"trainer.{name}"):
+            if key in keys:  # the same name here (trainer.warmup_steps)
+                assert key in settings, (key, settings)
+                continue
+            with pytest.raises(ConfigError) as e:
+                load_config(None, [f"{key}=1"])
+            said = str(e.value)
+            if note:
+                assert note in said and "did you mean" not in said, (key, said)
+                continue
+            meant = re.findall(r"[a-z_]+\.[a-z_]+", said.split("(did you mean ", 1)[1])
+            assert settings & set(meant), (key, said, settings)

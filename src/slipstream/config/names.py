@@ -38,6 +38,8 @@ SETTING_FOR: dict[str, str] = {
     "adv_estimator": "trainer.advantage",
     "per_device_train_batch_size": "trainer.batch_prompts (prompts a step; x group_size samples)",
     "train_batch_size": "trainer.batch_prompts (prompts a step; x group_size samples)",
+    "gradient_accumulation_steps": "trainer.batch_prompts (prompts a step; the memory of one "
+    "backward pass is trainer.micro_batch_tokens)",
     "max_steps": "run.steps",
     "total_training_steps": "run.steps",
     "seed": "run.seed",
@@ -63,6 +65,8 @@ NO_SETTING: dict[str, str] = {
     "beta": "slipstream has no KL-to-reference penalty: TRL's default beta = 0",
     "kl_coef": "slipstream has no KL-to-reference penalty",
     "use_kl_loss": "slipstream has no KL-to-reference penalty",
+    "num_iterations": "slipstream has no such setting: one optimizer update a batch",
+    "ppo_epochs": "slipstream has no such setting: one optimizer update a batch",
 }
 
 
