@@ -350,3 +350,17 @@ def test_a_hub_dataset_is_loaded_with_its_config_name(monkeypatch):
         read_table("openai/gsm8k", "train")
     cfg = load_config(None, ["task.path=openai/gsm8k", 'task.dataset_config="main"'])
     assert cfg.task.dataset_config == "main"
+
+
+def test_chat_template_none_is_named_as_the_users_choice_not_the_models_lack(tmp_path):
+    """The model may well have a template: `task.chat_template = 'none'` turned it off."""
+    from slipstream.run.setup import row_format
+
+    f = _parquet(tmp_path / "m.parquet", [{"messages": [{"role": "user", "content": "q"}]}])
+    off = ['task.chat_template="none"']
+    with pytest.raises(TaskError) as e:
+        read_prompts(f, row_format(load_config(None, off)))
+    assert str(e.value) == (
+        f"{f}: row 0: task.chat_template = 'none' cannot render 'messages' rows; use 'auto' "
+        "or a template file"
+    )

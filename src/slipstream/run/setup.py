@@ -112,10 +112,9 @@ class Run:
     def evaluate(self) -> float:
         """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1); every metric
         of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`. Multi-turn runs:
-        the mean reward of greedy episodes of the held-out split. A prompt the engine cannot
-        hold with a whole completion (`fits`) is skipped, as training skips it, and counted
-        (`heldout/skipped_too_long`, `heldout/<set>/skipped_too_long`): every metric is over
-        the prompts evaluated (setup said so once: `check_too_long`). `eval_engine` is the run's
+        the mean reward of greedy episodes of the held-out split. A prompt too long (`fits`) is
+        skipped, as in training, and counted (`heldout/skipped_too_long`, `heldout/<set>/...`):
+        the metrics are over the prompts evaluated (`check_too_long`). `eval_engine` is the run's
         engine: the trainer's own weights (one packed copy, one KV cache in the trainer process,
         never a second model); its counters are set aside meanwhile, so evaluation never counts
         as rollout."""
@@ -446,7 +445,8 @@ def row_format(cfg: Config, need_answer: bool = True) -> RowFormat:
         raise TaskError("task.system_prompt: needs a chat template, and the model has none")
     if t.chat_template_kwargs and chat is None:
         raise TaskError("task.chat_template_kwargs: needs a chat template, and the model has none")
-    return RowFormat(t.columns, t.prompt_template, chat, t.system_prompt, need_answer)
+    off = t.chat_template == "none"  # the user's choice, not the model's lack
+    return RowFormat(t.columns, t.prompt_template, chat, t.system_prompt, need_answer, off)
 
 
 def run_tokenizer(cfg: Config, tok: Tokenizer) -> Tokenizer:

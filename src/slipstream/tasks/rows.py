@@ -45,6 +45,7 @@ class RowFormat:
     chat: ChatRenderer | None = None
     system_prompt: str | None = None
     need_answer: bool = True  # the built-in rewards compare with the answer
+    chat_off: bool = False  # task.chat_template = 'none': no template, by the user's choice
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.columns) - set(FIELDS))
@@ -92,6 +93,11 @@ class RowFormat:
         )
 
     def _render(self, messages: list[dict[str, Any]], where: str, col: str) -> tuple[list, str]:
+        if self.chat is None and self.chat_off:
+            raise TaskError(
+                f"{where}: task.chat_template = 'none' cannot render {col!r} rows; use 'auto' "
+                "or a template file"
+            )
         if self.chat is None:
             raise TaskError(
                 f"{where}: column {col!r} holds messages, which need a chat template, and the "
