@@ -32,8 +32,8 @@ def test_a_sync_run_that_raises_closes_its_view_sinks_and_timeline(
     runs: list[Run] = []
     real_setup, real_step = sync.setup, Trainer.step
 
-    def recording(cfg):
-        runs.append(real_setup(cfg))
+    def recording(cfg, *args):  # setup(cfg, resume_step)
+        runs.append(real_setup(cfg, *args))
         return runs[-1]
 
     def step(self, groups):
@@ -75,3 +75,33 @@ def test_a_sync_run_that_raises_closes_its_view_sinks_and_timeline(
     assert ledger["generated"] == 4 and ledger["trained"] == 2 and ledger["in_flight"] == 2
     assert ledger["balanced"], ledger
     assert not (d / "summary.json").exists()  # as train_async: a summary is of a whole run
+
+
+FAILS_AFTER_STEP_2 = """
+from pathlib import Path
+
+def reward(prompt, completion):
+    if Path(__file__).parent.joinpath("f", "checkpoints", "step_000002").exists():
+        raise ValueError("injected reward failure")
+    return float(len(completion) % 2)
+"""
+
+
+def test_a_reward_that_fails_the_run_after_a_checkpoint_says_where_to_resume(tmp_path, capsys):
+    """`task.reward_errors = 'fail'`: one line and exit 2, as before, then where to go on from
+    (the line every other failure ends with); before, a checkpoint was there but not said."""
+    assets = write_assets(tmp_path, FAILS_AFTER_STEP_2)
+    run = tmp_path / "f"
+    rc = main([
+        "train", *OVERRIDES, f'run.dir="{run}"', f'model.path="{assets / "model"}"',
+        f'task.path="{assets / "rows.jsonl"}"', f'task.reward="{assets / "reward.py"}:reward"',
+        'task.reward_errors="fail"', 'task.reward_isolation="inline"',
+    ])  # fmt: skip
+    err = capsys.readouterr().err.rstrip("\n").splitlines()
+    assert rc == 2 and "Traceback (most recent call last):" not in err, err
+    assert err[-2].startswith("slipstream: error: reward ") and " on prompt " in err[-2], err
+    assert err[-2].endswith("injected reward failure (task.reward_errors = 'fail')"), err
+    assert err[-1] == (
+        f"slipstream: newest checkpoint {run / 'checkpoints' / 'step_000002'}; "
+        f"continue with: slipstream train --resume {run}"
+    )

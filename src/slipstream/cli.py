@@ -85,8 +85,14 @@ def _train(argv: list[str]) -> int:
             from slipstream.run.launch import train_async
 
             train_async(cfg, resume=bool(args.resume))
-    except (ConfigError, TaskError):
+    except ConfigError:
         raise
+    except TaskError as e:  # a bad row, a reward failing under task.reward_errors = 'fail'
+        hint = _resume_hint(cfg)
+        if hint is None:  # nothing to resume from: main's one line
+            raise
+        print(f"slipstream: error: {e}\nslipstream: {hint}", file=sys.stderr)
+        return 2
     except BaseException as e:
         _where_to_resume(cfg, e)
         if isinstance(e, KeyboardInterrupt):
@@ -132,18 +138,22 @@ def _warn_changed(run_dir: str, cfg: Config) -> None:
 
 def _where_to_resume(cfg: Config, e: BaseException) -> None:
     """The trainer stopped (an error, Ctrl-C): the traceback, then where to resume from."""
-    from slipstream.train.checkpoint import list_checkpoints
-
     if not isinstance(e, KeyboardInterrupt):
         traceback.print_exc()
+    what = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed: {type(e).__name__}: {e}"
+    hint = _resume_hint(cfg) or "no checkpoint was written yet (checkpoint.every); start again"
+    print(f"slipstream: training {what}\nslipstream: {hint}", file=sys.stderr)
+
+
+def _resume_hint(cfg: Config) -> str | None:
+    """Where the run can go on from: its newest checkpoint and the command; None without one."""
+    from slipstream.train.checkpoint import list_checkpoints
+
     run_dir = cfg.run.dir
     ckpts = list_checkpoints(run_dir) if run_dir else []
-    what = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed: {type(e).__name__}: {e}"
-    if ckpts:
-        hint = f"newest checkpoint {ckpts[-1]}; continue with: slipstream train --resume {run_dir}"
-    else:
-        hint = "no checkpoint was written yet (checkpoint.every); start again"
-    print(f"slipstream: training {what}\nslipstream: {hint}", file=sys.stderr)
+    if not ckpts:
+        return None
+    return f"newest checkpoint {ckpts[-1]}; continue with: slipstream train --resume {run_dir}"
 
 
 def main(argv: list[str] | None = None) -> int:
