@@ -267,3 +267,34 @@ def test_a_config_file_by_flag_or_first_and_a_misplaced_one_says_where(tmp_path,
     err = capsys.readouterr().err
     assert "a config file goes first (or --config FILE)" in err and "\n" not in err.strip()
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("run.steps=true", "run.steps: Input should be a valid integer (got True)"),  # was 1
+        ("trainer.lr=false", "trainer.lr: Input should be a valid number (got False)"),
+        ("schedule.max_lag=true", "schedule.max_lag: Input should be a valid integer (got True)"),
+        ("trainer.betas=[true, 0.99]", "trainer.betas: Input should be a valid number"),
+        (
+            "trainer.activation_checkpointing=1",  # was True
+            "trainer.activation_checkpointing: Input should be a valid boolean (got 1)",
+        ),
+        ("run.quiet=0.0", "run.quiet: Input should be a valid boolean (got 0.0)"),
+    ],
+)
+def test_a_boolean_is_no_number_and_a_number_no_boolean(override, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
+def test_a_boolean_is_no_number_in_a_file_or_an_assignment_either(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("run:\n  steps: yes\n")  # YAML 1.1: a boolean
+    with pytest.raises(ConfigError, match=r"^run\.steps: Input should be a valid integer"):
+        load_config(f)
+    cfg = load_config(None, ["run.steps=3", "trainer.lr=1e-4", "run.quiet=true"])
+    assert (cfg.run.steps, cfg.trainer.lr, cfg.run.quiet) == (3, 1e-4, True)
+    with pytest.raises(ValueError, match="valid integer"):
+        cfg.run.steps = True
