@@ -289,8 +289,22 @@ def chat_dataset(folder: Path, n: int = 24) -> Path:
     return folder / "train.parquet"
 
 
-if __name__ == "__main__":
-    out = Path(sys.argv[1])
+USAGE = (
+    "usage: python tests/chat_model.py OUT  (writes OUT/model, OUT/train.parquet, OUT/rewards.py)"
+)
+
+
+def main(argv: list[str]) -> int:
+    """The README's walk-through inputs in the folder `argv` names; 2 with the usage without one."""
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    out = Path(argv[0])
     chat_model(out / "model")
     chat_dataset(out)
     print(f"wrote {out}/model, {out}/train.parquet, {out}/rewards.py")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -300,3 +300,17 @@ def test_a_dataset_path_that_does_not_exist_names_its_setting(capsys, tmp_path, 
     rc, err = _train(capsys, tmp_path, override)
     assert rc == 2
     _one_line(err, f"{key}: nope.", "does not exist")
+
+
+def test_the_readmes_chat_model_script_without_its_folder_says_its_usage():
+    """`python tests/chat_model.py` (as the README once showed it) raised IndexError."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).parent / "chat_model.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == (
+        "usage: python tests/chat_model.py OUT  (writes OUT/model, OUT/train.parquet, "
+        "OUT/rewards.py)"
+    )
