@@ -241,14 +241,17 @@ def test_a_model_folder_whose_weights_cannot_load_is_refused_before_any_work(cap
     rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
     assert rc == 2
     _one_line(err, shards[1].name, "not a readable safetensors file")
+    assert err.count(str(d)) == 1, err  # the folder named once (was `{d}: {d}/...`)
     shards[1].unlink()
     rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
     _one_line(err, shards[1].name, "named by model.safetensors.index.json, but missing")
+    assert err.startswith(f"slipstream: error: model.path: {d}: {shards[1].name}: "), err
     d = _sharded(tmp_path / "again")
     (d / "config.json").write_text(json.dumps({**TINY_QWEN, "intermediate_size": 16}))
     rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
     assert rc == 2
     _one_line(err, "mlp.", "[8, 8] in the weights but [16, 8] by config.json")
+    assert err.startswith(f"slipstream: error: model.path: {d}: model.layers.0."), err
 
 
 @pytest.mark.parametrize(

@@ -150,8 +150,9 @@ def check_model_folder(path: Path) -> ModelConfig:
     try:
         check_weights(path, model)
         load_tokenizer(path)
-    except (ValueError, KeyError, OSError) as e:
-        raise ConfigError(f"{key}: {first_line(e)}") from None
+    except (ValueError, KeyError, OSError) as e:  # named once: `key` names the folder
+        said = first_line(e).removeprefix(f"{path}: ").removeprefix(f"{path}{os.sep}")
+        raise ConfigError(f"{key}: {said}") from None
     return model
 
 
