@@ -55,6 +55,11 @@ from slipstream.config import Config, ConfigError, dump_config, load_config, par
             ['task.kind="builtin_tools"', 'filters.overlong="penalty"'],
             "filters.overlong: 'penalty' weighs one completion",
         ),
+        (
+            ["task.chat_template_kwargs={messages=1}"],  # was "(not one of messages, ...)"
+            "task.chat_template_kwargs: 'messages' is set by slipstream itself (reserved: "
+            "messages, tools, documents, add_generation_prompt)",
+        ),
     ],
 )
 def test_bad_override_names_the_key(overrides, expected):

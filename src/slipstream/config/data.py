@@ -160,7 +160,7 @@ class TaskConfig(_Section):
         if taken:
             raise ValueError(
                 f"task.chat_template_kwargs: {taken[0]!r} is set by slipstream itself "
-                f"(not one of {', '.join(RENDER_ARGUMENTS)})"
+                f"(reserved: {', '.join(RENDER_ARGUMENTS)})"
             )
         return self
 
