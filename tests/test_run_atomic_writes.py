@@ -46,3 +46,34 @@ def test_a_full_disk_while_a_run_ends_leaves_no_torn_summary_or_ledger(tmp_path:
     assert not (tmp_path / "summary.json").exists()  # not there rather than torn
     assert json.loads((tmp_path / "ledger.json").read_text()) == {"generated": 1, "in_flight": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json", "metrics.jsonl"]
+
+
+_FULL_DISK_REWIND = """
+import resource, signal, sys
+from pathlib import Path
+
+from slipstream.run.resume import truncate_metrics
+
+path = Path(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (100, resource.RLIM_INFINITY))
+try:
+    truncate_metrics(path, 3)
+except OSError as e:
+    print("failed:", e.strerror)
+"""
+
+
+def test_a_full_disk_while_a_resume_rewinds_leaves_the_records_whole(tmp_path: Path) -> None:
+    """A resume rewrites metrics.jsonl without the steps after its checkpoint; the disk full
+    midway, the file keeps every record it had. Before, it was truncated first: a failed
+    resume lost the run's records."""
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "note": "x" * 40}) + "\n" for s in range(1, 6)]
+    path.write_text("".join(lines))
+    out = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_REWIND, str(path)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "failed: File too large" in out.stdout
+    assert path.read_text() == "".join(lines)

@@ -21,7 +21,7 @@ import torch
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.observe.runs import saved_changes
-from slipstream.run.folder import write_config
+from slipstream.run.folder import write_atomic, write_config
 from slipstream.run.setup import Run
 from slipstream.run.summary import read_records
 from slipstream.train.checkpoint import (
@@ -146,7 +146,8 @@ def _within(key: str, entry: str) -> bool:
 
 def rewind(ckpt: Path) -> None:
     """Before resuming from `ckpt`: drop what the killed run wrote after it (metrics records,
-    rollouts and timeline intervals of later steps), so the resumed run does not repeat them;
+    rollouts and timeline intervals of later steps, each file rewritten whole or not at all:
+    `write_atomic`), so the resumed run does not repeat them;
     its `summary.json`, which only the end of a run writes (the resumed run's, if it gets
     there); and mark its schedule record incomplete, which the resumed run does not add to."""
     run_dir, step = ckpt.parent.parent, checkpoint_step(ckpt)
@@ -158,7 +159,7 @@ def rewind(ckpt: Path) -> None:
         text = rollouts.read_text(encoding="utf-8")
         cut = text.find(f"{STEP_MARK}{step + 1} ")
         if cut >= 0:
-            rollouts.write_text(text[:cut], encoding="utf-8")
+            write_atomic(rollouts, text[:cut])
     wall = json.loads((ckpt / "state.json").read_text()).get("wall_s")
     timeline = run_dir / "timeline.jsonl"
     if wall is not None and timeline.exists():
@@ -169,7 +170,7 @@ def rewind(ckpt: Path) -> None:
                     keep.append(line + "\n")
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a torn last line
-        timeline.write_text("".join(keep), encoding="utf-8")
+        write_atomic(timeline, "".join(keep))
 
 
 def void_record(run_dir: Path, step: int) -> None:
@@ -201,7 +202,7 @@ def truncate_metrics(path: Path, step: int) -> None:
             continue
         if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step):
             keep.append(line + "\n")
-    path.write_text("".join(keep), encoding="utf-8")
+    write_atomic(path, "".join(keep))
 
 
 def restore(run: Run, ckpt: Path) -> dict[str, Any]:
