@@ -177,6 +177,23 @@ def test_workers_that_exit_at_start_stop_the_run_with_a_clear_error() -> None:
         workers.close()
 
 
+def test_workers_that_exit_at_start_are_named_so_when_a_timeout_finds_them_first() -> None:
+    """A worker that exited by itself, found by the runner's step timeout (`abandon`) before
+    the pool read its end: the error names its exit, not a timeout (it said "another
+    episode's step timed out", which sent users after the wrong cause)."""
+    workers = ProcessWorkers(_ExitsOnUnpickle(), 1)  # type: ignore[arg-type]
+    try:
+        ((row, key, _),) = _rows({"e": "ok"})
+        with pytest.raises(WorkersCannotStart) as err:
+            for n in range(START_FAILURES):
+                workers.first((key, n), row)
+                workers.workers[0].proc.join(30)  # gone by itself
+                workers.abandon((key, n))  # as the runner does past env.step_timeout_s
+        assert "exit code 1" in str(err.value) and "timed out" not in str(err.value)
+    finally:
+        workers.close()
+
+
 def _wait(future: Future, seconds: float = 10.0) -> None:
     deadline = time.monotonic() + seconds
     while not future.done() and time.monotonic() < deadline:

@@ -359,10 +359,12 @@ class ProcessWorkers:
             return
         w = self.workers[i]
         if w.running is not None and w.running.key == key:
+            ended = w.proc.exitcode is not None  # by itself, before the timeout: its own reason
             with contextlib.suppress(ProcessLookupError, AttributeError):
                 w.proc.kill()
             w.proc.join(5.0)
-            self._died(i, f"its worker was killed: another episode's step timed out ({key!r})")
+            killed = f"its worker was killed: another episode's step timed out ({key!r})"
+            self._died(i, self._why(w) if ended else killed)
         self.end(key)
 
     def end(self, key: Hashable) -> None:
