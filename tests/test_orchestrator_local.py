@@ -29,6 +29,7 @@ from slipstream.model import load_pretrained
 from slipstream.run.launch import train_async
 from slipstream.run.sync import train_sync
 from slipstream.schedule.presets import preset
+from slipstream.tasks.jsonl import TaskError
 from tiny import write_assets
 
 pytestmark = pytest.mark.slow
@@ -199,8 +200,11 @@ def test_a_sampler_error_stops_the_run_and_leaves_no_process(assets, tmp_path):
         'task.reward_errors="fail"',
         reward="fails_in_samplers",  # a reward error fails the run
     )
-    with pytest.raises(RuntimeError, match="injected reward failure"):
+    # the sampler's TaskError is raised as itself (one line for the user), as the in-process
+    # loop raises it, not as a RuntimeError holding the sampler's traceback
+    with pytest.raises(TaskError, match="injected reward failure") as err:
         train_async(cfg)
+    assert "Traceback" not in str(err.value)
     assert not [p for p in mp.active_children() if p.name.startswith("slipstream-sampler")]
     assert json.loads((tmp_path / "err" / "ledger.json").read_text())["balanced"]
 

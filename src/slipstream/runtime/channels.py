@@ -23,7 +23,9 @@ from the router (`Router.down`) and issues them again.
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -95,6 +97,30 @@ class SamplerMessage:
     # run.record_schedule: the sampler's engine events since its previous message and its
     # engine step count ({"n": steps, "ev": [...]}; schedule.record.SamplerLog)
     schedule: dict[str, Any] | None = None
+
+    def failure(self) -> Exception:
+        """An `error` message as what it raises in the trainer (`sampler_failure`)."""
+        return sampler_failure(self.sampler_id, self.error)
+
+
+TASK_ERROR = re.compile(r"(slipstream\.tasks\.\w+)\.(\w+): (.*)")
+"""How a sampler's traceback ends on an exception of the task's (module, class, message)."""
+
+
+def sampler_failure(sampler_id: int, error: str) -> Exception:
+    """What a sampler's failure (`error`: its traceback) raises in the trainer: a `TaskError`
+    (a bad row, a reward failing under `task.reward_errors = 'fail'`) as a TaskError with its
+    one line for the user, as the in-process loop raises it; anything else as RuntimeError
+    with the traceback."""
+    from slipstream.tasks.jsonl import TaskError
+
+    lines = error.strip().splitlines()
+    m = TASK_ERROR.fullmatch(lines[-1]) if lines else None
+    if m is not None:
+        cls = getattr(importlib.import_module(m[1]), m[2], None)
+        if isinstance(cls, type) and issubclass(cls, TaskError):
+            return TaskError(m[3])
+    return RuntimeError(f"sampler {sampler_id} failed:\n{error}")
 
 
 class ChannelEnd:

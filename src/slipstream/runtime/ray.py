@@ -70,7 +70,7 @@ from ray.exceptions import ActorDiedError, RayActorError
 
 from slipstream.config.base import ConfigError
 from slipstream.runtime.buckets import broadcast_buckets
-from slipstream.runtime.channels import Channels, Router, SamplerMessage
+from slipstream.runtime.channels import Channels, Router, SamplerMessage, sampler_failure
 from slipstream.runtime.ray_channels import (
     FlatLayout,
     RayQueue,
@@ -409,7 +409,7 @@ class RayRuntime:
             except RayActorError:
                 error = None
             if error:  # as the orchestrator says it on the `error` message, which may be lost
-                raise RuntimeError(f"sampler {i} failed:\n{error}")
+                raise sampler_failure(i, error)
             if error is not None:  # stopped
                 self.exited.add(i)
                 continue

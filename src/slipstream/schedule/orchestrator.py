@@ -277,7 +277,7 @@ class Orchestrator:
     def receive(self, msg: SamplerMessage) -> None:
         st = self.state
         if msg.kind == "error":
-            raise RuntimeError(f"sampler {msg.sampler_id} failed:\n{msg.error}")
+            raise msg.failure()
         if msg.report is None or self.stats.add_report(msg.report):  # else: a dead incarnation's
             for kind, t0, t1 in msg.report.intervals if msg.report else ():
                 self._interval(f"sampler{msg.sampler_id}", kind, t0, t1)
