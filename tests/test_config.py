@@ -303,3 +303,12 @@ def test_a_boolean_is_no_number_in_a_file_or_an_assignment_either(tmp_path):
     assert (cfg.run.steps, cfg.trainer.lr, cfg.run.quiet) == (3, 1e-4, True)
     with pytest.raises(ValueError, match="valid integer"):
         cfg.run.steps = True
+
+
+def test_a_temperature_the_sampler_cannot_scale_is_refused_in_the_config():
+    """Below engine.request.MIN_TEMPERATURE (0 aside, greedy) every request of the run would
+    be refused when made: the config says so before any work."""
+    for key in ("sampling.temperature", "eval.temperature"):
+        with pytest.raises(ConfigError, match=rf"^{key}: "):
+            load_config(None, [f"{key}=1e-6"])
+    assert load_config(None, ["eval.temperature=0"]).eval.temperature == 0.0

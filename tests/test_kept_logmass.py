@@ -57,13 +57,38 @@ def test_a_top_p_that_is_1_in_float32_keeps_all_alone_or_beside_a_filtering_requ
 
 
 @pytest.mark.parametrize(
-    "bad", [{"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"temperature": -1.0}]
+    "bad",
+    [
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"top_k": -1},
+        {"temperature": -1.0},
+        {"top_p": 1e-46},  # above 0, but 0 in the sampler's float32
+        {"temperature": 1e-12},  # the float32 scaling of the logits keeps no token
+    ],
 )
 def test_sampling_params_out_of_range_are_refused_when_made(bad):
     """top_p = 0 dropped every token and raised inside Engine.step, after the forward pass,
-    leaving both slots of the batch occupied at position 0."""
+    leaving both slots of the batch occupied at position 0; a top_p that is 0 in float32 and
+    a temperature of 1e-12 did the same (IndexError in the sampler)."""
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+    SamplingParams(temperature=0.0)  # greedy
+    SamplingParams(temperature=1e-4, top_p=1e-30)  # the smallest allowed; top_p in float32
+
+
+def test_a_temperature_at_the_smallest_allowed_still_samples_every_slot():
+    """MIN_TEMPERATURE is small enough to stay finite in the sampler: a request at it and a
+    neighbour both finish (no IndexError, no broken slot)."""
+    from slipstream.engine.request import MIN_TEMPERATURE
+
+    outs = _engine(_model()).generate(
+        [
+            Request([5, 6], SamplingParams(MIN_TEMPERATURE, max_new_tokens=4), seed=1),
+            Request([2, 3], SamplingParams(1.0, max_new_tokens=4), seed=2),
+        ]
+    )
+    assert all(c.tokens and all(math.isfinite(x) for x in c.logp) for c in outs)
 
 
 def test_scored_samples_carry_the_completions_kept_logmass():

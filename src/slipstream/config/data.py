@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from slipstream.config.base import _Section
+from slipstream.engine.request import MIN_TEMPERATURE
 
 # the chat template's variables slipstream sets itself on every rendering
 RENDER_ARGUMENTS = ("messages", "tools", "documents", "add_generation_prompt")
@@ -193,9 +194,10 @@ class TaskConfig(_Section):
 class SamplingConfig(_Section):
     group_size: int = Field(8, ge=1)
     """G: completions sampled per prompt."""
-    temperature: float = Field(0.6, gt=0.0)
-    """Sampling temperature; log-probs are recorded, and the trainer evaluates, the
-    temperature-scaled distribution, so RL optimises the policy that is sampled."""
+    temperature: float = Field(0.6, ge=MIN_TEMPERATURE)
+    """Sampling temperature (at least 1e-4: the sampler scales logits in float32); log-probs
+    are recorded, and the trainer evaluates, the temperature-scaled distribution, so RL
+    optimises the policy that is sampled."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling; below 1 it biases the importance ratio (see engine.sampling)."""
     top_k: int = Field(0, ge=0)
@@ -230,7 +232,8 @@ class EvalConfig(_Section):
     `heldout/pass@1` (share of samples that pass, the unbiased pass@1) and, for n > 1,
     `heldout/pass@n` (share of prompts with a passing sample; Chen et al. 2021's estimator)."""
     temperature: float = Field(0.0, ge=0.0)
-    """0: greedy. Above 0 (needed for n > 1), sampled with `sampling.top_p` and `top_k`."""
+    """0: greedy. Above 0 (needed for n > 1; at least 1e-4), sampled with `sampling.top_p`
+    and `top_k`."""
     pass_threshold: float = 1.0
     """A held-out sample passes when its reward is at least this (pass@k)."""
     sets: dict[str, str] = Field(default_factory=dict)
@@ -242,6 +245,8 @@ class EvalConfig(_Section):
 
     @model_validator(mode="after")
     def _sampled_when_several(self) -> EvalConfig:
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"eval.temperature: 0 (greedy) or at least {MIN_TEMPERATURE}")
         if self.samples_per_prompt > 1 and self.temperature == 0.0:
             raise ValueError(
                 "eval.samples_per_prompt: n > 1 greedy samples are all the same; set eval.temperature > 0"

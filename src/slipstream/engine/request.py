@@ -8,6 +8,11 @@ from dataclasses import dataclass
 
 from slipstream.types import FinishReason
 
+MIN_TEMPERATURE = 1e-4
+"""The smallest temperature above 0 (greedy) that a request may ask for: below it the
+sampler's float32 scaling of the logits (x / T) loses the order of the top ones, and no token
+is left to draw."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -20,20 +25,30 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # checked here, not mid-step: a bad value raised inside `Engine.step` after the
-        # forward pass, leaving every slot of the batch in a broken state
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # forward pass, leaving every slot of the batch in a broken state; as the sampler
+        # stores them (float32): a top_p of 1e-46 is 0 there, and keeps no token
+        if not _f32(self.top_p) > 0.0 or self.top_p > 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (above 0 in float32), got {self.top_p}")
         if self.top_k < 0 or self.temperature < 0 or self.temperature != self.temperature:
             raise ValueError(
                 f"need top_k >= 0 and temperature >= 0, got {self.top_k}, {self.temperature}"
+            )
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                f"got {self.temperature}"
             )
 
     @property
     def filters(self) -> bool:
         """Whether the sampler truncates this request's distribution: top-k, or a top-p below
         1 as the sampler stores it (float32: 0.99999999 is 1 there, and keeps all)."""
-        top_p32 = struct.unpack("f", struct.pack("f", self.top_p))[0]
-        return self.top_k > 0 or top_p32 < 1.0
+        return self.top_k > 0 or _f32(self.top_p) < 1.0
+
+
+def _f32(x: float) -> float:
+    """`x` as a float32 holds it."""
+    return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
 @dataclass
