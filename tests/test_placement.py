@@ -193,3 +193,18 @@ def test_a_bfloat16_sampler_makes_auto_proximal_recompute():
     assert proximal() == "none"  # float32, lag 0: the sampler's log-probs are the trainer's
     assert proximal("model.dtype=bfloat16", 'runtime.kind="local"') == "recompute"
     assert proximal("model.dtype=bfloat16") == "none"  # in-process: the engine shares fp32 weights
+
+
+def test_the_trainers_cuda_device_becomes_the_current_one(monkeypatch):
+    """Consistency check (CPU): `use_device` sets the current CUDA device to the trainer's,
+    so kernels launched without a device (Triton's, CUDA graphs) run there; for `cpu` it
+    touches no CUDA. Whether a cuda:1 engine then samples right needs two GPUs (not tested)."""
+    import torch
+
+    from slipstream.runtime.placement import use_device
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)
+    use_device("cpu")
+    use_device("cuda:1")
+    assert calls == ["cuda:1"]

@@ -533,6 +533,7 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     it), and its config.toml is rewritten only once the checkpoint is restored
     (`run.resume.restore`)."""
     where = resolve_placement(cfg)  # before anything is written: a bad device is exit 2
+    placement.use_device(where.trainer)  # the in-process engine's kernels and graphs too
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)

@@ -106,3 +106,14 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def use_device(device: str) -> None:
+    """Make `device` this process's current CUDA device (nothing for `cpu`): what is launched
+    without naming a device goes there, not to cuda:0 (the fused sampling kernel, which Triton
+    launches on the current device's stream, and CUDA-graph captures and replays, on its
+    current stream). A sampler process sees one GPU (`CUDA_VISIBLE_DEVICES`) and needs none."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(device)
