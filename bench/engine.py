@@ -203,7 +203,7 @@ def vs_transformers(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     hf = hf.eval().to(dev)
     hf.generation_config.eos_token_id = None
-    ours = load_pretrained(folder).to(dev, dtype)
+    ours = load_pretrained(folder, dtype=dtype, device=dev)
     engine = Engine(ours, NO_STOP, B, PROMPT_LEN + N, decode_graph=graph_setting(args))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=N)
     hf_prompts = prompts.to(dev)
@@ -424,8 +424,8 @@ def continuous_vs_static(args: argparse.Namespace) -> dict[str, float]:
 def weight_pause(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     B = args.batch
     dtype = getattr(torch, args.dtype)
-    ours = load_pretrained(folder).to(args.device, dtype)
-    new = load_pretrained(folder).to(args.device, dtype)
+    ours = load_pretrained(folder, dtype=dtype, device=args.device)
+    new = load_pretrained(folder, dtype=dtype, device=args.device)
     with torch.no_grad():
         for p in new.parameters():
             p.add_(0.01)
@@ -466,7 +466,7 @@ def sampling_cost(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     Where the engine samples through the fused kernel (engine.fused: CUDA with Triton), an
     engine without it runs beside it, interleaved (`_unfused` keys)."""
     B, N = args.batch, args.max_new_tokens
-    model = load_pretrained(folder).to(args.device, getattr(torch, args.dtype))
+    model = load_pretrained(folder, dtype=getattr(torch, args.dtype), device=args.device)
     V = model.config.vocab_size
     engines = {"": Engine(model, NO_STOP, B, PROMPT_LEN + N, decode_graph=graph_setting(args))}
     if engines[""].fused_sampling:
