@@ -209,19 +209,31 @@ def test_a_sampler_error_stops_the_run_and_leaves_no_process(assets, tmp_path):
     assert json.loads((tmp_path / "err" / "ledger.json").read_text())["balanced"]
 
 
+STOPS = {
+    # Ctrl-C stops an orchestrated run: its samplers and their fork server are gone
+    "sigint-pipeline": (signal.SIGINT, "slipstream.run.launch", "train_async", 'schedule.name="pipeline"'),
+    # SIGTERM (a scheduler's preemption) takes the in-process loop's shutdown path as Ctrl-C
+    # does: its reward workers (a reward in a file runs in worker processes) are stopped; before,
+    # SIGTERM ended the process at once and its workers ran on
+    "sigterm-inprocess": (signal.SIGTERM, "slipstream.run.sync", "train_sync", 'runtime.kind="inprocess"'),
+}  # fmt: skip
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-def test_ctrl_c_stops_every_process(assets, tmp_path):
-    run_dir = tmp_path / "sigint"
+@pytest.mark.parametrize("case", list(STOPS))
+def test_a_stop_signal_stops_every_process(assets, tmp_path, case):
+    sig, module, entry, where = STOPS[case]
+    run_dir = tmp_path / case
     script = tmp_path / "run.py"
     script.write_text(
         textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_orchestrator_local import _cfg
-        from slipstream.run.launch import train_async
+        from {module} import {entry}
         from pathlib import Path
         if __name__ == "__main__":
-            train_async(_cfg(Path({str(assets)!r}), Path({str(run_dir)!r}), 'schedule.name="pipeline"', "run.steps=100000"))
+            {entry}(_cfg(Path({str(assets)!r}), Path({str(run_dir)!r}), {where!r}, "run.steps=100000"))
     """)
     )
     # a session of its own: every process the run starts is found by its session id
@@ -235,62 +247,17 @@ def test_ctrl_c_stops_every_process(assets, tmp_path):
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             assert time.monotonic() < end, "the run never got going"
             time.sleep(0.2)
-        assert len(in_session(proc.pid)) >= 2  # the parent and its sampler
-        proc.send_signal(signal.SIGINT)
+        assert len(in_session(proc.pid)) >= 2  # the parent and its samplers or workers
+        proc.send_signal(sig)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode != 0
-    # the samplers are gone when the parent exits; the fork server they were forked from
-    # (runtime.processes) exits when its parent's pipe closes, after the interpreter's
-    # teardown (0.85 s measured): an orphan would still be there at the deadline
-    deadline = time.monotonic() + 10
-    while in_session(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    leftover = in_session(proc.pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # no orphan outlives a failed test
-    assert leftover == []
-    assert json.loads((run_dir / "ledger.json").read_text())["balanced"]
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-def test_sigterm_stops_the_in_process_loop_and_its_reward_workers(assets, tmp_path):
-    """SIGTERM (a scheduler's preemption) takes the in-process loop's shutdown path as Ctrl-C
-    does: its reward workers (a reward in a file runs in worker processes) are stopped and the
-    ledger is written. Before, SIGTERM ended the process at once and its workers ran on."""
-    run_dir = tmp_path / "sigterm"
-    script = tmp_path / "run.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_orchestrator_local import _cfg
-        from slipstream.run.sync import train_sync
-        from pathlib import Path
-        if __name__ == "__main__":
-            train_sync(_cfg(Path({str(assets)!r}), Path({str(run_dir)!r}), 'runtime.kind="inprocess"', "run.steps=100000"))
-    """)
-    )
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], stderr=subprocess.PIPE, start_new_session=True
-    )
-    try:
-        end = time.monotonic() + 120
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            assert time.monotonic() < end, "the run never got going"
-            time.sleep(0.2)
-        assert len(in_session(proc.pid)) >= 2  # the loop and its reward workers
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    # the samplers and workers are gone when the parent exits; the fork server they were
+    # forked from (runtime.processes) exits when its parent's pipe closes, after the
+    # interpreter's teardown (0.85 s measured): an orphan would still be there at the deadline
     deadline = time.monotonic() + 10
     while in_session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
