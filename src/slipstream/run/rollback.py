@@ -93,8 +93,9 @@ def orchestrated_rollback(
     run: Run, learner: RunLearner, orch: Orchestrator
 ) -> Callable[[Path, int], None]:
     """Rollback for an orchestrated schedule: restore, publish the restored weights as a new
-    version (none at the last step: `Undone.undo`), and discard every group with a token of the undone versions: those already
-    received now, those still in flight when they arrive (ledger: `discarded`)."""
+    version (none at the last step: `Undone.undo`), and discard every group with a token of
+    the undone versions: those already received now, those still in flight when they arrive
+    (ledger: `discarded`)."""
     done = Undone()
 
     def go(ckpt: Path, last_bad: int) -> None:
