@@ -32,6 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
+from multiprocessing.synchronize import Event
 from typing import Any, Protocol
 
 import torch
@@ -136,7 +137,7 @@ def _child_main(
     channels: Channels,
     threads: int,
     env: dict[str, str] | None = None,
-    started: Any = None,
+    started: Event | None = None,
 ) -> None:
     """Entry point of a sampler process: build the worker, run it, report a failure. `env`
     is set before anything touches CUDA (`CUDA_VISIBLE_DEVICES`: only its own GPU); `started`
@@ -293,7 +294,7 @@ class LocalRuntime:
         self.restarts = [0] * num_samplers
         limit = min(processes.START_FAILURES, max_restarts + 1)
         self.starts = [processes.StartFailures(limit) for _ in range(num_samplers)]
-        self.started: list[Any] = [None] * num_samplers  # each incarnation's `started` event
+        self.started: list[Event | None] = [None] * num_samplers  # each incarnation's event
         self.failed: set[int] = set()  # samplers that exited after reporting an error
         self.factory: WorkerFactory | None = None
         self._closed = False
