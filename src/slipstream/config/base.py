@@ -19,7 +19,7 @@ def _check_name(key: str, value: str, valid: Collection[str]) -> None:
         raise ValueError(f"{key}: unknown {value!r}; valid: {', '.join(valid)}")
 
 
-def _scalars(annotation: Any) -> set[Any]:
+def _scalars(annotation: object) -> set[object]:
     """The scalar types a field's annotation takes, through unions and `Literal`s."""
     origin = get_origin(annotation)
     if origin in (Union, types.UnionType):
@@ -29,7 +29,7 @@ def _scalars(annotation: Any) -> set[Any]:
     return {annotation} if isinstance(annotation, type) else set()
 
 
-def check_bool_or_number(annotation: Any, value: Any) -> None:
+def check_bool_or_number(annotation: object, value: object) -> None:
     """Refuse a boolean where only numbers go and a number where only booleans go (in lists,
     tuples and dict values too): pydantic's lax mode takes `true` as 1 and 1 as true, so
     `run.steps=true` ran one step. PydanticCustomError: pydantic's own type error."""
