@@ -16,7 +16,7 @@ from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.engine.parking import KVPark
 from slipstream.envs import Observation, StepResult
 from slipstream.model.llama import CausalLM, ModelConfig
-from slipstream.schedule.episodes import EpisodeRunner, run_episodes
+from slipstream.schedule.episodes import Episode, EpisodeRunner, run_episodes
 from slipstream.train.batch import collate, token_logprobs
 from slipstream.types import FinishReason, Prompt
 
@@ -70,6 +70,14 @@ class Scripted:
         return StepResult(0.0, False, Observation([5 + t] * (t + 2)), {"tool_calls": 1.0})
 
 
+def _env_end(e: Episode) -> tuple[str, FinishReason]:
+    """How an episode the environment ended ends: `done`, or `max_tokens` (a cut completion)
+    when `max_new_tokens` cut its last turn before its EOS."""
+    return (
+        ("done", FinishReason.STOP) if e.tokens[-1] == EOS else ("max_tokens", FinishReason.LENGTH)
+    )
+
+
 def _run(
     envs: dict[Hashable, Scripted],
     params: SamplingParams,
@@ -101,7 +109,9 @@ def test_trained_tokens_are_exactly_the_models_and_logprobs_match_the_trainer() 
     envs = {str(i): Scripted(i) for i in range(5)}
     params = SamplingParams(temperature=1.0, max_new_tokens=6)
     model, engine, eps = _run(envs, params)
-    assert sorted(eps) == sorted(envs) and all(e.stats.end == "done" for e in eps.values())
+    assert sorted(eps) == sorted(envs) and all(
+        (e.stats.end, e.finish) == _env_end(e) for e in eps.values()
+    )
     samples = [eps[k].sample() for k in sorted(eps)]
     for s, k in zip(samples, sorted(eps)):
         env = envs[k]
@@ -165,7 +175,7 @@ def test_the_engine_keeps_decoding_while_one_environment_step_sleeps() -> None:
     envs.update({str(i): Scripted(i, turns=6) for i in range(1, 12)})
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     _, engine, eps = _run(envs, params, slots=4, max_len=128, trace=True, max_tokens=120)
-    assert all(e.stats.end == "done" for e in eps.values())
+    assert all((e.stats.end, e.finish) == _env_end(e) for e in eps.values())
     assert sleeper.slept is not None and eps["0"].stats.env_time_s >= 0.3
     t0, t1 = sleeper.slept
     during = [n for t, n in engine.stats.active_trace if t0 <= t <= t1]
@@ -203,7 +213,7 @@ def test_budgets_failures_and_timeouts_end_an_episode_once_with_its_reason() -> 
         "turns": ("max_turns", 0.0, FinishReason.LENGTH),
         "raises": ("error", 0.0, FinishReason.ABORTED),
         "slow": ("timeout", 0.0, FinishReason.ABORTED),
-        "async": ("done", 1.0, FinishReason.STOP),
+        "async": (*_env_end(eps["async"])[:1], 1.0, _env_end(eps["async"])[1]),
     }
     assert "tool crashed" in eps["raises"].error and eps["turns"].stats.turns == 3
 
@@ -225,8 +235,8 @@ def test_a_reward_that_is_not_a_finite_number_ends_the_episode_as_an_error(rewar
     _, _, eps = _run(envs, SamplingParams(temperature=1.0, max_new_tokens=4))
     assert (eps["bad"].stats.end, eps["bad"].reward) == ("error", 0.0)
     assert repr(reward) in eps["bad"].error and "not a finite number" in eps["bad"].error
-    assert (eps["good"].stats.end, eps["good"].reward) == ("done", 1.0)
-    assert (eps["t"].stats.end, eps["t"].reward) == ("done", 0.5)
+    assert (eps["good"].stats.end, eps["good"].reward) == (_env_end(eps["good"])[0], 1.0)
+    assert (eps["t"].stats.end, eps["t"].reward) == (_env_end(eps["t"])[0], 0.5)
 
 
 def test_token_budget_ends_the_episode() -> None:
@@ -245,7 +255,7 @@ def test_the_last_turn_resumes_from_parked_kv_too() -> None:
     params = SamplingParams(temperature=0.0, max_new_tokens=5)
     model, engine, eps = _run(envs, params, slots=3, max_turns=2)
     assert engine.park is not None
-    assert all(e.stats.end == "done" and e.stats.turns == 2 for e in eps.values())
+    assert all(e.stats.end == _env_end(e)[0] and e.stats.turns == 2 for e in eps.values())
     assert engine.park.stats.saved == 3 and engine.park.stats.restored == 3
     assert not engine.park.entries and engine.park.used == 0
     fresh = Engine(model, EOS, num_slots=3, max_len=96)
@@ -275,3 +285,43 @@ def test_an_episode_carries_kept_logmass_with_zeros_for_environment_tokens() -> 
     plain.add_turn(turn(2, None))
     plain.add_observation(Observation([5]))
     assert plain.sample().kept_logmass_T is None
+
+
+def _scripted(env: Scripted, turns: list[list[int]], max_len: int = 96, **cfg: object) -> Episode:
+    """Drive one episode of `env` with the model turns `turns` (no engine): each is cut at its
+    request's `max_new_tokens` (finish LENGTH), else ends at its EOS (finish STOP)."""
+    from slipstream.engine import Completion
+
+    cfg.setdefault("isolation", "thread")
+    params = SamplingParams(1.0, max_new_tokens=4)
+    runner = EpisodeRunner(lambda p: env, params, EnvConfig(**cfg), max_len)
+    runner.start(Prompt("p", "", None), "k", 0)
+    ended: list[Episode] = []
+    try:
+        while not ended:
+            runner.wait(0.05)
+            requests, ended = runner.poll()
+            for r in requests:
+                out = turns.pop(0)[: r.params.max_new_tokens]
+                fin = FinishReason.STOP if out[-1] == EOS else FinishReason.LENGTH
+                runner.turn(Completion(r, out, [0.0] * len(out), [0] * len(out), fin, 0, 0))
+    finally:
+        runner.close()
+    return ended[0]
+
+
+@pytest.mark.parametrize(
+    ("cap", "end"),
+    [({}, "max_tokens"), ({"max_tokens": 7}, "max_tokens"), ({"max_len": 10}, "length")],
+)
+def test_an_episode_the_environment_ends_after_a_cut_turn_ends_on_that_budget(
+    cap: dict[str, int], end: str
+) -> None:
+    """Before, `done` from the environment always ended the episode `done` (STOP), even when
+    its last turn was cut by `max_new_tokens`, `env.max_tokens` or the context, so
+    `filters.overlong` never saw it; now it ends on that budget, LENGTH, the reward kept."""
+    ep = _scripted(Scripted(0, turns=2), [[3, EOS], [4, 4, 4, 4, 4, EOS]], **cap)
+    assert (ep.stats.end, ep.finish, ep.reward) == (end, FinishReason.LENGTH, 1.0)
+    assert ep.tokens[-1] != EOS and ep.stats.turns == 2
+    whole = _scripted(Scripted(0, turns=2), [[3, EOS], [4, EOS]])
+    assert (whole.stats.end, whole.finish, whole.reward) == ("done", FinishReason.STOP, 1.0)

@@ -15,7 +15,8 @@ re-tokenized; the model's tokens carry their behaviour log-probs and versions, t
 environment's carry a model mask of False (no loss), log-prob 0 and the version before them.
 
 An episode ends exactly once (`EpisodeStats.end`): `done`, `max_turns`, `max_tokens`, `length`
-(the engine's context is full), `timeout` (a step past `env.step_timeout_s`: its worker process
+(the engine's context is full; these two also when the environment ends an episode whose last
+turn they cut), `timeout` (a step past `env.step_timeout_s`: its worker process
 is killed; a thread is abandoned), `error` (the factory, `initial_observation` or `step`
 raised), `crash` (the worker process holding its environment died), or `aborted` (its turn was
 aborted, or `cancel`). `timeout`, `error` and `crash` score 0.
@@ -55,6 +56,8 @@ class Episode:
     stats: EpisodeStats = field(default_factory=EpisodeStats)
     error: str = ""
     finish: FinishReason = FinishReason.STOP
+    last_finish: FinishReason = FinishReason.STOP  # the last model turn's
+    turn_cap: str = "max_tokens"  # the budget capping the last turn: `max_tokens` or `length`
     t_start: float = 0.0
     t_end: float = 0.0
 
@@ -160,6 +163,7 @@ class EpisodeRunner:
         if ep is None:
             return  # cancelled meanwhile
         ep.add_turn(c)
+        ep.last_finish = c.finish_reason
         if c.finish_reason == FinishReason.ABORTED:
             self._end(ep, "aborted", FinishReason.ABORTED)
             return
@@ -232,7 +236,7 @@ class EpisodeRunner:
         ep.stats.tool_calls += int(out.metrics.get("tool_calls", 0))
         ep.stats.tool_errors += int(out.metrics.get("tool_errors", 0))
         if out.done:
-            self._end(ep, "done", FinishReason.STOP)
+            self._done(ep)
             return None
         if ep.stats.turns >= self.cfg.max_turns:
             self._end(ep, "max_turns", FinishReason.LENGTH)
@@ -265,8 +269,19 @@ class EpisodeRunner:
             return None
         seed = (ep.seed + ep.stats.turns * _SEED_STRIDE) % (1 << 63)
         last = ep.stats.turns + 1 >= self.cfg.max_turns  # nothing follows it: no need to park
+        ep.turn_cap = "length" if room < min(self.params.max_new_tokens, left) else "max_tokens"
         params = replace(self.params, max_new_tokens=n)
         return Request(ep.prompt_tokens + ep.tokens, params, seed=seed, key=ep.key, park=not last)
+
+    def _done(self, ep: Episode) -> None:
+        """The environment ended the episode: `done`, unless its last turn was cut by a budget
+        (`sampling.max_new_tokens` or `env.max_tokens`: `max_tokens`; the context: `length`),
+        which then ends it as a cut completion (`FinishReason.LENGTH`, for `filters.overlong`).
+        Either way the reward is the environment's."""
+        if ep.last_finish == FinishReason.LENGTH:
+            self._end(ep, ep.turn_cap, FinishReason.LENGTH)
+        else:
+            self._end(ep, "done", FinishReason.STOP)
 
     def _end(
         self, ep: Episode, reason: str, finish: FinishReason, score: float | None = None
