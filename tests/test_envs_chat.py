@@ -137,6 +137,41 @@ def test_plain_format_on_a_chat_row_puts_the_tools_in_its_first_user_turn(tmp_pa
     assert obs.tokens == tok.encode(obs.text, add_special_tokens=False)
 
 
+def test_plain_replies_on_a_chat_row_are_a_user_turn_of_the_template(tmp_path: Path) -> None:
+    """`env.tool_format=auto` with a template that renders no tools: the replies are a user
+    turn rendered by it, then the next assistant turn opened, so the episode's tokens are the
+    template's rendering of the conversation (before: bare `RESULT` text after the model's
+    `<|im_end|>`, with no user turn and no generation prompt); a cut turn is closed first."""
+    folder = qwen2_tokenizer(tmp_path / "m", CHAT_TEMPLATE)
+    tok = load_tokenizer(folder)
+    fmt, renderer = tool_renderer(load_config(None, [f'model.path="{folder}"']), tok)
+    template = load_chat_template("auto", str(folder))
+    assert fmt == "plain" and template is not None
+    messages = [{"role": "user", "content": "2+3?"}]
+    row = Prompt("r", template.render(messages), "5", messages=messages)
+    env = ToolEnv(Calc(), row, tok, fmt, renderer)
+    obs = env.initial_observation()
+    call = 'CALL add {"a": 2, "b": 3}'
+    turn = [*tok.encode(call, add_special_tokens=False), tok.eos_id]
+    res = env.step(turn)
+    assert res.next_observation is not None
+    convo = [
+        {"role": "user", "content": _first_user(obs.text)},  # with the tool list
+        {"role": "assistant", "content": call},
+        {"role": "user", "content": "RESULT add: 5"},
+    ]
+    seq = obs.tokens + turn + res.next_observation.tokens
+    assert tok.inner.decode(seq, skip_special_tokens=False) == template.render(convo)
+    cut = env.step(tok.encode(call, add_special_tokens=False))  # no <|im_end|>
+    assert cut.next_observation is not None
+    assert cut.next_observation.tokens == [tok.eos_id, *res.next_observation.tokens]
+
+
+def _first_user(text: str) -> str:
+    """The content of the first user turn in ChatML `text`."""
+    return text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+
+
 @pytest.mark.parametrize("kind", ["template", "hermes"])
 def test_a_turn_cut_by_its_budget_is_closed_before_the_replies(tmp_path: Path, kind: str) -> None:
     """A turn with a call, cut by its token budget before the model's `<|im_end|>`: the

@@ -15,7 +15,8 @@ A `Renderer` is the hook where a model's chat template plugs in. Three are built
 - `HermesRenderer`: the same ChatML strings written out (Qwen2.5's tools template), for a
   model trained on that format whose folder has no template;
 - `PlainRenderer`: the `plain` call format, for models without a chat template (the built-in
-  model): `RESULT <tool>: <reply>` lines after the model's turn.
+  model): `RESULT <tool>: <reply>` lines after the model's turn; with a chat template that
+  renders no tools, the lines are a user turn rendered by it (as `TemplateRenderer`'s replies).
 
 Replies are rendered as text and tokenized alone, then appended after the model's tokens: the
 history is never re-tokenized (token in, token out).
@@ -68,6 +69,8 @@ class PlainRenderer:
         self, describe_tools: bool = True, template: ChatTemplateLike | None = None
     ) -> None:
         self.describe_tools, self.template = describe_tools, template
+        self.chat = TemplateRenderer(template) if template is not None else None
+        self.end_of_turn = self.chat.end_of_turn if self.chat is not None else None
 
     def prompt(
         self, text: str, tools: Sequence[ToolSpec], messages: list[dict[str, Any]] | None = None
@@ -82,6 +85,11 @@ class PlainRenderer:
         return f"{_tool_list(tools)}\n{text}" if listed else text
 
     def replies(self, replies: Sequence[ToolReply]) -> str:
+        """`RESULT` lines; with a chat template, as a user turn after the model's, then the
+        next assistant turn opened (what the template renders for that conversation)."""
+        if self.chat is not None:
+            body = "\n".join(f"RESULT {r.name}: {r.text}" for r in replies)
+            return self.chat.after_turn([{"role": "user", "content": body}])
         return "".join(f"\nRESULT {r.name}: {r.text}" for r in replies) + "\n"
 
 
@@ -190,12 +198,17 @@ class TemplateRenderer:
 
     def replies(self, replies: Sequence[ToolReply]) -> str:
         tool = [{"role": "tool", "name": r.name, "content": r.text} for r in replies]
-        full = self.template.render([*_STAND_IN, *tool])
+        return self.after_turn(tool)
+
+    def after_turn(self, messages: list[dict[str, Any]]) -> str:
+        """What the template writes after the model's turn for `messages` following it, up to
+        the next assistant turn opened (the generation prompt)."""
+        full = self.template.render([*_STAND_IN, *messages])
         end = self._turn_end(full)
         if end is None:
             raise ValueError(
                 "chat template: no end-of-turn token after the assistant's turn in a "
-                "conversation with tool replies (such a template needs its own Renderer)"
+                "conversation with replies (such a template needs its own Renderer)"
             )
         return full[end:]
 
