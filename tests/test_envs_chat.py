@@ -191,6 +191,31 @@ def test_a_turn_cut_by_its_budget_is_closed_before_the_replies(tmp_path: Path, k
     assert cut.next_observation.tokens == [tok.eos_id, *whole.next_observation.tokens]
 
 
+@pytest.mark.parametrize("stop", ["string", "endoftext"])
+def test_a_call_ended_by_another_stop_is_parsed_and_its_turn_closed(
+    tmp_path: Path, stop: str
+) -> None:
+    """A hermes call whose turn stopped at `sampling.stop=["</tool_call>"]` (the decoded text
+    lacked the tag: every call was "not closed") or at Qwen's `<|endoftext|>` (a stop id, not
+    the end-of-turn `<|im_end|>`, which was then left out): the call runs, and `<|im_end|>`
+    closes the turn before the replies, as for a turn ending at `<|im_end|>`."""
+    folder = qwen2_tokenizer(tmp_path / "m", QWEN25_TOOLS_TEMPLATE)
+    base = load_tokenizer(folder)
+    tok = base.with_stop_strings(["</tool_call>"]) if stop == "string" else base
+    template = load_chat_template("auto", str(folder))
+    assert template is not None
+    env = ToolEnv(Calc(), Prompt("r", "2+3?", "5"), tok, "hermes", TemplateRenderer(template))
+    env.initial_observation()
+    call = tok.encode(CALL, add_special_tokens=False)
+    eot = tok.inner.token_to_id("<|endoftext|>")
+    assert eot in tok.stop_ids and eot != tok.eos_id
+    res = env.step(call if stop == "string" else [*call, eot])
+    whole = env.step([*call, tok.eos_id])
+    assert res.metrics == {"tool_calls": 1.0, "tool_errors": 0.0}
+    assert res.next_observation is not None and whole.next_observation is not None
+    assert res.next_observation.tokens == [tok.eos_id, *whole.next_observation.tokens]
+
+
 def test_qwen3s_template_renders_the_replies_after_the_models_turn() -> None:
     """Qwen3's template (tests/data/templates/qwen3.jinja) writes an empty think block into an
     assistant turn only when it is the last message, so the conversation with tool replies does

@@ -6,7 +6,8 @@ without any is the answer: the episode ends, rewarded by the class's `reward(com
 (`reset`, `reward` and the tools may be `async def`: each is awaited, envs.tools),
 else by the `reward` function given (the task's verifier), else 0. A turn with calls gets
 every call's reply (errors included) rendered by the `Renderer` and appended as tokens; after
-a turn cut by its token budget, a chat renderer's `end_of_turn` closes the turn first.
+a turn that does not end with a chat renderer's `end_of_turn` token (cut by its token budget,
+or stopped by another stop), that token closes the turn first.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class ToolEnv:
 
     def step(self, action_tokens: list[int]) -> StepResult:
         text = self.tok.decode(action_tokens)
-        calls = parse_tool_calls(text, self.fmt)
+        calls = parse_tool_calls(self._call_text(action_tokens), self.fmt)
         if not calls:
             return StepResult(reward=self._reward(text), done=True)
         replies = [self._truncate(call_tool(self.specs, c)) for c in calls[: self.max_calls]]
@@ -87,7 +88,7 @@ class ToolEnv:
             replies.append(ToolReply(calls[self.max_calls].name, msg, error=True))
         obs = self.renderer.replies(replies)
         end = getattr(self.renderer, "end_of_turn", None)
-        if end and self._cut(action_tokens):  # closed first, as the chat template closes it
+        if end and self._open(action_tokens, end):  # closed first, as the template closes it
             obs = end + obs
         metrics = {  # calls the model made; those not answered by their tool's result
             "tool_calls": float(len(calls)),
@@ -96,10 +97,17 @@ class ToolEnv:
         ids = encode_tail(self.tok, obs, self.renderer.templated)
         return StepResult(0.0, False, Observation(ids, obs), metrics)
 
-    def _cut(self, action_tokens: list[int]) -> bool:
-        """Whether the turn ended without a stop token (cut by its token budget)."""
-        stopped = getattr(self.tok, "completion_ids", None)  # (model.Tokenizer's)
-        return stopped is not None and len(stopped(action_tokens)) == len(action_tokens)
+    def _call_text(self, action_tokens: list[int]) -> str:
+        """The turn's text searched for calls: with the stop string that ended it kept
+        (`sampling.stop=["</tool_call>"]` ends a hermes call at its closing tag)."""
+        keep = getattr(self.tok, "decode_with_stop", None)  # (model.Tokenizer's)
+        return keep(action_tokens) if callable(keep) else self.tok.decode(action_tokens)
+
+    def _open(self, action_tokens: list[int], end_of_turn: str) -> bool:
+        """Whether the turn did not end with the template's end-of-turn token: cut by its
+        token budget, or stopped by another stop (a stop string, Qwen's `<|endoftext|>`)."""
+        end = encode_tail(self.tok, end_of_turn, templated=True)
+        return bool(end) and action_tokens[-len(end) :] != end
 
     def _reward(self, completion: str) -> float:
         """The episode's reward; one that is not a finite number (None, NaN, text) raises

@@ -114,6 +114,14 @@ class Tokenizer:
         """The text of a completion: up to its first stop, special tokens skipped."""
         return self.inner.decode(self.completion_ids(ids), skip_special_tokens=True)
 
+    def decode_with_stop(self, ids: Sequence[int]) -> str:
+        """`decode`, with the stop that ended the completion kept (a stop string the model
+        wrote, as `</tool_call>`; a special token is skipped as in `decode`)."""
+        n = len(self.completion_ids(ids))
+        stop = [len(s) for s in self.stop_sequences if tuple(ids[n : n + len(s)]) == s]
+        end = n + (1 if n < len(ids) and ids[n] in self.stop_ids else min(stop, default=0))
+        return self.inner.decode(list(ids[:end]), skip_special_tokens=True)
+
     def with_stop_strings(self, stops: Sequence[str]) -> Tokenizer:
         """A copy that also stops at each string of `stops` (`sampling.stop`)."""
         ids, seqs = set(self.stop_ids), list(self.stop_sequences)
