@@ -325,3 +325,16 @@ def test_an_episode_the_environment_ends_after_a_cut_turn_ends_on_that_budget(
     assert ep.tokens[-1] != EOS and ep.stats.turns == 2
     whole = _scripted(Scripted(0, turns=2), [[3, EOS], [4, EOS]])
     assert (whole.stats.end, whole.finish, whole.reward) == ("done", FinishReason.STOP, 1.0)
+
+
+def test_the_first_observations_time_is_kept_out_of_the_steps() -> None:
+    """Before, the time of building an environment and its first observation was summed into
+    `env_time_s` (`env/time_per_turn_s`); now it is `reset_time_s` (`env/reset_s`)."""
+
+    class SlowReset(Scripted):
+        def initial_observation(self) -> Observation:
+            time.sleep(0.3)
+            return super().initial_observation()
+
+    ep = _scripted(SlowReset(0, turns=2), [[3, EOS], [4, EOS]])
+    assert ep.stats.reset_time_s >= 0.3 and ep.stats.env_time_s < 0.1

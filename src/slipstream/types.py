@@ -57,6 +57,7 @@ class EpisodeStats:
     tool_errors: int = 0  # of them, not answered by their tool's result: a bad call, a tool
     # that raised or hit a sandbox limit, a call past the cap (refused, never run)
     env_time_s: float = 0.0  # wall time of the environment's steps, summed
+    reset_time_s: float = 0.0  # wall time of building it and its first observation
     env_tokens: int = 0  # tokens the environment appended (never trained)
     end: str = "done"
 

@@ -62,6 +62,7 @@ def episode_metrics(groups: Sequence[Group]) -> dict[str, Any]:
         "env/tool_calls": sum(e.tool_calls for e in stats),
         "env/tool_errors": sum(e.tool_errors for e in stats),
         "env/time_per_turn_s": sum(e.env_time_s for e in stats) / max(turns, 1),
+        "env/reset_s": sum(e.reset_time_s for e in stats) / len(stats),
         "env/tokens_trained": sum(s.model_tokens for s in eps),
         "env/tokens_env": sum(e.env_tokens for e in stats),
     }

@@ -181,7 +181,7 @@ class EpisodeRunner:
                 if t0 is not None and now - t0 > self.cfg.step_timeout_s:
                     del self.pending[key]
                     ep = self.episodes[key]
-                    ep.stats.env_time_s += now - t0
+                    self._timed(ep, p, now - t0)
                     ep.error = f"environment step took over {self.cfg.step_timeout_s:g} s"
                     self.workers.abandon(key)
                     self._end(ep, "timeout", FinishReason.ABORTED, score=0.0)
@@ -221,7 +221,7 @@ class EpisodeRunner:
             end = "crash" if isinstance(e, WorkerDied) else "error"
             self._end(ep, end, FinishReason.ABORTED, score=0.0)
             return None
-        ep.stats.env_time_s += seconds  # in the worker (not the wait for a worker or a poll)
+        self._timed(ep, p, seconds)  # in the worker (not the wait for a worker or a poll)
         if p.first:
             assert isinstance(out, Observation)
             ep.prompt_tokens = list(out.tokens)
@@ -254,6 +254,14 @@ class EpisodeRunner:
             return None
         ep.add_observation(out.next_observation)
         return self._next_turn(ep)
+
+    @staticmethod
+    def _timed(ep: Episode, p: _Pending, seconds: float) -> None:
+        """Count `seconds` of `p` in the worker: a step's, or the first observation's apart."""
+        if p.first:
+            ep.stats.reset_time_s += seconds
+        else:
+            ep.stats.env_time_s += seconds
 
     def _next_turn(self, ep: Episode) -> Request | None:
         """The request for the model's next turn, or None (the episode ended on a budget)."""
