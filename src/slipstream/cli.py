@@ -77,7 +77,7 @@ def _train(argv: list[str]) -> int:
     # before any work
     preflight(cfg, resume=bool(args.resume))
     try:
-        if cfg.runtime.kind == "inprocess" and cfg.schedule.name == "sync":
+        if cfg.runtime_kind == "inprocess":
             from slipstream.run.sync import train_sync
 
             train_sync(cfg, resume=bool(args.resume))

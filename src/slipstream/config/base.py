@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Collection
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -58,7 +58,7 @@ class _Section(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _bool_is_no_number(cls, value: Any, info: ValidationInfo) -> Any:
+    def _bool_is_no_number(cls, value: object, info: ValidationInfo) -> object:
         """Every field of every section: `check_bool_or_number`."""
         if info.field_name is not None:
             check_bool_or_number(cls.model_fields[info.field_name].annotation, value)

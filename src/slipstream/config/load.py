@@ -108,7 +108,7 @@ class Config(_Section):
         """run.record_schedule needs a run `slipstream replay` can re-execute (schedule.record)."""
         if not self.run.record_schedule:
             return self
-        if self.runtime.kind == "inprocess" and self.schedule.name == "sync":
+        if self.runtime_kind == "inprocess":
             raise ValueError(
                 "run.record_schedule: the in-process sync loop has no schedule to record (it is "
                 "deterministic as it is); use runtime.kind = 'local'"
@@ -138,7 +138,7 @@ class Config(_Section):
         """Settings of the orchestrated runtimes: the in-process sync loop (the default) has no
         sampler processes and evaluates as it goes, and would run without a word one
         sampler, no kills and evaluation in line."""
-        if self.runtime.kind != "inprocess" or self.schedule.name != "sync":
+        if self.runtime_kind != "inprocess":
             return self
         no_samplers = "the in-process sync loop has no sampler processes"
         for key, value, why in (

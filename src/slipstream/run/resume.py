@@ -133,7 +133,7 @@ def check_queue(run_dir: Path, cfg: Config) -> None:
             f"schedule.name: the run ran with {name!r} and {resume} schedule.name = {name!r}"
         )
     kind = ran.runtime.kind
-    if cfg.schedule.name == "sync" and cfg.runtime.kind == "inprocess" != kind:
+    if cfg.runtime_kind == "inprocess" != ran.runtime_kind:
         raise ConfigError(
             f"runtime.kind: the run ran on {kind!r} and {resume} runtime.kind = {kind!r}"
         )

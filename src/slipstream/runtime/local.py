@@ -32,6 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
+from multiprocessing.process import BaseProcess
 from multiprocessing.synchronize import Event
 from typing import Any, Protocol
 
@@ -368,7 +369,7 @@ class LocalRuntime:
             restarted.append(i)
         return restarted
 
-    def _started_or_raise(self, i: int, p: Any) -> None:
+    def _started_or_raise(self, i: int, p: BaseProcess) -> None:
         """Sampler `i` exited: `WorkersCannotStart` if it and the incarnations before it
         exited by themselves before their entry function ran (`StartFailures`)."""
         started = self.started[i]
