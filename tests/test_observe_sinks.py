@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 import types
@@ -256,3 +257,34 @@ def test_jsonl_lists_and_arrays_stay_valid_json(tmp_path: Path) -> None:
     line = (tmp_path / "m.jsonl").read_text()
     row = json.loads(line, parse_constant=_no_constants)
     assert row == {"step": 1, "x": [1.0, None, -1e308], "arr": [0.5, None], "t": [1.0, 2.0]}
+
+
+def test_wandb_resumed_run_logs_to_the_same_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inits: list[dict[str, Any]] = []
+
+    class FakeRun:
+        def log(self, data: dict[str, Any], step: int) -> None:
+            pass
+
+        def finish(self) -> None:
+            pass
+
+    def init(**kwargs: Any) -> FakeRun:
+        inits.append(kwargs)
+        return FakeRun()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    make_sinks(tmp_path, ["wandb"])[1].close()  # a fresh run
+    make_sinks(tmp_path, ["wandb"], resume_step=4)[1].close()  # its resume (setup passes the step)
+    make_sinks(tmp_path, ["wandb"])[1].close()  # a fresh run started again in the same folder
+    first, resumed, again = (i["id"] for i in inits)
+    assert all(i["resume"] == "allow" for i in inits)
+    assert re.fullmatch("[a-z0-9]{8}", first)  # W&B's own shape of id
+    assert resumed == first  # one W&B run across the resume
+    assert again != first  # a new run is a new W&B run
+    assert (tmp_path / "wandb_id").read_text().strip() == again
+    (tmp_path / "wandb_id").write_text("not an id!\n")  # damaged: a new id, not a W&B error
+    make_sinks(tmp_path, ["wandb"], resume_step=4)[1].close()
+    assert inits[-1]["id"].isalnum() and inits[-1]["id"] != again

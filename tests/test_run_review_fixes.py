@@ -309,7 +309,7 @@ def test_bench_reuse_trains_an_unfinished_run_again(tmp_path, bench_trained):
 
 
 def test_bench_reuse_trains_a_run_with_a_torn_summary_again(tmp_path, bench_trained):
-    """A summary.json torn by a crash (written in place, before `run.folder.write_atomic`) is
+    """A summary.json torn by a crash (written in place, before `slipstream.files.write_atomic`) is
     not a finished run's: finished_summary raised JSONDecodeError on it, stopping the bench."""
     from slipstream.observe.runs import finished_summary
 

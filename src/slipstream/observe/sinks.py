@@ -13,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import secrets
+import string
 import tomllib
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from slipstream.files import write_atomic
 from slipstream.observe.metrics import resolve
 
 
@@ -163,7 +166,10 @@ class WandbSink:
     later), `online` when asked (`wandb.mode`); project, entity, name and tags as configured.
 
     The run's resolved config (`config`; None: its `config.toml`, when present) becomes the
-    W&B run config.
+    W&B run config. The W&B run id is kept in `RUN_DIR/wandb_id`: a fresh run draws a new one,
+    a resumed run (`resumed`) logs to the same W&B run (`resume="allow"`). W&B steps only
+    increase, so the steps a crashed run logged past its checkpoint keep the crashed run's
+    values there; the resumed run's records at those steps are in metrics.jsonl.
     """
 
     def __init__(
@@ -175,6 +181,7 @@ class WandbSink:
         tags: Sequence[str] = (),
         mode: str = "offline",
         config: dict[str, Any] | None = None,
+        resumed: bool = False,
     ) -> None:
         import wandb  # optional: not a dependency of slipstream
 
@@ -191,6 +198,8 @@ class WandbSink:
             tags=list(tags),
             mode=mode,
             config=config,
+            id=wandb_run_id(run_dir, resumed),
+            resume="allow",
         )
         self._n = 0
 
@@ -213,6 +222,21 @@ class WandbSink:
 
     def close(self) -> None:
         self._run.finish()
+
+
+def wandb_run_id(run_dir: Path, resumed: bool) -> str:
+    """The W&B run id of the run in `run_dir`: the one in its `wandb_id` file when `resumed`
+    (and the file holds one), else a new one (8 lowercase letters and digits, W&B's own
+    shape), written there atomically."""
+    path = run_dir / "wandb_id"
+    if resumed and path.exists():
+        kept = path.read_text(encoding="utf-8").strip()
+        if kept.isascii() and kept.isalnum():
+            return kept
+    alphabet = string.ascii_lowercase + string.digits
+    new = "".join(secrets.choice(alphabet) for _ in range(8))
+    write_atomic(path, new + "\n")
+    return new
 
 
 class SafeSink:
@@ -289,6 +313,8 @@ def make_sinks(
     for name in dict.fromkeys(["jsonl", *names]):
         try:
             extra = dict(wandb or {}) if name == "wandb" else {}
+            if name == "wandb":
+                extra["resumed"] = resume_step is not None
             if name == "tensorboard" and resume_step is not None:
                 extra = {"purge_step": resume_step + 1}
             out.append(SafeSink(SINKS[name](run_dir, **extra), name))

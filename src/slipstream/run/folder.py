@@ -2,8 +2,7 @@
 `launch.json`: the folder the run was started in, against which its relative paths
 (`model.path=model`, `task.reward="rewards.py:fn"`) resolve, so `--resume` from anywhere finds
 them (`started_in`). A resumed run writes its config.toml once its checkpoint is restored
-(`run.resume.restore`), so a resume that fails before leaves the run's own. `write_atomic`
-writes the files a run ends with (summary.json, ledger.json) whole or not at all."""
+(`run.resume.restore`), so a resume that fails before leaves the run's own."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import os
 from pathlib import Path
 
 from slipstream.config import Config, dump_config
+from slipstream.files import write_atomic
 
 
 def make_run_dir(cfg: Config, config: bool = True) -> Path:
@@ -31,28 +31,6 @@ def make_run_dir(cfg: Config, config: bool = True) -> Path:
     if not launch.exists():  # a resumed run keeps the folder it was first started in
         launch.write_text(json.dumps({"cwd": os.getcwd()}))
     return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """`path` holds `text` whole, or what it held before: the text goes to a temporary file in
-    the same folder, flushed and fsynced, which then replaces `path` (`os.replace`), so a crash
-    or a full disk midway leaves no torn file; a failed write removes the temporary file and
-    raises."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself outlives a crash
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:

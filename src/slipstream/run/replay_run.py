@@ -40,6 +40,7 @@ import torch
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.dicts import changed_keys
 from slipstream.engine.stats import PASS_TIMINGS
+from slipstream.files import write_atomic
 from slipstream.schedule.auto_lag import lag_control, tightened
 from slipstream.schedule.record import DECIDED, FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
 from slipstream.schedule.replay_sampler import (
@@ -493,7 +494,7 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
     summary = run_dir / "summary.json"
     if summary.exists():
         result["original_wall_s"] = json.loads(summary.read_text()).get("wall_s")
-    (path / "replay.json").write_text(json.dumps(result, indent=2))
+    write_atomic(path / "replay.json", json.dumps(result, indent=2))
     return result
 
 

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from slipstream.config import Config, ConfigError, load_config
+from slipstream.files import write_atomic
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.observe.runs import saved_changes
-from slipstream.run.folder import write_atomic, write_config
+from slipstream.run.folder import write_config
 from slipstream.run.setup import Run
 from slipstream.run.summary import read_records
 from slipstream.train.checkpoint import (
@@ -186,7 +187,7 @@ def void_record(run_dir: Path, step: int) -> None:
         return  # not a record replay would read either
     if isinstance(meta, dict):
         meta.update(complete=False, resumed_from=step)
-        path.write_text(json.dumps(meta, indent=2))
+        write_atomic(path, json.dumps(meta, indent=2))
 
 
 def truncate_metrics(path: Path, step: int) -> None:

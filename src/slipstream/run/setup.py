@@ -21,6 +21,7 @@ from slipstream.engine.stats import EngineStats
 from slipstream.envs.base import EnvFactory
 from slipstream.envs.builtin import tool_sums_task
 from slipstream.envs.workers import Workers, make_workers
+from slipstream.files import write_atomic
 from slipstream.model import CausalLM, Tokenizer, load_pretrained, load_tokenizer
 from slipstream.model.chat import ChatTemplateError, load_chat_template
 from slipstream.observe.progress import ProgressView
@@ -41,7 +42,7 @@ from slipstream.run.components import (
     resolve_placement,
 )
 from slipstream.run.evaluate import heldout_accuracy, rewards_of, summarize
-from slipstream.run.folder import make_run_dir, write_atomic
+from slipstream.run.folder import make_run_dir
 from slipstream.runtime import placement
 from slipstream.schedule.agentic import episode_group, make_runner
 from slipstream.schedule.episodes import run_episodes
@@ -522,8 +523,7 @@ def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
 
 
 def _wandb_settings(cfg: Config) -> dict[str, Any]:
-    """The `WandbSink` settings: the `[wandb]` section and the resolved config (a resumed
-    run's config.toml is not rewritten yet when its sinks open)."""
+    """The `WandbSink` settings: `[wandb]` and the resolved config (not yet in config.toml)."""
     return {**cfg.wandb.model_dump(), "config": tomllib.loads(dump_config(cfg))}
 
 
@@ -564,7 +564,7 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     else:
         check_too_long(lengths, cfg.sampling.max_new_tokens, skip_len)
     engine = make_engine(model, tok, slots, max_len)
-    (run_dir / "model_info.json").write_text(json.dumps(model.info()))
+    write_atomic(run_dir / "model_info.json", json.dumps(model.info()))
     return Run(
         cfg=cfg,
         dir=run_dir,

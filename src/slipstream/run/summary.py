@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slipstream.run.folder import write_atomic
+from slipstream.files import write_atomic
 from slipstream.run.setup import Run
 from slipstream.schedule.step_stats import goodput
 
@@ -32,7 +32,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:
     """The end of a run: its workers and observers closed, `summary.json` (accuracies, wall
     time, steps, the ledger, the run's info, goodput) and `ledger.json` written, each whole or
-    not at all (`run.folder.write_atomic`), one line logged; returns the summary."""
+    not at all (`slipstream.files.write_atomic`), one line logged; returns the summary."""
     run.close_workers()
     run.close_observers()
     samplers = run.info.get("samplers", 0)

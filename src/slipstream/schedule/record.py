@@ -46,6 +46,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
+from slipstream.files import write_atomic
 from slipstream.runtime.channels import Channels, PromptRequest, SamplerMessage
 from slipstream.schedule.ledger import Ledger
 from slipstream.types import Group, Prompt
@@ -122,7 +123,7 @@ class ScheduleRecorder:
         self._groups: dict[int, tuple[int, Group]] = {}  # id(group) -> (group id, group)
 
     def _write_meta(self) -> None:
-        (self.dir / "meta.json").write_text(json.dumps(self.meta, indent=2))
+        write_atomic(self.dir / "meta.json", json.dumps(self.meta, indent=2))
 
     def event(self, e: str, **fields: Any) -> None:
         self._trainer.write(json.dumps({"e": e, **fields}, separators=(",", ":")) + "\n")
