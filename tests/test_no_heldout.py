@@ -35,3 +35,20 @@ def test_no_heldout_rows_means_no_heldout_metric(tmp_path, capsys, loop):
     done = [x for x in capsys.readouterr().err.splitlines() if x.startswith("done: ")]
     assert len(done) == 1 and "; no held-out rows; " in done[0], done  # not 0.000 -> 0.000
     assert "held-out accuracy" not in done[0]
+
+
+def test_a_config_refused_at_setup_leaves_no_run_folder(tmp_path):
+    """Setup's own refusals (here: no training prompt fits `engine.max_len`) come before the
+    run folder is made: a config that cannot run leaves no folder with its config.toml."""
+    from slipstream.config import ConfigError
+    from slipstream.run.setup import setup
+
+    folder = write_assets(tmp_path, "def reward(p, c):\n    return 1.0\n")
+    cfg = load_config(None, [
+        f'run.dir="{tmp_path / "run"}"', "run.quiet=true", "run.threads=1",
+        "sampling.max_new_tokens=8", "engine.max_len=9", f'model.path="{folder / "model"}"',
+        f'task.path="{folder / "rows.jsonl"}"', f'task.reward="{folder / "reward.py"}:reward"',
+    ])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"engine\.max_len"):
+        setup(cfg)
+    assert not (tmp_path / "run").exists()

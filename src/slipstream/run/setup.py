@@ -538,7 +538,6 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
         torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
-    run_dir = make_run_dir(cfg, config=resume_step is None)
     view = ProgressView(cfg.run.steps, "slipstream train", quiet=cfg.run.quiet)
     task = build_task(cfg)
     model, tok, info = build_model(cfg, task, view, where.trainer)
@@ -564,6 +563,7 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     else:
         check_too_long(lengths, cfg.sampling.max_new_tokens, skip_len)
     engine = make_engine(model, tok, slots, max_len)
+    run_dir = make_run_dir(cfg, config=resume_step is None)  # once the config is known to run
     write_atomic(run_dir / "model_info.json", json.dumps(model.info()))
     return Run(
         cfg=cfg,
