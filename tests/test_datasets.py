@@ -364,3 +364,20 @@ def test_chat_template_none_is_named_as_the_users_choice_not_the_models_lack(tmp
         f"{f}: row 0: task.chat_template = 'none' cannot render 'messages' rows; use 'auto' "
         "or a template file"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "cause"),
+    [
+        ('[\n  {"prompt": "a", "answer": "1"},\n  {"prompt": "b", "answer": "2"},\n]\n', 4, ""),
+        ('[\n  {"prompt": "a", "answer": "1"}\n  {"prompt": "b", "answer": "2"}\n]\n', 3, "','"),
+        ('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "answer": 2\n', 2, "','"),  # JSON lines
+    ],
+)
+def test_a_bad_json_file_is_named_at_the_line_of_its_error(tmp_path, text, line, cause):
+    # a pretty-printed array with a stray or missing comma was read as JSON lines and named at
+    # its line 1 ("[": Expecting value), not where the error is
+    f = tmp_path / "d.json"
+    f.write_text(text)
+    with pytest.raises(TaskError, match=rf"^{f}:{line}: not valid JSON \(.*{cause}"):
+        read_prompts(f)

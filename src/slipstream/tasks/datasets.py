@@ -135,10 +135,12 @@ def read_json(path: Path) -> list[Row]:
     text = read_text(path, TaskError)
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
-        if "\n" in text.strip():  # JSON lines under a .json name, as `datasets` accepts
+    except json.JSONDecodeError as e:
+        # JSON lines under a .json name, as `datasets` accepts: a first value on one line, then
+        # more; any other error (a pretty-printed array's stray comma) is named at its own line
+        if e.msg == "Extra data" and "\n" not in text[: e.pos].strip():
             return read_jsonl(path)
-        raise _json_error(path, None, json.JSONDecodeError("not JSON", text, 0)) from None
+        raise _json_error(path, e.lineno, e) from None
     except (ValueError, RecursionError) as e:
         raise _json_error(path, None, e) from None
     if isinstance(data, dict) and isinstance(data.get("data"), list):
