@@ -381,3 +381,20 @@ def test_a_bad_json_file_is_named_at_the_line_of_its_error(tmp_path, text, line,
     f.write_text(text)
     with pytest.raises(TaskError, match=rf"^{f}:{line}: not valid JSON \(.*{cause}"):
         read_prompts(f)
+
+
+def test_two_prompts_of_one_id_are_an_error_naming_both_rows(tmp_path):
+    # the id keys pass rates, lengths and the replay buffer's successes: a second prompt under
+    # the same id would be trained on the first one's stored completions
+    f = tmp_path / "d.jsonl"
+    rows = [
+        {"id": 7, "prompt": "1+1", "answer": "2"},
+        {"id": 8, "prompt": "2+2", "answer": "4"},
+        {"id": 7, "prompt": "1+1", "answer": "2"},  # the same prompt again: harmless
+        {"id": "7", "prompt": "3+3", "answer": "6"},
+    ]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TaskError, match=rf"^{f}:4: id '7' is also the id of {f}:1, another"):
+        read_prompts(f)
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    assert [p.id for p in read_prompts(f)] == ["7", "8", "7"]

@@ -178,7 +178,23 @@ def read_prompts(
     if not rows:
         raise TaskError(f"{path}: no rows")
     stem = Path(str(path)).stem
-    return [fmt.prompt(r, f"{stem}:{i}") for i, r in enumerate(rows)]
+    prompts = [fmt.prompt(r, f"{stem}:{i}") for i, r in enumerate(rows)]
+    _unique_ids(prompts, rows)
+    return prompts
+
+
+def _unique_ids(prompts: list[Prompt], rows: list[Row]) -> None:
+    """A prompt's id keys what the run learns of it (pass rates, lengths, the replay buffer's
+    successes): two rows of one id must be the same prompt, else one would get the other's."""
+    first: dict[str, int] = {}
+    for i, p in enumerate(prompts):
+        j = first.setdefault(p.id, i)
+        q = prompts[j]
+        if j != i and (q.text != p.text or q.answer != p.answer):
+            raise TaskError(
+                f"{rows[i].where}: id {p.id!r} is also the id of {rows[j].where}, another "
+                "prompt; ids must be unique (map a unique column to id with task.columns)"
+            )
 
 
 def read_rows(path: str | Path, template: str = "{prompt}") -> list[Prompt]:
