@@ -243,3 +243,52 @@ def test_trl_completions_follow_the_rows_prompt_format_not_the_chat_template():
     )
     assert adapt(reward_len, "auto")(chat, "42") == 1.0
     assert seen[-1][1] == [[{"role": "assistant", "content": "42"}]]
+
+
+ASYNC_REWARDS = """
+import asyncio
+
+loops = []
+
+async def trl_async(prompts, completions, **kwargs):
+    loops.append(asyncio.get_running_loop())  # a client kept between calls needs the same loop
+    await asyncio.sleep(0)
+    return [float(len(loops) > 1 and loops[-1] is loops[-2]) + float(c == "42") for c in completions]
+
+async def verl_async(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": float(ground_truth in solution_str)}
+
+async def slip_async(prompt, completion):
+    return 0.5
+
+async def raises(prompts, completions, **kwargs):
+    raise ValueError("no judge")
+"""
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_async_rewards_are_awaited_as_trl_awaits_them(tmp_path, isolation):
+    # TRL's GRPOTrainer awaits `async def` reward functions (a judge behind an HTTP API); they
+    # were called as plain functions, so every sample "raised" a coroutine and scored 0
+    f = tmp_path / "arw.py"
+    f.write_text(ASYNC_REWARDS)
+    parts = tuple(RewardPart(f"{f}:{n}") for n in ("trl_async", "verl_async", "slip_async"))
+    guard = RewardGuard(CombinedReward(parts), isolation)
+    try:
+        [a, b] = guard.score(PLAIN, ["42", "no"])  # b: the second call, on the same loop
+        assert a.error == b.error == "" and guard.errors == {}
+        assert a.parts == {
+            "reward/trl_async": 1.0,
+            "reward/verl_async": 1.0,
+            "reward/slip_async": 0.5,
+        }
+        assert b.parts["reward/trl_async"] == 1.0 and b.reward == 1.5
+    finally:
+        guard.close()
+    g = RewardGuard(CombinedReward((RewardPart(f"{f}:raises"),)), isolation)
+    try:
+        with pytest.warns(RuntimeWarning, match="raised ValueError: no judge"):
+            [v] = g.score(PLAIN, ["42"])
+        assert (v.reward, v.error) == (0.0, "raised")
+    finally:
+        g.close()

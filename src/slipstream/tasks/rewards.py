@@ -13,6 +13,8 @@
   numbers are logged. `data_source` and `extra_info` are the row's columns of those names
   (`extra_info` defaults to the whole row).
 
+An `async def` function of any shape is awaited (TRL awaits them), on one event loop per process.
+
 `CombinedReward` sums weight x value over the functions that apply (TRL's nansum over reward
 functions) and returns each value under `reward/<name>` (a verl dict's other numbers under
 `reward/<name>/<key>`), which the guard passes on as the sample's `reward_parts`. It holds
@@ -21,9 +23,12 @@ only the functions' specs, so it pickles to a reward worker process, where `load
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import numbers
+import os
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,27 +72,57 @@ def detect_shape(fn: Callable[..., Any]) -> Shape:
 
 
 def adapt(fn: Callable[..., Any], shape: Shape) -> Scorer:
-    """A per-sample scorer `(prompt, completion) -> value` of `fn` called in its shape."""
+    """A per-sample scorer `(prompt, completion) -> value` of `fn` called in its shape; an
+    `async def` function (which TRL awaits) is run to its result."""
     shape = detect_shape(fn) if shape == "auto" else shape
     if shape == "trl":
         return lambda prompt, completion: _call_trl(fn, prompt, completion)
     if shape == "verl":
-        return lambda prompt, completion: fn(
-            data_source=prompt.meta.get("data_source", ""),
-            solution_str=completion,
-            ground_truth=prompt.answer,
-            extra_info=prompt.meta.get("extra_info", prompt.meta),
+        return lambda prompt, completion: awaited(
+            fn(
+                data_source=prompt.meta.get("data_source", ""),
+                solution_str=completion,
+                ground_truth=prompt.answer,
+                extra_info=prompt.meta.get("extra_info", prompt.meta),
+            )
         )
-    return fn
+    return lambda prompt, completion: awaited(fn(prompt, completion))
+
+
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None  # (its process id, the loop)
+_loop_lock = threading.Lock()
+
+
+def awaited(value: Any) -> Any:
+    """`value`, or the result of awaiting it when an `async def` reward returned a coroutine:
+    on one event loop of this process that outlives the call (as TRL's does, so a client an
+    async reward keeps between calls stays bound to a live loop), in a thread of its own (the
+    caller's thread may already run a loop)."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def wait() -> Any:
+        return await value
+
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():  # none yet, or forked: its thread is gone
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="async-rewards", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        loop = _loop[1]
+    return asyncio.run_coroutine_threadsafe(wait(), loop).result()
 
 
 def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
     chat = prompt.messages is not None and prompt.plain_prompt is None  # TRL: a conversation
     columns = {k: [v] for k, v in prompt.meta.items() if k not in ("prompts", "completions")}
-    out = fn(
-        prompts=[prompt.messages if chat else prompt.plain_prompt or prompt.text],
-        completions=[[{"role": "assistant", "content": completion}] if chat else completion],
-        **columns,
+    out = awaited(
+        fn(
+            prompts=[prompt.messages if chat else prompt.plain_prompt or prompt.text],
+            completions=[[{"role": "assistant", "content": completion}] if chat else completion],
+            **columns,
+        )
     )
     if not isinstance(out, list | tuple) and callable(getattr(out, "tolist", None)):
         out = out.tolist()  # a numpy array or a tensor, which TRL iterates as a list
