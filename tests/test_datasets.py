@@ -323,6 +323,13 @@ def test_a_held_out_folder_without_the_split_names_the_setting_that_asked(tmp_pa
     with pytest.raises(TaskError, match=r"no file of split 'test' \(task.heldout_split\)"):
         DatasetTask(str(path), lambda p, c: 0.0, fmt=fmt, heldout_split="test",
                     heldout_path=str(tmp_path / "held"))  # fmt: skip
+    # unset, the held-out folder's split is task.split's: the message names what to set
+    (tmp_path / "held" / "train.jsonl").rename(tmp_path / "held" / "test.jsonl")
+    with pytest.raises(TaskError) as err:
+        DatasetTask(str(path), lambda p, c: 0.0, fmt=fmt, heldout_path=str(tmp_path / "held"))
+    assert "no file of split 'train' (task.heldout_split unset: task.split); splits here: test" in (
+        str(err.value)
+    )
 
 
 def test_a_hub_dataset_is_loaded_with_its_config_name(monkeypatch):

@@ -93,7 +93,8 @@ class TaskConfig(_Section):
     `heldout_fraction` of `path`."""
     heldout_split: str | None = None
     """The split of `path` (or of `heldout_path`) held out, e.g. `test` of a folder or hub
-    dataset; None: `heldout_fraction` of the training split, or all of `heldout_path`.
+    dataset; None: `heldout_fraction` of the training split, or, of `heldout_path`, the whole
+    file, or the folder's or hub dataset's `split` (a folder of unnamed files: all of them).
     `split` itself of the same data is an error (those rows are trained on)."""
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0)
     """Share of `path` held out for evaluation when there is no `heldout_path` (above 0: at

@@ -244,7 +244,11 @@ class DatasetTask:
         rows = read_prompts(self.path, fmt, Split(self.split, config=self.dataset_config))
         if self.heldout_path or self.heldout_split:
             source = self.heldout_path or self.path
-            which = "task.heldout_split" if self.heldout_split else "task.split"
+            which = (
+                "task.heldout_split"
+                if self.heldout_split
+                else "task.heldout_split unset: task.split"
+            )
             split = Split(self.heldout_split or self.split, which, config=self.dataset_config)
             held = read_prompts(source, fmt, split)
             self._train, self._heldout = rows, held
