@@ -292,3 +292,22 @@ def test_async_rewards_are_awaited_as_trl_awaits_them(tmp_path, isolation):
         assert (v.reward, v.error) == (0.0, "raised")
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_a_reward_file_imports_the_modules_beside_it(tmp_path, isolation):
+    # `task.reward="path/rw.py:fn"` with `import helpers` beside it: as `python rw.py` would,
+    # the file's folder is on the import path (it raised ModuleNotFoundError on every sample)
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "sibling_helpers_7f3a.py").write_text("def score(c):\n    return float(c == 'ok')\n")
+    (folder / "rw.py").write_text(
+        "from sibling_helpers_7f3a import score\n\n"
+        "def reward(prompt, completion):\n    return score(completion)\n"
+    )
+    guard = RewardGuard(CombinedReward((RewardPart(f"{folder / 'rw.py'}:reward"),)), isolation)
+    try:
+        assert [v.reward for v in guard.score(PLAIN, ["ok", "no"])] == [1.0, 0.0]
+        assert guard.errors == {}
+    finally:
+        guard.close()

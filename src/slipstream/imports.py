@@ -1,9 +1,11 @@
-"""Loading a user's object by name: `package.module:name` or `path/to/file.py:name`."""
+"""Loading a user's object by name: `package.module:name` or `path/to/file.py:name` (whose
+folder joins `sys.path`, at its end, so that the file imports the modules beside it)."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from pathlib import Path
 
 
@@ -24,6 +26,9 @@ def load_object(
         file = Path(target)
         if not file.exists():
             raise error(f"{what}: no such file {file}")
+        folder = str(file.resolve().parent)
+        if folder not in sys.path:  # its sibling modules import (`import helpers`), after
+            sys.path.append(folder)  # the installed ones, which it cannot shadow
         mod_spec = importlib.util.spec_from_file_location(file.stem, file)
         assert mod_spec is not None and mod_spec.loader is not None
         module = importlib.util.module_from_spec(mod_spec)
