@@ -277,3 +277,14 @@ def test_low_precision_logp_is_computed_in_float32() -> None:
     assert out.loss.dtype == torch.float32
     out.loss.backward()
     assert logp.grad.dtype == torch.bfloat16
+
+
+def test_approx_kl_is_accurate_near_on_policy_in_float32() -> None:
+    # k3 = exp(x) - 1 - x ~ x^2 / 2: 4.5e-10 at x = 3e-5, 5e-9 at x = -1e-4. Written that way
+    # in float32 it cancels to 6e-8 (130x) and 0; expm1(x) - x keeps it to a fraction of 1 %.
+    beh = torch.full((1, 2), -1.0)
+    logp = beh + torch.tensor([[3e-5, -1e-4]])
+    x = (logp - beh).double()  # the log-ratios as float32 holds them
+    want = float((x.exp() - 1 - x).mean())
+    out = losses.compute("ppo", logp, beh, torch.ones(1), _ones(1, 2))
+    assert out.metrics["approx_kl"].item() == pytest.approx(want, rel=1e-2)

@@ -136,3 +136,20 @@ def test_a_step_whose_tokens_the_correction_all_masks_is_skipped():
     assert metrics["train/skipped"] == 1.0 and trainer.skipped_steps == 1
     assert not trainer.opt.state
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_step_kl_is_accurate_for_a_small_step():
+    """k3 `r - 1 - log r` of a tiny step is ~ log_r^2 / 2; in float32 `exp(x) - 1 - x` cancels
+    to 0 or to rounding noise 100x too large, which `expm1(x) - x` avoids."""
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(model, TrainerConfig(), temperature=1.0, pad_id=tok.pad_id)
+    full = trainer.batch([_group(tok, [1.0, -1.0])])
+    rows = slice(0, 2)
+    after, _ = trainer.logprobs(full.slice(rows))
+    mask = full.slice(rows).loss_mask
+    shift = torch.tensor([3e-5, -1e-4, 5e-5, -3e-5]).repeat(8)[: int(mask.sum())]
+    before = after.detach().clone()
+    before[mask] -= shift
+    log_r = (after.detach() - before)[mask].double()  # as float32 holds them
+    want = float((log_r.exp() - 1 - log_r).mean())
+    assert trainer.step_kl(full, [(rows, before)]) == pytest.approx(want, rel=1e-2)

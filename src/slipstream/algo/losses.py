@@ -268,9 +268,10 @@ def _metrics(x: LossInputs, cut: Tensor, nonfinite: Tensor) -> dict[str, Tensor]
     n = valid.sum().to(x.logp.dtype)
     per_token = n.clamp(min=1)
     r = torch.where(valid, x.ratio.detach(), 0.0)
-    # k3 estimator of the drift from the sampler (Schulman 2020), always against behavior_logp.
+    # k3 estimator of the drift from the sampler (Schulman 2020), always against behavior_logp;
+    # expm1, as correction.apply: exp(x) - 1 - x cancels to 0 (or below) in float32 near x = 0.
     log_rb = (x.logp.detach() - x.behavior_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    kl = torch.where(valid, log_rb.exp() - 1 - log_rb, 0.0)
+    kl = torch.where(valid, (torch.expm1(log_rb) - log_rb).clamp(min=0), 0.0)
     return {
         "clip_frac": (cut & valid).sum() / per_token,
         "ratio_mean": r.sum() / per_token,

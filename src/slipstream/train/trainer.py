@@ -250,7 +250,8 @@ class Trainer:
             after, _ = self.logprobs(batch)
             m = batch.loss_mask.bool()
             log_r = (after.float() - before.float())[m]
-            total += float((log_r.exp() - 1 - log_r).sum())
+            # expm1: exp(x) - 1 - x cancels to 0 (or below) in float32 for small steps
+            total += float((torch.expm1(log_r) - log_r).clamp(min=0).sum())
             n += int(m.sum())
         return total / max(n, 1)
 
