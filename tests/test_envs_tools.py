@@ -515,3 +515,25 @@ def test_parse_bare_json_calls_and_parameters_for_arguments() -> None:
     assert "needs" in bad.error
     hermes = parse_tool_calls(f"<tool_call>{call}</tool_call>", "hermes")
     assert hermes == [ToolCall("add", {"a": 1, "b": 2})]
+
+
+def test_an_integer_past_ints_digit_limit_is_a_bad_call_or_an_answer_never_an_exception() -> None:
+    """Before, json.loads' ValueError for an integer of over 4300 digits (a model repeating a
+    digit for a whole turn) was not a JSONDecodeError: it escaped `parse_tool_calls`, and the
+    step raised (the episode ended `error`) instead of answering with a format error."""
+    big = "9" * 5000
+    calls = {
+        "hermes": f'<tool_call>{{"name": "add", "arguments": {{"a": {big}}}}}</tool_call>',
+        "json": f'{{"name": "add", "parameters": {{"a": {big}}}}}',
+        "plain": f'CALL add {{"a": {big}}}',
+    }
+    for fmt, text in calls.items():
+        (call,) = parse_tool_calls(text, fmt)  # type: ignore[arg-type]
+        assert "4300 digits" in call.error and len(call.error) < 120, (fmt, call)
+    as_string = f'<tool_call>{{"name": "add", "arguments": "{{\\"a\\": {big}}}"}}</tool_call>'
+    assert parse_tool_calls(as_string, "hermes")[0].error
+    assert parse_tool_calls(big, "json") == []  # a long number as the answer: no call
+    env = ToolEnv(Calc(), Prompt("p0", "q", answer="3"), TOK, fmt="plain")
+    r = env.step(TOK.encode(calls["plain"]))
+    assert not r.done and r.next_observation is not None
+    assert "RESULT add: error: arguments are not valid JSON" in r.next_observation.text

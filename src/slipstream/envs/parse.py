@@ -73,10 +73,10 @@ def _json_turn(text: str) -> list[ToolCall]:
     """The `json` format: the whole turn is one call, or none (module docstring)."""
     try:
         obj = json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # (bad JSON, or an integer past int()'s digit limit)
         if not _JSON_CALL.match(text):
             return []
-        return [ToolCall("", error=f"tool call is not valid JSON ({e.msg} at char {e.pos})")]
+        return [ToolCall("", error=f"tool call is not valid JSON ({_why(e)})")]
     if not isinstance(obj, dict) or "name" not in obj or not _ARGS & obj.keys():
         return []  # (a JSON answer, `{"name": "Paris"}`)
     return [_call(obj)]
@@ -101,7 +101,7 @@ def _block_end(text: str, body: int) -> int:
     m = _SPACE.match(text, body)
     after = body  # not JSON: the first tag closes it, and the body is reported as bad JSON
     if m is not None and text.startswith("{", m.end()):
-        with contextlib.suppress(json.JSONDecodeError):
+        with contextlib.suppress(ValueError):  # (bad JSON, or an integer `_why` names)
             after = _JSON.raw_decode(text, m.end())[1]
     return text.find(_CLOSE, after)
 
@@ -109,9 +109,17 @@ def _block_end(text: str, body: int) -> int:
 def _hermes_call(body: str) -> ToolCall:
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        return ToolCall("", error=f"tool call is not valid JSON ({e.msg} at char {e.pos})")
+    except ValueError as e:
+        return ToolCall("", error=f"tool call is not valid JSON ({_why(e)})")
     return _call(obj)
+
+
+def _why(e: ValueError) -> str:
+    """What `json.loads` refused: bad JSON where, or (a plain ValueError) an integer of more
+    digits than `int()` reads (4300 by default: a model repeating a digit for a whole turn)."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at char {e.pos}"
+    return str(e).split(":")[0]  # ("Exceeds the limit (4300 digits) for integer string ...")
 
 
 def _call(obj: object) -> ToolCall:
@@ -122,7 +130,7 @@ def _call(obj: object) -> ToolCall:
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except ValueError:
             return ToolCall(obj["name"], error="tool call arguments are not a JSON object")
     if not isinstance(args, dict):
         return ToolCall(obj["name"], error="tool call arguments are not a JSON object")
@@ -135,8 +143,8 @@ def _plain_call(name: str, rest: str) -> ToolCall:
     if rest.startswith("{"):
         try:
             args = json.loads(rest)
-        except json.JSONDecodeError as e:
-            return ToolCall(name, error=f"arguments are not valid JSON ({e.msg} at char {e.pos})")
+        except ValueError as e:
+            return ToolCall(name, error=f"arguments are not valid JSON ({_why(e)})")
         if isinstance(args, dict):
             return ToolCall(name, args)
     return ToolCall(name, text=rest)
