@@ -32,7 +32,7 @@ from typing import Any
 from slipstream.envs.base import resolve
 from slipstream.envs.parse import ToolCall
 from slipstream.envs.schema import NO, fit, type_schema
-from slipstream.text import short_repr
+from slipstream.text import first_line, short_repr
 
 _RESERVED = {"reset", "reward"}
 
@@ -123,7 +123,12 @@ def call_tool(specs: list[ToolSpec], call: ToolCall) -> ToolReply:
         return ToolReply(call.name, f"error: {type(e).__name__}: {e}", True)
     if isinstance(out, ToolReply):
         return out
-    return ToolReply(call.name, out if isinstance(out, str) else _to_text(out))
+    try:
+        return ToolReply(call.name, out if isinstance(out, str) else _to_text(out))
+    except Exception as e:  # (an int of over 4300 digits, a `__str__` that raises)
+        what = f"{type(e).__name__}: {first_line(e)}"
+        msg = f"error: the {type(out).__name__} {call.name} returned cannot be shown ({what})"
+        return ToolReply(call.name, msg, True)
 
 
 def _check_args(spec: ToolSpec, args: dict[str, Any]) -> str:

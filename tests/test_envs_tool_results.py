@@ -1,0 +1,35 @@
+"""Tool results and environment results that cannot be used as they are: each ends as an
+error the model reads (a tool's) or as the episode's `error` (an environment's), never as an
+exception out of the tool layer or the episode runner."""
+
+from __future__ import annotations
+
+from slipstream.envs import ToolCall, call_tool, tool_specs
+
+
+class Results:
+    def power(self, a: int, b: int) -> int:
+        """a to the power b."""
+        return a**b
+
+    def odd(self) -> object:
+        """An object whose text cannot be written."""
+
+        class Odd:
+            def __str__(self) -> str:
+                raise RuntimeError("no text")
+
+        return Odd()
+
+
+def test_a_result_that_cannot_be_written_as_text_is_the_tools_error() -> None:
+    """Before, an int of over 4300 digits (`str` and `json.dumps` refuse it) or an object whose
+    `__str__` raises escaped `call_tool` after the tool had run: the step raised and the
+    episode ended `error` instead of the model reading an error reply."""
+    specs = tool_specs(Results())
+    assert call_tool(specs, ToolCall("power", {"a": 2, "b": 10})).text == "1024"
+    big = call_tool(specs, ToolCall("power", {"a": 2, "b": 20_000}))
+    assert big.error and big.text.startswith("error: the int power returned cannot be shown")
+    assert "4300 digits" in big.text and len(big.text) < 200
+    odd = call_tool(specs, ToolCall("odd"))
+    assert odd.error and "RuntimeError: no text" in odd.text
