@@ -4,6 +4,8 @@ exception out of the tool layer or the episode runner."""
 
 from __future__ import annotations
 
+import string
+
 from slipstream.envs import ToolCall, call_tool, tool_specs
 
 
@@ -33,3 +35,26 @@ def test_a_result_that_cannot_be_written_as_text_is_the_tools_error() -> None:
     assert "4300 digits" in big.text and len(big.text) < 200
     odd = call_tool(specs, ToolCall("odd"))
     assert odd.error and "RuntimeError: no text" in odd.text
+
+
+def test_a_lone_surrogate_the_model_wrote_and_a_tool_echoed_is_replaced_not_a_crash() -> None:
+    """Before, a `\\ud83d` escape in the model's JSON arguments became a lone surrogate that a
+    tool echoing its argument returned; the tokenizer refused the reply (TypeError) and the
+    step raised, so the episode ended `error` instead of the model reading the reply."""
+    from slipstream.envs import HermesRenderer, ToolEnv
+    from slipstream.model.tokenizer import char_tokenizer
+    from slipstream.types import Prompt
+
+    class Echo:
+        def echo(self, s: str) -> str:
+            """Echo s."""
+            return f"you said {s}"
+
+    tok = char_tokenizer(string.printable + "\ufffd\U0001f600")
+    env = ToolEnv(Echo(), Prompt("p", "q", "a"), tok, fmt="hermes", renderer=HermesRenderer())
+    env.initial_observation()
+    turn = '<tool_call>{"name": "echo", "arguments": {"s": "\\ud83d|\\ud83d\\ude00"}}</tool_call>'
+    r = env.step(tok.encode(turn, add_special_tokens=False))
+    assert r.next_observation is not None
+    assert "you said \ufffd|\U0001f600\n" in r.next_observation.text  # (a valid pair is kept)
+    assert tok.decode(r.next_observation.tokens) == r.next_observation.text

@@ -94,6 +94,7 @@ class ToolEnv:
             "tool_calls": float(len(calls)),
             "tool_errors": float(sum(r.error for r in replies[: self.max_calls]) + refused),
         }
+        obs = _unicode(obs)
         ids = encode_tail(self.tok, obs, self.renderer.templated)
         return StepResult(0.0, False, Observation(ids, obs), metrics)
 
@@ -134,3 +135,10 @@ class ToolEnv:
             return r
         head, tail = text[: n // 2], text[len(text) - (n - n // 2) :]
         return ToolReply(r.name, f"{head}\n... [{len(text) - n} chars cut] ...\n{tail}", r.error)
+
+
+def _unicode(text: str) -> str:
+    """`text` with each lone surrogate as U+FFFD, which a tokenizer can encode (it refuses a
+    str that is not valid Unicode): the model's JSON may write one (`"\\ud83d"`), and a tool
+    that echoes its argument, or names it in its error, returns it."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
