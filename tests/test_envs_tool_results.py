@@ -4,9 +4,13 @@ exception out of the tool layer or the episode runner."""
 
 from __future__ import annotations
 
+import math
 import string
 
-from slipstream.envs import ToolCall, call_tool, tool_specs
+import pytest
+
+from slipstream.envs import Observation, StepResult, ToolCall, call_tool, tool_specs
+from slipstream.types import FinishReason
 
 
 class Results:
@@ -58,3 +62,32 @@ def test_a_lone_surrogate_the_model_wrote_and_a_tool_echoed_is_replaced_not_a_cr
     assert r.next_observation is not None
     assert "you said \ufffd|\U0001f600\n" in r.next_observation.text  # (a valid pair is kept)
     assert tok.decode(r.next_observation.tokens) == r.next_observation.text
+
+
+@pytest.mark.parametrize(
+    ("method", "value", "expect"),
+    [
+        ("step", None, "step() returned None, not a StepResult"),
+        ("step", StepResult(0.0, False, ([5, 6], "x")), "not an Observation"),  # type: ignore[arg-type]
+        ("step", StepResult(0.0, False, Observation(None)), "not a list of token ids"),  # type: ignore[arg-type]
+        ("step", StepResult(0.0, False, Observation([5]), {"tool_calls": "x"}), "tool_calls='x'"),
+        ("step", StepResult(0.0, False, Observation([5]), {"tool_errors": math.nan}), "finite"),
+        ("initial_observation", [2, 3], "initial_observation() returned [2, 3], not an Obs"),
+    ],
+)
+def test_an_environment_result_of_the_wrong_shape_ends_its_episode_as_an_error(
+    method: str, value: object, expect: str
+) -> None:
+    """Before, a step returning None (a forgotten `return`), a tuple for its observation, or a
+    metric that is not a number raised out of `EpisodeRunner.poll` (an AssertionError,
+    AttributeError or ValueError), taking the sampler's loop down with every episode in it;
+    now the episode ends `error`, scored 0, with what was wrong in its message."""
+    from test_envs_episodes import EOS, Scripted, _scripted
+
+    env = Scripted(0, turns=3)
+    setattr(env, method, lambda *a: value)
+    ep = _scripted(env, [[3, EOS], [4, EOS], [4, EOS]])
+    assert (ep.stats.end, ep.reward, ep.finish) == ("error", 0.0, FinishReason.ABORTED)
+    assert expect in ep.error, ep.error
+    good = _scripted(Scripted(0, turns=2), [[3, EOS], [4, EOS]])
+    assert (good.stats.end, good.reward, good.stats.tool_calls) == ("done", 1.0, 1)

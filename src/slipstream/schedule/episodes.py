@@ -34,6 +34,7 @@ from slipstream.engine import Completion, Engine, Request, SamplingParams
 from slipstream.envs.base import EnvFactory, Observation, StepResult
 from slipstream.envs.workers import EnvError, Outcome, WorkerDied, Workers, make_workers
 from slipstream.tasks.guard import as_reward
+from slipstream.text import short_repr
 from slipstream.types import EpisodeStats, FinishReason, Prompt, Sample
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # a turn's sampling seed: the member's seed + turn * stride
@@ -222,6 +223,11 @@ class EpisodeRunner:
             self._end(ep, end, FinishReason.ABORTED, score=0.0)
             return None
         self._timed(ep, p, seconds)  # in the worker (not the wait for a worker or a poll)
+        problem = _malformed(out, p.first)
+        if problem:  # the environment's bug: its episode ends, as if it had raised
+            ep.error = problem
+            self._end(ep, "error", FinishReason.ABORTED, score=0.0)
+            return None
         if p.first:
             assert isinstance(out, Observation)
             ep.prompt_tokens = list(out.tokens)
@@ -303,6 +309,27 @@ class EpisodeRunner:
         if self.on_end is not None:
             self.on_end(ep.key)
         return ep
+
+
+def _malformed(out: object, first: bool) -> str:
+    """'' if `out` is what `initial_observation` (`first`) or `step` must return, else what is
+    wrong with it (a step that returns None, tokens that are not a list, a metric not a number)."""
+    name = "initial_observation()" if first else "step()"
+    obs = out if first else getattr(out, "next_observation", None)
+    if not isinstance(out, Observation if first else StepResult):
+        want = "an Observation" if first else "a StepResult"
+        return f"{name} returned {short_repr(out, 80)}, not {want}"
+    if obs is not None and not isinstance(obs, Observation):
+        return f"{name} returned next_observation={short_repr(obs, 80)}, not an Observation"
+    if obs is not None and not isinstance(obs.tokens, list | tuple):
+        return f"{name} returned tokens {short_repr(obs.tokens, 80)}, not a list of token ids"
+    metrics = getattr(out, "metrics", {})
+    if not isinstance(metrics, dict):
+        return f"{name} returned metrics {short_repr(metrics, 80)}, not a dict"
+    for k in ("tool_calls", "tool_errors"):
+        if k in metrics and as_reward(metrics[k]) is None:
+            return f"{name} returned metric {k}={short_repr(metrics[k], 40)}, not a finite number"
+    return ""
 
 
 def run_episodes(
