@@ -91,3 +91,41 @@ def test_an_environment_result_of_the_wrong_shape_ends_its_episode_as_an_error(
     assert expect in ep.error, ep.error
     good = _scripted(Scripted(0, turns=2), [[3, EOS], [4, EOS]])
     assert (good.stats.end, good.reward, good.stats.tool_calls) == ("done", 1.0, 1)
+
+
+def test_a_property_that_needs_reset_is_not_read_to_list_the_tools() -> None:
+    """Before, listing the tools (`inspect.getmembers`, when the `ToolEnv` is built, before
+    `reset`) read every property: one reading state that `reset` sets up raised (a KeyError
+    here), so building every environment of the class failed and each episode ended `error`."""
+    from functools import cached_property
+
+    from slipstream.envs import ToolEnv
+    from slipstream.model.tokenizer import char_tokenizer
+    from slipstream.types import Prompt
+
+    class Game:
+        def __init__(self) -> None:
+            self.state: dict[str, int] = {}
+
+        def reset(self, **row: object) -> None:
+            self.state["score"] = 7
+
+        @property
+        def score(self) -> int:
+            return self.state["score"]
+
+        @cached_property
+        def best(self) -> int:
+            return self.state["score"] + 1
+
+        def move(self, x: int) -> str:
+            """Move."""
+            return f"moved {x}, score {self.score}"
+
+    game = Game()
+    assert [s.name for s in tool_specs(game)] == ["move"]
+    tok = char_tokenizer(string.printable)
+    env = ToolEnv(game, Prompt("p", "q", "a"), tok, fmt="plain")
+    env.initial_observation()
+    r = env.step(tok.encode("CALL move 3", add_special_tokens=False))
+    assert r.next_observation is not None and "moved 3, score 7" in r.next_observation.text

@@ -27,6 +27,7 @@ import json
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from slipstream.envs.base import resolve
@@ -71,10 +72,15 @@ class ToolReply:
 def tool_specs(tools: object) -> list[ToolSpec]:
     """The tools of `tools` (an instance): its public methods except `reset` and `reward`."""
     specs = []
-    for name, fn in inspect.getmembers(tools, inspect.ismethod):
+    for name in dir(tools):  # (sorted, as `inspect.getmembers` lists them)
         if name.startswith("_") or name in _RESERVED:
             continue
-        specs.append(_spec(name, fn))
+        # a property is never read to list the tools: it may need what `reset` sets up
+        if isinstance(inspect.getattr_static(tools, name, None), property | cached_property):
+            continue
+        fn = getattr(tools, name, None)
+        if inspect.ismethod(fn):
+            specs.append(_spec(name, fn))
     return specs
 
 
