@@ -244,3 +244,19 @@ def test_a_caller_with_many_threads_can_still_run_code_as_a_non_root_user() -> N
                           extra_groups=[], cwd="/", env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
     assert done.stdout.strip() == "'hello\\n'", (done.stdout, done.stderr)
+
+
+def test_output_thrown_away_to_dev_null_is_not_a_write_outside() -> None:
+    """Before, the audit hook refused `/dev/null` as a path outside the working directory, so
+    `subprocess.run(..., stdout=subprocess.DEVNULL)` or `open(os.devnull, "w")` failed with
+    PermissionError; writing elsewhere outside is still refused."""
+    code = (
+        "import os, subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', 'print(1)'], stdout=subprocess.DEVNULL, check=True)\n"
+        "open(os.devnull, 'w').write('x')\n"
+        "print('ok')\n"
+    )
+    r = run_python(code, LIM)
+    assert (r.error, r.output) == ("", "ok\n"), r
+    outside = run_python("open('/dev/zero-not-null', 'w')", LIM)
+    assert outside.error and "outside the working directory" in outside.output

@@ -27,7 +27,7 @@ What bounds a run (`SandboxLimits`):
   a Python audit hook (PEP 578) refuses `socket.connect`, `bind`, `sendto` and name lookups;
 - writes only in its own temporary working directory, which is removed afterwards: the audit
   hook refuses opening for writing, creating, renaming, removing or changing the mode of a
-  path outside it (resolved, so a symlink does not get around it);
+  path outside it (resolved, so a symlink does not get around it), `/dev/null` apart;
 - its output (stdout and stderr together) cut to `max_output_chars`.
 
 The code sees the standard library only: the interpreter runs with `-S`, so its site-packages
@@ -154,7 +154,7 @@ def _outside(p):
     if isinstance(p, int) or p is None:
         return False
     p = os.path.realpath(os.fsdecode(p))
-    return p != _root and not p.startswith(_root + os.sep)
+    return p != _root and not p.startswith(_root + os.sep) and p != os.devnull
 def _hook(event, args):
     if event == "open":
         if args[2] & _W and _outside(args[0]):
