@@ -36,7 +36,9 @@ interpreter is this process's, `sys.executable`: its virtual environment's packa
 
 This is isolation against accidents of model-written code (loops, hogs, stray writes, stray
 daemons), NOT a security boundary against a determined attacker: audit hooks can be bypassed
-from Python (ctypes), the code can kill its supervisor (it runs as the same user), there is no
+from Python (ctypes) and see Python's own calls only (a program the code starts, a shell's
+`echo x > /tmp/y`, writes where your user can, and reaches the network where `unshare` does not
+work; `os.mknod` and `sqlite3` write outside too), the code can kill its supervisor (it runs as the same user), there is no
 filesystem or syscall isolation beyond rlimits and the network namespace, and the code runs as
 your user and reads what you can. For untrusted code at scale, plug a
 stronger sandbox (gVisor, Firecracker, nsjail, a container per call) in as your own tool with
