@@ -46,6 +46,9 @@ class FakeEngine:
     def step(self) -> list:
         return []
 
+    def idle(self) -> bool:
+        return self.num_active == 0
+
 
 def _worker(timeout_s: float = 5.0) -> tuple[SamplerWorker, list[int]]:
     w = SamplerWorker.__new__(SamplerWorker)  # the batch-taking half: fakes for the rest

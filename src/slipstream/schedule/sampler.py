@@ -158,9 +158,9 @@ class SamplerWorker:
             self.runner = make_runner(spec.cfg, env_factory, engine, self.params)
 
     def _idle(self) -> bool:
-        """Nothing in the engine, the backlog, or an environment."""
+        """Nothing in the engine (slots or its waiting line), the backlog, or an environment."""
         busy_env = self.runner is not None and self.runner.in_flight > 0
-        return self.engine.num_active == 0 and not self.state.backlog and not busy_env
+        return self.engine.idle() and not self.state.backlog and not busy_env
 
     # ---- the loop -------------------------------------------------------------------------
     def run(self, ch: Channels) -> None:
@@ -193,7 +193,9 @@ class SamplerWorker:
             self._sync_weights(ch)
             self._take(ch)
             self._poll_episodes(ch)
-            if self.engine.num_active == 0 and not st.backlog:
+            # (`idle()`: requests the engine took but deferred (`defer_prefill`) still wait
+            # in it, and only a step admits them)
+            if self.engine.idle() and not st.backlog:
                 if self.runner is not None and self.runner.in_flight:
                     t0 = time.perf_counter()
                     self.runner.wait(self.poll_s)  # only environments have work: wait for one
@@ -347,7 +349,7 @@ class SamplerWorker:
             return
         state, version = got
         self.engine.load_weights(state, version)
-        if self.engine.num_active == 0:  # apply now: a step with nothing to admit or decode
+        if self.engine.idle():  # apply now: a step with nothing to admit or decode
             refill, self.engine.refill = self.engine.refill, None
             assert not self.engine.step()
             self.engine.refill = refill

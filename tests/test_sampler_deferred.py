@@ -1,0 +1,109 @@
+"""Requests the engine took from the sampler's backlog but did not admit yet (`defer_prefill`,
+on by default with CUDA graphs: free slots wait until the idle decode capacity pays for a
+prefill) are the sampler's work too. The loop used to read `engine.num_active == 0` as "no
+work": once the live slots finished, a request deferred in the engine's waiting line was never
+stepped (the sampler waited for prompts that the orchestrator held back for that very group),
+and a weight load then stepped the engine "empty" (`assert not engine.step()`), admitting the
+deferred request and failing on its completion."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from slipstream.engine import Completion, Engine, Request, SamplingParams
+from slipstream.engine.admission import PrefillAdmission
+from slipstream.model.llama import CausalLM, ModelConfig
+from slipstream.runtime.channels import SamplerReport
+from slipstream.schedule.sampler import SamplerState, SamplerWorker
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _model() -> CausalLM:
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=13,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return CausalLM(cfg).eval()
+
+
+def _worker(engine: Engine) -> tuple[SamplerWorker, list[Completion]]:
+    """The loop around a real engine; finished requests are collected, not scored."""
+    w = SamplerWorker.__new__(SamplerWorker)
+    w.id, w.poll_s, w.lag_policy, w.state = 0, 0.01, "keep", SamplerState()
+    w.runner, w.log = None, None
+    now = time.perf_counter()
+    w.state.report = SamplerReport(0, now, now)
+    w.state.t_last_report = now
+    w.spec = SimpleNamespace(  # type: ignore[assignment]
+        schedule=SimpleNamespace(batching="continuous", weight_sync="in_flight", max_lag=4),
+        cfg=SimpleNamespace(runtime=SimpleNamespace(startup_timeout_s=1.0)),
+    )
+    w.engine = engine
+    engine.refill = w._refill
+    done: list[Completion] = []
+    w._finished = lambda ch, c: done.append(c)  # type: ignore[method-assign]
+    return w, done
+
+
+def _channels(weights: SimpleNamespace, waits: int = 5) -> SimpleNamespace:
+    """No prompts ever arrive; the loop stops after `waits` waits for them."""
+    stop, asked = threading.Event(), []
+
+    def get(timeout: float) -> None:
+        asked.append(1)
+        if len(asked) >= waits:
+            stop.set()
+        return None
+
+    groups = SimpleNamespace(put=lambda msg, timeout: True, push=lambda force=True: None)
+    return SimpleNamespace(
+        stop=stop, prompts=SimpleNamespace(get=get), weights=weights, groups=groups
+    )
+
+
+def _deferring_engine(model: CausalLM) -> Engine:
+    engine = Engine(model, 99, num_slots=2, max_len=24, decode_graph=True, defer_prefill=True)
+    engine.admission = PrefillAdmission(decode_s=1.0, prefill_s=100.0)  # never due while decoding
+    return engine
+
+
+def _request(group: int, n: int) -> Request:
+    return Request([3, 4, 5], SamplingParams(0.0, max_new_tokens=n), key=(group, 0))
+
+
+def test_a_request_deferred_in_the_engine_is_generated_once_the_slots_empty():
+    engine = _deferring_engine(_model())
+    w, done = _worker(engine)
+    # two slots: the 2-token request frees one, the third request is taken into the engine's
+    # waiting line and deferred while the 5-token one decodes, which then finishes too
+    w.state.backlog.extend([_request(0, 2), _request(1, 5), _request(2, 3)])
+    same = SimpleNamespace(version=lambda: engine.version)
+    w._loop(_channels(same))  # type: ignore[arg-type]
+    assert sorted(len(c.tokens) for c in done) == [2, 3, 5]
+    assert engine.idle()
+
+
+def test_weights_loaded_while_a_deferred_request_waits_apply_at_its_first_token():
+    model = _model()
+    engine = _deferring_engine(model)
+    w, done = _worker(engine)
+    engine.add(_request(0, 1))  # deferred earlier: no slot live, one request waiting
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    weights = SimpleNamespace(
+        version=lambda: 1, read=lambda newer_than, timeout: (state, 1) if newer_than < 1 else None
+    )
+    w._loop(_channels(weights))  # type: ignore[arg-type]
+    assert [c.versions for c in done] == [[1]]
+    assert engine.idle() and engine.version == 1
