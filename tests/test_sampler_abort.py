@@ -74,7 +74,11 @@ def _worker(latest: int, max_lag: int) -> tuple[SamplerWorker, SimpleNamespace]:
     w.state.t_last_report = now
     w.spec = SimpleNamespace(schedule=SimpleNamespace(max_lag=max_lag))  # type: ignore[assignment]
     w.engine = SimpleNamespace(  # type: ignore[assignment]
-        stats=EngineStats(), num_active=0, idle=lambda: True, abort=lambda pred: []
+        stats=EngineStats(),
+        num_active=0,
+        idle=lambda: True,
+        abort=lambda pred: [],
+        cancel_waiting=lambda pred: [],
     )
     w.runner = OneEpisodeInAStep(stop)  # type: ignore[assignment]
     w._sync_weights = lambda ch: None  # type: ignore[method-assign]

@@ -107,3 +107,16 @@ def test_weights_loaded_while_a_deferred_request_waits_apply_at_its_first_token(
     w._loop(_channels(weights))  # type: ignore[arg-type]
     assert [c.versions for c in done] == [[1]]
     assert engine.idle() and engine.version == 1
+
+
+def test_cancelling_a_group_drops_its_members_deferred_in_the_engine():
+    """A redundant member cancelled (or a stale group aborted) while it waits in the engine
+    was generated whole afterwards and its tokens counted as cancelled."""
+    engine = _deferring_engine(_model())
+    w, done = _worker(engine)
+    engine.add(Request([3, 4, 5], SamplingParams(0.0, max_new_tokens=4), key=(5, 1)))
+    engine.add(_request(6, 2))  # another group's member stays
+    assert w._cancel(5) == 0
+    assert [r.key for r in engine.waiting] == [(6, 0)]
+    w._loop(_channels(SimpleNamespace(version=lambda: engine.version)))  # type: ignore[arg-type]
+    assert [c.request.key for c in done] == [(6, 0)]

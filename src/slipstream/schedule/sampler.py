@@ -384,6 +384,7 @@ class SamplerWorker:
     def _cancel(self, gid: int) -> int:
         """Drop group `gid`'s members still waiting or running; tokens they had generated."""
         self.state.backlog = deque(r for r in self.state.backlog if _group_member(r.key)[0] != gid)
+        self.engine.cancel_waiting(lambda r: _group_member(r.key)[0] == gid)  # taken, deferred
         aborted = self.engine.abort(lambda c: _group_member(c.request.key)[0] == gid)
         tokens = sum(len(c.tokens) for c in aborted)  # (an episode's: its turn in the engine)
         if self.runner is not None:  # and its history before that turn
