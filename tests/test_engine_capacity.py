@@ -131,3 +131,18 @@ def test_a_set_none_of_whose_prompts_fits_is_refused_before_the_run():
             f"engine.max_len: 16 tokens hold no {name} prompt with "
             "sampling.max_new_tokens = 8 (shortest: 9 tokens)"
         )
+
+
+def test_an_episode_runs_engine_fits_its_slots_to_the_episode_context(tmp_path):
+    """With environment tools the engine's `max_len` is an episode's context (longer than a
+    prompt plus one completion); its slots were fitted to the shorter single-turn length, so
+    the in-process engine's cache took more than `engine.max_tokens` (4352 tokens of 2000)."""
+    from slipstream.run.setup import setup
+    from tiny import tiny_cfg
+
+    over = ("engine.max_tokens=2000", "task.kind=builtin_tools", "warmstart.max_steps=1")
+    run = setup(tiny_cfg(tmp_path, "tools", *over, steps=1))
+    e = run.engine
+    assert e.max_len > 104  # the single-turn length of the built-in task here
+    assert (e.num_slots + 1) * e.max_len <= 2000
+    assert e.cache.k[0].shape[0] * e.max_len <= 2000  # slots + the scratch row

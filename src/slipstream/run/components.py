@@ -45,10 +45,14 @@ def resolve_placement(cfg: Config) -> placement.Placement:
     return where
 
 
-def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -> tuple[int, int]:
+def engine_shape(
+    cfg: Config, model: CausalLM, lengths: list[int], slots: int, context: int = 0
+) -> tuple[int, int]:
     """`(slots, max_len)` of an engine for `model` on its device: `max_len` from the prompt
-    lengths (`engine.max_len` caps it), slots at most `slots` within the KV budget
-    (engine.capacity). ConfigError when no prompt fits or the budget holds no sequence."""
+    lengths (`engine.max_len` caps it), or `context` when set (an episode run's,
+    `run.agentic.env_max_len`; at most the model's positions), slots at most `slots` within
+    the KV budget at that `max_len` (engine.capacity). ConfigError when no prompt fits or the
+    budget holds no sequence."""
     e, new = cfg.engine, cfg.sampling.max_new_tokens
     max_len = capacity.engine_max_len(max(lengths), new, model.config, e.max_len)
     said = f"engine.max_len = {e.max_len}" if e.max_len else "longest prompt + max_new_tokens"
@@ -60,6 +64,8 @@ def engine_shape(cfg: Config, model: CausalLM, lengths: list[int], slots: int) -
             f"engine.max_len: {max_len} tokens hold no prompt with sampling.max_new_tokens = {new} "
             f"(shortest prompt: {min(lengths)} tokens)"
         )
+    if context:
+        max_len = min(context, model.config.max_position_embeddings)
     p = model.lm_head.weight
     dtype = parse_dtype(cfg.model.dtype)
     free = capacity.free_device_bytes(p.device)

@@ -551,14 +551,14 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     }
     lengths = {k: [len(tok.encode_prompt(p)) for p in ps] for k, ps in named.items()}
     every = [n for ns in lengths.values() for n in ns]
-    slots, max_len = engine_shape(
-        cfg, model, every, cfg.trainer.batch_prompts * cfg.sampling.group_size
-    )
-    mc = model.config
     factory = build_env_factory(cfg, tok, task)
+    # an episode ends `length` at the model's context: the engine's, and its slots fit to it
+    context = env_max_len(cfg, factory, train + heldout, tok) if factory is not None else 0
+    slots, max_len = engine_shape(
+        cfg, model, every, cfg.trainer.batch_prompts * cfg.sampling.group_size, context
+    )
     skip_len = max_len  # prompts longer than this with a completion are skipped (Run.fits)
-    if factory is not None:  # an episode ends `length` at the model's context
-        max_len = min(env_max_len(cfg, factory, train + heldout, tok), mc.max_position_embeddings)
+    if factory is not None:
         skip_len = 0  # an episode's length is the env's to bound
     else:
         check_too_long(lengths, cfg.sampling.max_new_tokens, skip_len)
