@@ -250,3 +250,33 @@ def test_keep_spares_the_checkpoints_later_alarms_will_target(tmp_path):
     assert target is not None and target.name == "step_000003"
     # with no episode open, only the target and what later alarms may need are kept
     assert [p.name for p in list_checkpoints(tmp_path)] == [f"step_00000{s}" for s in (3, 4, 5)]
+
+
+def test_a_later_rollback_never_restores_a_checkpoint_the_first_one_undid(tmp_path):
+    """rollback_margin 3, a checkpoint every step: an alarm at step 10 rolls back to step 7,
+    undoing versions 8..10; checkpoints 8 and 9 hold those undone weights. A new alarm at
+    step 12 (the orchestrated loop published the restored weights as version 11) must go back
+    to step 7 again, not to step 9 (newest at most 12 - 3): that would restore the weights
+    the first rollback threw away. The undone checkpoints survive a resume of the watchdog."""
+    wd, t, _ = watchdog(
+        tmp_path, actions={"step_kl": "rollback"}, rollback_margin=3, max_rollbacks=2
+    )
+    done = []
+    wd.rollback = lambda path, last: done.append((path.name, last))
+    for s in range(1, 10):
+        ckpt(tmp_path, s)
+    t.version = 10
+    assert wd.observe(record(10, **{"train/step_kl": 1.0}), []) == "rollback"
+    assert done == [("step_000007", 10)]
+    t.version = 11  # the restored weights, published as a version of their own
+    assert wd.observe(record(11), []) == ""
+    again = Watchdog(wd.cfg, t, tmp_path, lambda _: None)  # type: ignore[arg-type]
+    again.load_state_dict(wd.state_dict())
+    for w in (wd, again):
+        w.rollback = lambda path, last: done.append((path.name, last))
+    t.version = 12
+    assert wd.observe(record(12, **{"train/step_kl": 1.0}), []) == "rollback"
+    assert done[-1] == ("step_000007", 12)
+    assert again.observe(record(12, **{"train/step_kl": 1.0}), []) == "rollback"
+    assert done[-1] == ("step_000007", 12)
+    assert 8 not in wd.protected() and 9 not in wd.protected()

@@ -20,6 +20,8 @@ fired (config `watchdog.actions`, default `warn`):
   At most `max_rollbacks`; without a checkpoint to go back to, or past the bound, a
   rollback alarm only warns. The checkpoint a rollback would restore, and the newer ones an
   alarm at a later step would, are never deleted (`protected`), even past `checkpoint.keep`.
+  The checkpoints a rollback skipped over (newer than the one it restored, of the versions it
+  undid) are never a later rollback's target: they hold the weights it threw away.
 
 Events (step, alarm, message, action) go to `summary.json["watchdog"]`.
 
@@ -90,6 +92,7 @@ class Watchdog:
         self.spike_left: int | None = None  # None: the injected spike has not started
         self.first_alarm: int | None = None  # step of the open episode's first alarm
         self.last_alarm = -(10**9)
+        self.undone: set[int] = set()  # checkpoint steps of versions a rollback undid
 
     # ---- before a step ------------------------------------------------------------------------
     def before_step(self) -> None:
@@ -189,7 +192,13 @@ class Watchdog:
             why = "no checkpoint before the alarm" if target is None else "max_rollbacks reached"
             self.log(f"watchdog: step {step}: rollback refused ({why})")
             return "warn"
-        self.rollback(target, self.trainer.version)
+        last_bad, restored = self.trainer.version, checkpoint_step(target)
+        self.undone |= {
+            s
+            for p in list_checkpoints(self.run_dir)
+            if restored < (s := checkpoint_step(p)) <= last_bad
+        }
+        self.rollback(target, last_bad)
         self.rollbacks += 1
         self.rollback_scale *= self.cfg.rollback_lr_scale
         self.log(f"watchdog: rolled back to {target.name}; learning rate x{self.rollback_scale:g}")
@@ -203,10 +212,15 @@ class Watchdog:
     # ---- checkpoints --------------------------------------------------------------------------
     def target(self) -> Path | None:
         """The checkpoint a rollback restores now: the newest at least `rollback_margin`
-        steps before the open episode's first alarm (or the next step, with none open)."""
+        steps before the open episode's first alarm (or the next step, with none open), but
+        for those of versions a rollback undid."""
         first = self.first_alarm if self.first_alarm is not None else self.trainer.version + 1
         cut = first - self.cfg.rollback_margin
-        ok = [p for p in list_checkpoints(self.run_dir) if checkpoint_step(p) <= cut]
+        ok = [
+            p
+            for p in list_checkpoints(self.run_dir)
+            if (s := checkpoint_step(p)) <= cut and s not in self.undone
+        ]
         return ok[-1] if ok else None
 
     def protected(self) -> set[int]:
@@ -218,7 +232,11 @@ class Watchdog:
         keep = set() if t is None else {checkpoint_step(t)}
         if self.first_alarm is None:
             cut = self.trainer.version + 1 - self.cfg.rollback_margin
-            keep |= {s for p in list_checkpoints(self.run_dir) if (s := checkpoint_step(p)) > cut}
+            keep |= {
+                s
+                for p in list_checkpoints(self.run_dir)
+                if (s := checkpoint_step(p)) > cut and s not in self.undone
+            }
         return keep
 
     def hold_checkpoint(self) -> bool:
@@ -246,6 +264,7 @@ class Watchdog:
             "grad_norm": list(self.grad_norm),
             "reward_std": list(self.reward_std),
             "events": [asdict(e) for e in self.events],
+            "undone": sorted(self.undone),
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -257,6 +276,7 @@ class Watchdog:
             history.clear()
             history.extend(float(x) for x in d[name])
         self.events = [Event(**e) for e in d["events"]]
+        self.undone = {int(s) for s in d.get("undone", [])}  # older checkpoints: none
 
     def summary(self) -> dict[str, Any]:
         return {
