@@ -280,3 +280,21 @@ def test_a_later_rollback_never_restores_a_checkpoint_the_first_one_undid(tmp_pa
     assert again.observe(record(12, **{"train/step_kl": 1.0}), []) == "rollback"
     assert done[-1] == ("step_000007", 12)
     assert 8 not in wd.protected() and 9 not in wd.protected()
+
+
+def test_a_rollback_sets_the_undone_checkpoints_aside_so_a_resume_skips_them(tmp_path):
+    """Killed after a rollback and before its next checkpoint, a run resumes from its newest
+    checkpoint: that was step 9, of the weights the rollback undid. The undone checkpoints are
+    renamed undone_step_NNNNNN: the resume takes step 7, the one restored; they stay on disk."""
+    from slipstream.run.resume import latest_checkpoint
+
+    wd, t, _ = watchdog(tmp_path, actions={"step_kl": "rollback"}, rollback_margin=3)
+    wd.rollback = lambda path, last: None
+    for s in range(1, 10):
+        ckpt(tmp_path, s)
+    t.version = 10
+    assert wd.observe(record(10, **{"train/step_kl": 1.0}), []) == "rollback"
+    assert latest_checkpoint(tmp_path).name == "step_000007"
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names[-2:] == ["undone_step_000008", "undone_step_000009"]
+    assert [n for n in names if n.startswith("step_")][-1] == "step_000007"

@@ -21,7 +21,8 @@ fired (config `watchdog.actions`, default `warn`):
   rollback alarm only warns. The checkpoint a rollback would restore, and the newer ones an
   alarm at a later step would, are never deleted (`protected`), even past `checkpoint.keep`.
   The checkpoints a rollback skipped over (newer than the one it restored, of the versions it
-  undid) are never a later rollback's target: they hold the weights it threw away.
+  undid) hold the weights it threw away: they are renamed `undone_step_NNNNNN` (`set_aside`),
+  so no later rollback, resume or pruning takes them, and kept to be looked at.
 
 Events (step, alarm, message, action) go to `summary.json["watchdog"]`.
 
@@ -32,6 +33,7 @@ the watchdog of a run are `run.rollback`.
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -193,11 +195,11 @@ class Watchdog:
             self.log(f"watchdog: step {step}: rollback refused ({why})")
             return "warn"
         last_bad, restored = self.trainer.version, checkpoint_step(target)
-        self.undone |= {
-            s
-            for p in list_checkpoints(self.run_dir)
-            if restored < (s := checkpoint_step(p)) <= last_bad
-        }
+        gone = [
+            p for p in list_checkpoints(self.run_dir) if restored < checkpoint_step(p) <= last_bad
+        ]
+        self.undone |= {checkpoint_step(p) for p in gone}
+        set_aside(gone)  # before the restore: a run killed from here on resumes from `target`
         self.rollback(target, last_bad)
         self.rollbacks += 1
         self.rollback_scale *= self.cfg.rollback_lr_scale
@@ -285,6 +287,21 @@ class Watchdog:
             "lr_scale": self.rollback_scale,
             "events": [asdict(e) for e in self.events],
         }
+
+
+UNDONE_PREFIX = "undone_"
+
+
+def set_aside(ckpts: list[Path]) -> None:
+    """Checkpoints of weights a rollback undid, renamed `undone_step_NNNNNN`: no resume,
+    rollback or pruning takes them for the run's own (a run killed after a rollback and before
+    its next checkpoint resumed from the newest, the undone weights), and they stay on disk to
+    be looked at (delete them when done)."""
+    for p in ckpts:
+        try:
+            p.rename(p.with_name(UNDONE_PREFIX + p.name))
+        except OSError as e:  # `undone` still keeps rollbacks off it; a resume would not
+            warnings.warn(f"watchdog: could not set {p} aside ({e})", RuntimeWarning, stacklevel=2)
 
 
 def undone(group: Group, first_bad: int, last_bad: int) -> bool:
