@@ -217,6 +217,20 @@ def test_bad_input_exits_2_with_one_line(
     assert needle in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("error", ["-1", "-0.5", "nan", "inf"])
+def test_plan_rejects_a_model_error_below_zero_or_not_finite(
+    error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # -1 divided the interval by zero (a traceback, exit 1); -0.5 gave an interval whose low
+    # end was above its high end (1h42m to 25m44s); nan failed with "cannot convert float NaN"
+    args = ["--gpus", "8", "--model", "0.5b", "--batch-prompts", "8", "--group-size", "2"]
+    args += ["--lengths", "lognormal:median=100,sigma=0.5,max=512", "--prompt-len", "64"]
+    args += ["--schedules", "sync", "--plot", "", "--steps", "3", "--model-error", error]
+    assert plan_main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--model-error must be a number >= 0" in err and len(err.splitlines()) == 1, err
+
+
 def test_plan_duration_counts_failures(capsys: pytest.CaptureFixture[str]) -> None:
     # the simulated steps hold no failure: with failures modelled the run takes its
     # failure-free time over the long-run goodput (sim.failures.goodput, MTTF = c / N)

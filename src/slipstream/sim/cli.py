@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -367,6 +368,9 @@ def _plan(args: argparse.Namespace) -> int:
         raise ValueError(f"--lag-cap must be >= 0, got {args.lag_cap}")
     if args.run_steps < 1:
         raise ValueError(f"--run-steps must be >= 1, got {args.run_steps}")
+    if not (math.isfinite(args.model_error) and args.model_error >= 0):
+        # the interval is [lo / (1 + e), hi x (1 + e)]: -1 divided by zero, below 0 it shrank
+        raise ValueError(f"--model-error must be a number >= 0, got {args.model_error}")
     cal = _calibration(args)
     req = PlanRequest(
         args.gpus,
