@@ -197,6 +197,10 @@ def test_sim_default_split_is_near_the_best_of_a_scan(capsys: pytest.CaptureFixt
         (plan_main, ["--lag-cap", "-1"], "--lag-cap must be >= 0, got -1"),
         (plan_main, ["--run-steps", "0"], "--run-steps must be >= 1, got 0"),
         (plan_main, ["--schedules", ","], "--schedules names no schedule"),
+        # a negative prompt was simulated (negative prompt tokens), nan failed unclearly
+        (sim_main, ["--prompt-len", "-100"], "--prompt-len must be a number of tokens >= 0"),
+        (sim_main, ["--prompt-len", "nan"], "--prompt-len must be a number of tokens >= 0"),
+        (plan_main, ["--prompt-len", "-5"], "--prompt-len must be a number of tokens >= 0"),
         (sim_main, ["--lengths", "lognormal:median=200,sigma=0.5,max=0"], "max must be >= 1"),
         (plan_main, ["--lengths", "heavy:median=200,sigma=0.5,alpha=0"], "alpha must be > 0"),
         (

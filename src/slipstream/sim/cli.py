@@ -123,6 +123,10 @@ def _workload(args: argparse.Namespace, cal: Calibration | None) -> Workload:
         frac = cal.trained_frac
     if frac is not None and not 0 < frac <= 1:
         raise ValueError(f"--trained-frac must be in (0, 1], got {frac}")
+    if args.prompt_len is not None and not (
+        math.isfinite(args.prompt_len) and args.prompt_len >= 0
+    ):
+        raise ValueError(f"--prompt-len must be a number of tokens >= 0, got {args.prompt_len}")
     return Workload(
         args.batch_prompts,
         args.group_size,
