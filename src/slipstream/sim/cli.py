@@ -37,7 +37,14 @@ from slipstream.sim.planner import (
     searched_split,
 )
 from slipstream.sim.runs import RunError, pool_runs, read_run
-from slipstream.sim.simulator import Cluster, SimConfig, SimResult, Workload, simulate
+from slipstream.sim.simulator import (
+    Cluster,
+    SimConfig,
+    SimResult,
+    Workload,
+    simulate,
+    steady_warmup,
+)
 
 DEFAULT_LENGTHS = f"lognormal:median=2000,sigma=0.7,max={DEFAULT_MAX_LEN}"
 
@@ -333,7 +340,12 @@ def _plan_parser() -> argparse.ArgumentParser:
         help="largest max lag accepted: bounds and presets above it are not tried "
         "(double_buffer's is 1, sync's and tail_batching's 0)",
     )
-    p.add_argument("--steps", type=int, default=8, help="steps simulated per candidate")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        help="steps measured per candidate, after 2 + 2 x its max lag to reach its pace",
+    )
     p.add_argument("--plot", default="plan.png", help="PNG to draw ('' for none)")
     p.add_argument(
         "--run-steps", type=int, default=1000, help="steps of the run whose duration to forecast"
@@ -351,7 +363,10 @@ def _plan_parser() -> argparse.ArgumentParser:
 def _run_forecast(req: PlanRequest, r: Candidate, args: argparse.Namespace) -> Forecast:
     """The recommended configuration's duration for --run-steps steps, with its interval."""
     cluster = Cluster(req.hardware, req.model, req.n_gpus, r.sampler_gpus)
-    cfg = SimConfig(cluster, req.workload, preset(r.schedule, r.max_lag), 2, req.seed)
+    w = steady_warmup(r.max_lag)  # (plan_forecast simulates past it)
+    cfg = SimConfig(
+        cluster, req.workload, preset(r.schedule, r.max_lag), w + 1, req.seed, warmup_steps=w
+    )
     f = plan_forecast(cfg, args.run_steps, args.model_error)
     if req.failures is None:
         return f

@@ -32,7 +32,14 @@ from slipstream.sim.cost import (
 )
 from slipstream.sim.failures import FailureModel
 from slipstream.sim.hardware import Hardware
-from slipstream.sim.simulator import Cluster, LagPolicy, SimConfig, Workload, simulate
+from slipstream.sim.simulator import (
+    Cluster,
+    LagPolicy,
+    SimConfig,
+    Workload,
+    simulate,
+    steady_warmup,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class PlanRequest:
     """Largest max lag the user accepts: a bound or preset above it is not tried
     (`double_buffer`, K = 1, under a cap of 0)."""
     steps: int = 8
+    """Steps measured per candidate, after `steady_warmup(K)` steps simulated first."""
     seed: int = 0
     failures: FailureModel | None = None
     """Discount every candidate by the long-run goodput of these failures (module doc)."""
@@ -96,8 +104,15 @@ def with_failures(metrics: dict[str, float], goodput: float, spare_frac: float) 
 
 def _evaluate(req: PlanRequest, name: str, lag: int, sampler_gpus: int | None) -> Candidate:
     cluster = Cluster(req.hardware, req.model, req.n_gpus, sampler_gpus)
+    w = steady_warmup(lag)  # steps 3-8 of a deep K were its start, faster than its pace
     cfg = SimConfig(
-        cluster, req.workload, preset(name, lag), req.steps, req.seed, lag_policy=req.lag_policy
+        cluster,
+        req.workload,
+        preset(name, lag),
+        req.steps + w,
+        req.seed,
+        lag_policy=req.lag_policy,
+        warmup_steps=w,
     )
     metrics = simulate(cfg).summary()
     f = req.failures
