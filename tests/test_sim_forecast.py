@@ -317,3 +317,24 @@ def test_a_resumed_forecast_goes_on_as_the_unbroken_one(tmp_path: Path) -> None:
     seven = RunRecord(run.path, run.config, run.model_info, rows[:7])
     expected = forecast(seven, 12, 1000, length_ratio(seven))
     assert expected is not None and first["forecast/remaining_s"] == expected.remaining_s
+
+
+def test_plan_forecast_draws_lengths_from_the_plans_seed() -> None:
+    """`slipstream plan --seed S`: the table's simulations use S, and so does the duration's
+    (it drew seeds 0, 1, 2 whatever S was)."""
+    from dataclasses import replace
+
+    from slipstream.schedule.presets import preset
+    from slipstream.sim.cost import model_shape
+    from slipstream.sim.forecast import plan_forecast
+    from slipstream.sim.hardware import hardware
+    from slipstream.sim.lengths import Lognormal
+    from slipstream.sim.simulator import Cluster, SimConfig, Workload
+
+    work = Workload(8, 4, Lognormal(median=400, sigma=0.9, max_len=4096), prompt_len=64)
+    cfg = SimConfig(
+        Cluster(hardware("h100"), model_shape("0.5b"), 4, 2), work, preset("async", 2), 3
+    )
+    one = plan_forecast(replace(cfg, seed=7), 50, 0.0, seeds=1)
+    assert plan_forecast(replace(cfg, seed=7), 50, 0.0, seeds=1) == one  # deterministic
+    assert plan_forecast(cfg, 50, 0.0, seeds=1) != one  # seed 0 is another draw

@@ -397,12 +397,13 @@ def plan_forecast(
     cfg: SimConfig, run_steps: int, model_error: float, seeds: int = 3, sim_steps: int = 12
 ) -> Forecast:
     """Before a run (`slipstream plan`): its duration for `run_steps` steps under `cfg`, with
-    a 90 % interval. The simulator's own spread (step times over `seeds` length draws, log
+    a 90 % interval. The simulator's own spread (step times over `seeds` length draws from
+    `cfg.seed` on (`slipstream plan --seed`), log
     AR(1) as in `forecast`, the run's steps all in the future) widened by the model's error:
     the interval is [lo / (1 + model_error), hi x (1 + model_error)], where `model_error` is
     what the simulator was measured to miss out of sample (bench/sim_calibration.py)."""
     times: list[np.ndarray] = []
-    for seed in range(seeds):
+    for seed in range(cfg.seed, cfg.seed + seeds):
         c = replace(cfg, steps=min(run_steps, sim_steps) + cfg.warmup_steps, seed=seed)
         times.append(simulate(c).step_times_s)
     x = np.concatenate(times)
