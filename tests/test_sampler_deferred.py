@@ -13,29 +13,15 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from slipstream.engine import Completion, Engine, Request, SamplingParams
 from slipstream.engine.admission import PrefillAdmission
-from slipstream.model.llama import CausalLM, ModelConfig
+from slipstream.model.llama import CausalLM
 from slipstream.runtime.channels import SamplerReport
 from slipstream.schedule.sampler import SamplerState, SamplerWorker
+from test_engine import _model  # a tiny random Llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _model() -> CausalLM:
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        vocab_size=13,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return CausalLM(cfg).eval()
 
 
 def _worker(engine: Engine) -> tuple[SamplerWorker, list[Completion]]:
