@@ -200,7 +200,7 @@ class TemplateRenderer:
         tool = [{"role": "tool", "name": r.name, "content": r.text} for r in replies]
         return self.after_turn(tool)
 
-    def after_turn(self, messages: list[dict[str, Any]]) -> str:
+    def after_turn(self, messages: list[dict[str, str]]) -> str:
         """What the template writes after the model's turn for `messages` following it, up to
         the next assistant turn opened (the generation prompt)."""
         full = self.template.render([*_STAND_IN, *messages])

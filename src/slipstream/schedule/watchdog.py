@@ -33,7 +33,6 @@ the watchdog of a run are `run.rollback`.
 from __future__ import annotations
 
 import statistics
-import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -94,7 +93,6 @@ class Watchdog:
         self.spike_left: int | None = None  # None: the injected spike has not started
         self.first_alarm: int | None = None  # step of the open episode's first alarm
         self.last_alarm = -(10**9)
-        self.undone: set[int] = set()  # checkpoint steps of versions a rollback undid
 
     # ---- before a step ------------------------------------------------------------------------
     def before_step(self) -> None:
@@ -198,7 +196,6 @@ class Watchdog:
         gone = [
             p for p in list_checkpoints(self.run_dir) if restored < checkpoint_step(p) <= last_bad
         ]
-        self.undone |= {checkpoint_step(p) for p in gone}
         set_aside(gone)  # before the restore: a run killed from here on resumes from `target`
         self.rollback(target, last_bad)
         self.rollbacks += 1
@@ -214,15 +211,11 @@ class Watchdog:
     # ---- checkpoints --------------------------------------------------------------------------
     def target(self) -> Path | None:
         """The checkpoint a rollback restores now: the newest at least `rollback_margin`
-        steps before the open episode's first alarm (or the next step, with none open), but
-        for those of versions a rollback undid."""
+        steps before the open episode's first alarm (or the next step, with none open); those
+        of versions a rollback undid are set aside, no longer listed (`set_aside`)."""
         first = self.first_alarm if self.first_alarm is not None else self.trainer.version + 1
         cut = first - self.cfg.rollback_margin
-        ok = [
-            p
-            for p in list_checkpoints(self.run_dir)
-            if (s := checkpoint_step(p)) <= cut and s not in self.undone
-        ]
+        ok = [p for p in list_checkpoints(self.run_dir) if checkpoint_step(p) <= cut]
         return ok[-1] if ok else None
 
     def protected(self) -> set[int]:
@@ -234,11 +227,7 @@ class Watchdog:
         keep = set() if t is None else {checkpoint_step(t)}
         if self.first_alarm is None:
             cut = self.trainer.version + 1 - self.cfg.rollback_margin
-            keep |= {
-                s
-                for p in list_checkpoints(self.run_dir)
-                if (s := checkpoint_step(p)) > cut and s not in self.undone
-            }
+            keep |= {s for p in list_checkpoints(self.run_dir) if (s := checkpoint_step(p)) > cut}
         return keep
 
     def hold_checkpoint(self) -> bool:
@@ -266,7 +255,6 @@ class Watchdog:
             "grad_norm": list(self.grad_norm),
             "reward_std": list(self.reward_std),
             "events": [asdict(e) for e in self.events],
-            "undone": sorted(self.undone),
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
@@ -278,7 +266,6 @@ class Watchdog:
             history.clear()
             history.extend(float(x) for x in d[name])
         self.events = [Event(**e) for e in d["events"]]
-        self.undone = {int(s) for s in d.get("undone", [])}  # older checkpoints: none
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -297,11 +284,8 @@ def set_aside(ckpts: list[Path]) -> None:
     rollback or pruning takes them for the run's own (a run killed after a rollback and before
     its next checkpoint resumed from the newest, the undone weights), and they stay on disk to
     be looked at (delete them when done)."""
-    for p in ckpts:
-        try:
-            p.rename(p.with_name(UNDONE_PREFIX + p.name))
-        except OSError as e:  # `undone` still keeps rollbacks off it; a resume would not
-            warnings.warn(f"watchdog: could not set {p} aside ({e})", RuntimeWarning, stacklevel=2)
+    for p in ckpts:  # (a folder that cannot be renamed could not take a checkpoint either)
+        p.rename(p.with_name(UNDONE_PREFIX + p.name))
 
 
 def undone(group: Group, first_bad: int, last_bad: int) -> bool:

@@ -93,7 +93,7 @@ _loop: tuple[int, asyncio.AbstractEventLoop] | None = None  # (its process id, t
 _loop_lock = threading.Lock()
 
 
-def awaited(value: Any) -> Any:
+def awaited(value: object) -> object:
     """`value`, or the result of awaiting it when an `async def` reward returned a coroutine:
     on one event loop of this process that outlives the call (as TRL's does, so a client an
     async reward keeps between calls stays bound to a live loop), in a thread of its own (the
@@ -101,7 +101,7 @@ def awaited(value: Any) -> Any:
     if not inspect.isawaitable(value):
         return value
 
-    async def wait() -> Any:
+    async def wait() -> object:
         return await value
 
     global _loop
@@ -124,8 +124,9 @@ def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
             **columns,
         )
     )
-    if not isinstance(out, list | tuple) and callable(getattr(out, "tolist", None)):
-        out = out.tolist()  # a numpy array or a tensor, which TRL iterates as a list
+    tolist = getattr(out, "tolist", None)
+    if not isinstance(out, list | tuple) and callable(tolist):
+        out = tolist()  # a numpy array or a tensor, which TRL iterates as a list
     if not isinstance(out, list | tuple) or len(out) != 1:
         raise TypeError(f"returned {_short(out)}; a TRL reward returns one value per completion")
     return out[0]
