@@ -35,6 +35,7 @@ class FakeLearner:
         self.version = 0
         self.draws = 0
         self.filtered = filtered  # prompt numbers whose groups the filters drop
+        self.records: list[dict] = []
 
     def draw(self, n: int) -> list[Prompt]:
         out = [
@@ -66,6 +67,7 @@ class FakeLearner:
 
     def after_step(self, record: dict, groups: list[Group]) -> None:
         self.events.append(("record", record["step"]))
+        self.records.append(record)
 
 
 class FakeWeights:
@@ -483,3 +485,22 @@ def test_a_resumed_tail_batching_run_sorts_its_next_pool_as_the_unbroken_one():
     assert len(set(expected)) > 1  # the order is the model's, not the draw's
     assert [again.lengths.expected(p) for p in pool] == expected
     assert again.lengths.order(pool) == orch.lengths.order(pool)
+
+
+def test_a_group_discarded_after_a_rollback_counts_its_tokens_as_wasted():
+    """A group holding a token of a version a rollback undid is discarded on arrival
+    (`Orchestrator.reject`): its tokens never reach a loss, so they are in `tokens/wasted`
+    (and `tokens/discarded`), as stale groups' are. They were counted nowhere, so goodput
+    read them as useful generation."""
+
+    class RejectP1:
+        orch: Orchestrator
+
+        def __call__(self, request: PromptRequest) -> None:
+            self.orch.reject = lambda group: group.prompt.id == "p1"
+
+    _, orch, learner = _orchestrate("pipeline", on_issue=RejectP1())
+    assert learner.ledger.discarded == 1
+    discarded = sum(r["tokens/discarded"] for r in learner.records)
+    assert discarded == G * len("xx")  # p1's group: G samples of len(prompt text) tokens
+    assert sum(r["tokens/wasted"] for r in learner.records) == discarded  # nothing else wasted

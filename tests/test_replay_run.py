@@ -341,6 +341,7 @@ def test_the_record_and_the_replay_discard_the_same_groups_after_a_rollback(tmp_
     r.learner = type("L", (), {"ledger": Ledger()})()  # type: ignore[assignment]
     r._group(events[1], bad)
     assert r.learner.ledger.discarded == 1 and r.learner.ledger.generated == 1 and not r.window
+    assert r.stats.discarded_tokens == bad.num_tokens == 2  # tokens/wasted, as the run's
     with pytest.raises(Diverged, match="group 9 discarded"):  # recorded as kept
         r._group({**events[1], "g": 9, "v": "window"}, bad)
     with pytest.raises(Diverged, match="group 10 discarded"):  # recorded as discarded
@@ -357,12 +358,14 @@ def test_a_rollback_in_the_replay_does_not_discard_the_groups_of_a_window_that_k
     from slipstream.run.replay_run import TrainerReplay
     from slipstream.run.rollback import Undone
     from slipstream.schedule.ledger import Ledger
+    from slipstream.schedule.step_stats import StepStats
 
     class Rollback(Undone):
         def undo(self, run, ckpt, last_bad):  # the trainer's side is not under test here
             self.ranges.append((3, last_bad))
 
     r = TrainerReplay.__new__(TrainerReplay)
+    r.stats = StepStats()
     filtered = {5: _group_of_versions("a", [3]), 6: _group_of_versions("b", [3])}
     waiting = _group_of_versions("c", [4])
     r.window, r.settled, r.kept, r.undone = dict(filtered), {}, [], Rollback()
@@ -373,7 +376,37 @@ def test_a_rollback_in_the_replay_does_not_discard_the_groups_of_a_window_that_k
     r.window[7] = waiting
     r._rollback(Path("step_000002"), 4)
     assert r.rolled_back == [7] and r.learner.ledger.discarded == 1
+    assert r.stats.discarded_tokens == waiting.num_tokens == 1
     r._rolled_back({"e": "rollback", "ckpt": 2, "bad": 4, "g": [7]})  # as recorded: no raise
+
+
+def test_a_rollback_counts_the_tokens_of_the_groups_it_discards_as_wasted(monkeypatch):
+    """The orchestrated rollback takes the groups of undone versions out of the windows
+    (ledger `discarded`): their tokens are wasted generation (`tokens/wasted`,
+    `tokens/discarded` in the open step's record), not useful work in goodput."""
+    from types import SimpleNamespace
+
+    from slipstream.run import rollback
+    from slipstream.schedule.ledger import Ledger
+    from slipstream.schedule.step_stats import StepStats
+
+    def undo(self, run, ckpt, last_bad):  # the trainer's side is not under test here
+        self.ranges.append((3, last_bad))
+        return False
+
+    monkeypatch.setattr(rollback.Undone, "undo", undo)
+    waiting, kept = _group_of_versions("c", [2, 4, 4]), _group_of_versions("d", [2])
+    state = SimpleNamespace(window=[(7, waiting), (8, kept)], batches={}, out_of_bound=0)
+    orch = SimpleNamespace(
+        state=state, stats=StepStats(), recorder=None, fixed=False, issue=lambda: None
+    )
+    run = SimpleNamespace(ledger=Ledger())
+    rollback.orchestrated_rollback(run, None, orch)(Path("step_000002"), 4)  # type: ignore[arg-type]
+    assert run.ledger.discarded == 1 and state.window == [(8, kept)] and state.out_of_bound == 1
+    assert orch.stats.discarded_tokens == waiting.num_tokens == 3
+    rec = orch.stats.record([], {}, {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}, 0.0, 0.0)
+    assert rec["tokens/discarded"] == rec["tokens/wasted"] == 3
+    assert orch.stats.discarded_tokens == 0  # the next step's count starts again
 
 
 def test_the_replay_redoes_a_tighten_as_the_run_did():

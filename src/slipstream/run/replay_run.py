@@ -304,6 +304,7 @@ class TrainerReplay:
         self._check(f"group {e['g']} discarded", verdict == "discarded", rejected)
         if verdict == "discarded":
             led.discarded += 1
+            self.stats.discarded_tokens += group.num_tokens
             return
         if verdict == "stale":
             led.stale += 1
@@ -323,7 +324,7 @@ class TrainerReplay:
             self.store.publish(self.learner.version, dict(self.run.model.named_parameters()))
         self.rolled_back = [g for g, group in self.window.items() if self.undone.rejects(group)]
         for g in self.rolled_back:
-            del self.window[g]
+            self.stats.discarded_tokens += self.window.pop(g).num_tokens
         self.learner.ledger.discarded += len(self.rolled_back)
 
     def _tighten(self, windows: int, record: dict[str, Any]) -> None:

@@ -119,6 +119,7 @@ def orchestrated_rollback(
         for b in st.batches:
             st.batches[b] = keep(st.batches[b])
         run.ledger.discarded += len(gone)
+        orch.stats.discarded_tokens += sum(g.num_tokens for g in gone)  # tokens/wasted
         if orch.recorder is not None:
             orch.recorder.rollback(checkpoint_step(ckpt), last_bad, gone)
         if not orch.fixed:

@@ -168,8 +168,7 @@ class Orchestrator:
         publish per window with informative groups, one record per step (`after_step`).
         Waits for: groups, when no window is complete (`runtime/trainer_wait`).
         Unblocked by: a sampler finishing a group; a dead sampler is restarted and its work
-        issued again; a stall raises.
-        """
+        issued again; a stall raises."""
         st = self.state
         chaos = random.Random(self.opts.chaos_seed)
         next_kill = self.stats.t_start + self.opts.chaos_every_s
@@ -314,6 +313,7 @@ class Orchestrator:
         self.lengths.update(group.prompt, [s.num_tokens for s in group.samples])
         if self.reject is not None and self.reject(group):
             self.learner.ledger.discarded += 1
+            self.stats.discarded_tokens += group.num_tokens
             self._out_of_bound(req)
             self._record(msg, "discarded")
             return

@@ -117,6 +117,7 @@ class StepStats:
     wait_s: float = 0.0  # the open step's wait for groups
     wait_total: float = 0.0
     stale_tokens: int = 0  # the open step's dropped-as-stale tokens
+    discarded_tokens: int = 0  # the open step's tokens of groups a rollback's undoing discarded
     reports: dict[int, SamplerReport] = field(default_factory=dict)  # latest per sampler
     prev: dict[int, SamplerReport] = field(default_factory=dict)  # at the last record
     first: dict[int, SamplerReport] = field(default_factory=dict)  # at the start
@@ -232,8 +233,12 @@ class StepStats:
             "time/train_s": t_train,
             "tokens/generated": d["tokens_generated"],
             "tokens/trained": trained,
-            # stale, cancelled and aborted here; the learner adds what settling counted
-            "tokens/wasted": self.stale_tokens + d["cancelled_tokens"] + d["aborted_tokens"],
+            # stale, discarded, cancelled and aborted here; the learner adds what settling counted
+            "tokens/wasted": self.stale_tokens
+            + self.discarded_tokens
+            + d["cancelled_tokens"]
+            + d["aborted_tokens"],
+            "tokens/discarded": self.discarded_tokens,  # of versions a rollback undid
             "tokens/cancelled": d["cancelled_tokens"],
             "tokens/aborted": d["aborted_tokens"],  # cut in a sampler by lag policy `abort`
             "engine/tokens_per_s": d["tokens_generated"] / max(step_s, 1e-9),
@@ -254,7 +259,8 @@ class StepStats:
             (metrics.get("staleness/ess_token", 1.0), metrics.get("staleness/ess_seq", 1.0))
         )
         self.wait_total += self.wait_s
-        self.prev, self.t_step, self.wait_s, self.stale_tokens = dict(self.reports), now, 0.0, 0
+        self.prev, self.t_step, self.wait_s = dict(self.reports), now, 0.0
+        self.stale_tokens = self.discarded_tokens = 0
         return record
 
     def totals(self) -> dict[str, float]:
