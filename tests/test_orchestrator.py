@@ -499,7 +499,7 @@ def test_a_group_discarded_after_a_rollback_counts_its_tokens_as_wasted():
         def __call__(self, request: PromptRequest) -> None:
             self.orch.reject = lambda group: group.prompt.id == "p1"
 
-    _, orch, learner = _orchestrate("pipeline", on_issue=RejectP1())
+    _, _, learner = _orchestrate("pipeline", on_issue=RejectP1())
     assert learner.ledger.discarded == 1
     discarded = sum(r["tokens/discarded"] for r in learner.records)
     assert discarded == G * len("xx")  # p1's group: G samples of len(prompt text) tokens
