@@ -190,6 +190,25 @@ def test_deferred_prefill_batches_admissions_and_keeps_the_tokens():
     assert [rule.due(2, num_slots=4) for _ in range(5)] == [False, False, False, True, False]
 
 
+def test_every_admission_starts_the_deferral_count_over():
+    """The ski-rental count is of decode capacity left idle *since the last admission*: an
+    admission made at once because nothing was decoding starts it over too. It carried the
+    count of the previous deferral over, so the next free slot was admitted early."""
+    engine = _engine(_model(0), slots=2, decode_graph=True, defer_prefill=True)
+    rule = engine.admission
+    assert rule is not None
+    rule.prefill_s = 1e9  # a prefill that is never worth a deferred admission here
+    long = Request(_prompts(1, seed=3)[0], SamplingParams(0.0, max_new_tokens=6), seed=0)
+    waits = Request(_prompts(1, seed=4)[0], SamplingParams(0.0, max_new_tokens=2), seed=1)
+    engine.add(long)
+    engine.step()  # admits `long` (nothing decoding)
+    engine.add(waits)
+    while engine.waiting:  # deferred while `long` decodes, admitted once it has finished
+        engine.step()
+    assert engine.stats.deferred_admissions > 0
+    assert rule.idle_s == 0.0
+
+
 @pytest.mark.parametrize(
     ("temperature", "model_over"),
     [
