@@ -312,3 +312,15 @@ def test_a_temperature_the_sampler_cannot_scale_is_refused_in_the_config():
         with pytest.raises(ConfigError, match=rf"^{key}: "):
             load_config(None, [f"{key}=1e-6"])
     assert load_config(None, ["eval.temperature=0"]).eval.temperature == 0.0
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["sampling.temperature=inf", "trainer.lr=nan", "eval.temperature=inf", "env.step_timeout_s=inf"],
+)
+def test_no_setting_takes_infinity_or_nan(override):
+    """TOML's `inf` and `nan` reached float settings: a temperature of inf sampled from a
+    uniform distribution and recorded log-probs of it, nan reached the optimizer."""
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^{key}: .*finite"):
+        load_config(None, [override])

@@ -54,7 +54,9 @@ def check_bool_or_number(annotation: object, value: object) -> None:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no setting means anything at infinity or NaN (a bound that is off is 0, not inf): TOML's
+    # `inf` and `nan` literals would reach a temperature, a learning rate or a timeout
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
