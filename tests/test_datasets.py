@@ -14,7 +14,7 @@ from chat_model import CHAT_TEMPLATE
 from slipstream.config import ConfigError, load_config
 from slipstream.model.chat import ChatTemplate
 from slipstream.tasks import DatasetTask, RowFormat, TaskError, read_prompts
-from slipstream.tasks.datasets import Row, read_table, split_files
+from slipstream.tasks.datasets import Row, Split, read_table, split_files
 from slipstream.tasks.rows import heldout_split
 
 pa = pytest.importorskip("pyarrow")
@@ -79,6 +79,28 @@ def test_a_folder_under_a_hidden_folder_keeps_its_files(tmp_path, monkeypatch):
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
     assert len(read_table("../.cache/ds", "train")) == 1
+
+
+def test_a_downloaded_hub_dataset_folder_reads_the_config_it_is_told(tmp_path):
+    """openai/gsm8k downloaded as a folder holds `main/` and `socratic/`, each with its train
+    and test files. task.dataset_config was ignored for folders: the train split read both
+    configs' rows, mixed. Now the config picks its folder, and without one the mix is an
+    error; one data folder, or split-named folders, stay as they were."""
+    for config in ("main", "socratic"):
+        (tmp_path / config).mkdir()
+        for split in ("train", "test"):
+            (tmp_path / config / f"{split}-00000-of-00001.jsonl").write_text(
+                json.dumps({"prompt": f"{config} {split}", "answer": "1"}) + "\n"
+            )
+    rows = read_table(tmp_path, Split("test", config="socratic"))
+    assert [r.data["prompt"] for r in rows] == ["socratic test"]
+    with pytest.raises(TaskError, match=r"several folders \(main, socratic\).*dataset_config"):
+        read_table(tmp_path, "train")
+    with pytest.raises(TaskError, match=r"no folder 'default' .*folders: main, socratic"):
+        read_table(tmp_path, Split("train", config="default"))
+    task = DatasetTask(str(tmp_path), lambda p, c: 0.0, heldout_split="test", dataset_config="main")
+    assert [p.text for p in task.train_prompts()] == ["main train"]
+    assert [p.text for p in task.heldout_prompts()] == ["main test"]
 
 
 def test_a_save_to_disk_folder_is_its_arrow_shards(tmp_path):

@@ -8,7 +8,10 @@ hub dataset ids go through the `datasets` library (`pip install 'slipstream[data
 A folder holds files of one or several splits (a `save_to_disk` folder of `datasets` too, its
 metadata JSON files left out): files whose path names the split (`train.jsonl`,
 `data/train-00000-of-00001.parquet`, `test/part0.csv`) are that split's; with no file naming
-any split, every file is the `train` split.
+any split, every file is the `train` split. A hub dataset downloaded as a folder keeps each
+config in a folder of its name (openai/gsm8k: `main/`, `socratic/`): `task.dataset_config`
+picks it, and a split whose files lie in several such folders without it is an error (their
+rows would be mixed).
 """
 
 from __future__ import annotations
@@ -74,21 +77,45 @@ def split_files(folder: Path, split: str | Split) -> list[Path]:
         files = [f for f in files if f.name not in SAVE_TO_DISK_META]
     if not files:
         raise TaskError(f"{folder}: no {', '.join(SUFFIXES)} files in this folder")
+    if sp.config is not None:
+        files = config_files(folder, files, sp.config)
 
     def names(f: Path) -> set[str]:
         parts = f.relative_to(folder).with_suffix("").parts
         return {w for part in parts for w in re.split(r"[-_.]", part.lower())}
 
     named = [f for f in files if sp.name in names(f)]
+    if not named and sp.name == sp.unnamed and not any(names(f) & set(SPLIT_NAMES) for f in files):
+        named = files
     if named:
+        configs = sorted(folders(folder, named) - set(SPLIT_NAMES)) if sp.config is None else []
+        if len(configs) > 1:
+            raise TaskError(
+                f"{folder}: the {sp.name!r} files lie in several folders ({', '.join(configs)}), "
+                "as a hub dataset's configs do: name one with task.dataset_config"
+            )
         return named
-    if sp.name == sp.unnamed and not any(names(f) & set(SPLIT_NAMES) for f in files):
-        return files
     found = sorted({w for f in files for w in names(f) & set(SPLIT_NAMES)})
     raise TaskError(
         f"{folder}: no file of split {sp.name!r} ({sp.setting}); splits here: "
         f"{', '.join(found) or f'none (all of it is {sp.unnamed})'}"
     )
+
+
+def folders(folder: Path, files: list[Path]) -> set[str]:
+    """The first-level folders of `folder` that hold some of `files`."""
+    return {f.relative_to(folder).parts[0] for f in files if len(f.relative_to(folder).parts) > 1}
+
+
+def config_files(folder: Path, files: list[Path], config: str) -> list[Path]:
+    """The files of `folder`'s config `config`: those in its folder of that name."""
+    mine = [f for f in files if f.relative_to(folder).parts[0] == config]
+    if not mine:
+        here = ", ".join(sorted(folders(folder, files))) or "none"
+        raise TaskError(
+            f"{folder}: no folder {config!r} of data files (task.dataset_config); folders: {here}"
+        )
+    return mine
 
 
 def read_file(path: Path) -> list[Row]:
