@@ -47,6 +47,9 @@ def trl_wrong_length(prompts, completions, **kw):
 
 def nan_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": float("nan")}
+
+def len_reward(completion_ids, **kwargs):  # TRL's documentation's first example
+    return [float(len(ids)) for ids in completion_ids]
 """
 
 
@@ -81,6 +84,40 @@ def test_trl_is_called_as_trl_calls_it(rewards_py):
     assert kwargs["answer"] == ["42"] and kwargs["extra_info"] == [{"i": 3}]
     assert fn(PLAIN, "12345") is None  # not applicable
     assert mod.seen[-1][:2] == (["6*7="], ["12345"])  # plain prompt: strings
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_a_trl_reward_gets_the_completions_token_ids(rewards_py, isolation):
+    """TRL passes `completion_ids` to every reward function; its documentation's first example
+    rewards `len(ids)`. It was called as a slipstream function (no `prompts`/`completions`
+    parameter), with the prompt as `completion_ids`, and raised. The ids travel with the text
+    (`CompletionText`), to a reward worker process too; the sampler's scoring makes them."""
+    from types import SimpleNamespace
+
+    from slipstream.schedule.sampler import score_group
+    from slipstream.tasks.guard import GuardedTask
+    from slipstream.types import CompletionText
+
+    assert detect_shape(lambda completion_ids, **kw: []) == "trl"
+    guard = RewardGuard(CombinedReward((RewardPart(f"{rewards_py}:len_reward"),)), isolation)
+    try:
+        [v] = guard.score(CHAT, [CompletionText("a b", [5, 6, 7])])
+        assert (v.reward, v.error) == (3.0, "")
+        task = GuardedTask(SimpleNamespace(name="t"), guard)  # type: ignore[arg-type]
+        tok = SimpleNamespace(decode=lambda ids: "x" * len(ids))
+        req = SimpleNamespace(prompt_tokens=[1], seed=0)
+        done = [
+            SimpleNamespace(
+                request=req, tokens=[4] * k, logp=[0.0] * k, versions=[0] * k,
+                finish_reason=FinishReason.STOP, t_start=0.0, t_end=0.0, kept_logmass=None,
+            )
+            for k in (2, 5)
+        ]  # fmt: skip
+        group = score_group(tok, task, CHAT, done)  # type: ignore[arg-type]
+        assert [s.reward for s in group.samples] == [2.0, 5.0]
+        assert type(group.samples[0].completion_text) is str  # the sample keeps the text alone
+    finally:
+        guard.close()
 
 
 def test_weighted_combination_and_parts(rewards_py):

@@ -24,6 +24,22 @@ class FinishReason(StrEnum):
     ABORTED = "aborted"  # cut short by the sampler (staleness bound, redundant rollout)
 
 
+class CompletionText(str):
+    """A completion's decoded text that carries its token ids (`token_ids`): what TRL passes
+    a reward function as `completion_ids`. It is the text (a `str`) to everything else, and
+    pickles with its ids to a reward worker process."""
+
+    token_ids: tuple[int, ...]
+
+    def __new__(cls, text: str, token_ids: list[int] | tuple[int, ...]) -> CompletionText:
+        self = super().__new__(cls, text)
+        self.token_ids = tuple(token_ids)
+        return self
+
+    def __reduce__(self) -> tuple[type[CompletionText], tuple[str, tuple[int, ...]]]:
+        return CompletionText, (str(self), self.token_ids)
+
+
 @dataclass
 class Prompt:
     """One task item: the text the model sees and what the verifier needs to score it."""

@@ -19,7 +19,7 @@ from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.model.tokenizer import Tokenizer
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import score_completions
-from slipstream.types import Prompt
+from slipstream.types import CompletionText, Prompt
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -53,7 +53,7 @@ def rewards_of(
     texts: list[list[str]] = [[""] * n for _ in prompts]
     for k, c in enumerate(engine.generate(reqs)):  # in request order
         i, j = divmod(k, n)
-        texts[i][j] = tokenizer.decode(c.tokens)
+        texts[i][j] = CompletionText(tokenizer.decode(c.tokens), c.tokens)
     return [[v.reward for v in score_completions(task, p, t)] for p, t in zip(prompts, texts)]
 
 

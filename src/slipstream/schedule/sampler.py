@@ -49,7 +49,7 @@ from slipstream.schedule.presets import ScheduleSpec
 from slipstream.schedule.record import SamplerLog
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import score_completions
-from slipstream.types import Group, Prompt, Sample
+from slipstream.types import CompletionText, Group, Prompt, Sample
 
 STATS_EVERY_S = 0.5  # a busy sampler reports its counters at least this often
 
@@ -58,7 +58,7 @@ def score_group(
     tok: Tokenizer, task: Task, prompt: Prompt, completions: list[Completion], sampler_id: int = 0
 ) -> Group:
     """Decode and verify each completion (one reward round trip); samples in member order."""
-    texts = [tok.decode(c.tokens) for c in completions]
+    texts = [CompletionText(tok.decode(c.tokens), c.tokens) for c in completions]
     samples = []
     for c, text, v in zip(completions, texts, score_completions(task, prompt, texts)):
         samples.append(
@@ -69,7 +69,7 @@ def score_group(
                 c.logp,
                 c.versions,
                 c.finish_reason,
-                completion_text=text,
+                completion_text=str(text),  # the text alone: the ids are its tokens
                 reward=v.reward,
                 reward_error=v.error,
                 reward_parts=v.parts,

@@ -6,8 +6,10 @@
   time, by keyword as TRL calls it: `prompts=[messages]` and
   `completions=[[{"role": "assistant", "content": text}]]` for a row whose prompt is a
   conversation, plain strings for a string prompt (even one a chat template renders), and every other column of the row as a one-element list under its own name. One
-  sample per call keeps the reward guard's per-sample timeout (a hang costs one sample);
-  `completion_ids` and `trainer_state` are not passed.
+  sample per call keeps the reward guard's per-sample timeout (a hang costs one sample).
+  `completion_ids=[ids]` is passed where the completion's token ids are known (every
+  single-turn sample and evaluation: `CompletionText`); an episode's reward gets none, and
+  `trainer_state` is not passed.
 - verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
   by keyword as verl's reward manager calls it; a dict's `score` is the reward, its other
   numbers are logged. `data_source` and `extra_info` are the row's columns of those names
@@ -64,7 +66,7 @@ def detect_shape(fn: Callable[..., Any]) -> Shape:
         return "slipstream"
     # `completions` first: TRL's own example reward is `fn(completions, ground_truth, **kwargs)`
     # (a `ground_truth` column), and verl's `compute_score` has no `prompts`/`completions`
-    if names & {"prompts", "completions"}:
+    if names & {"prompts", "completions", "completion_ids"}:
         return "trl"
     if names & {"solution_str", "data_source", "ground_truth"}:
         return "verl"
@@ -116,11 +118,16 @@ def awaited(value: object) -> object:
 
 def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
     chat = prompt.messages is not None and prompt.plain_prompt is None  # TRL: a conversation
-    columns = {k: [v] for k, v in prompt.meta.items() if k not in ("prompts", "completions")}
+    passed = ("prompts", "completions", "completion_ids")
+    columns = {k: [v] for k, v in prompt.meta.items() if k not in passed}
+    ids = getattr(completion, "token_ids", None)  # a CompletionText's
+    if ids is not None:
+        columns["completion_ids"] = [list(ids)]
+    text = str(completion)  # the plain text, as TRL's decoded completions are
     out = awaited(
         fn(
             prompts=[prompt.messages if chat else prompt.plain_prompt or prompt.text],
-            completions=[[{"role": "assistant", "content": completion}] if chat else completion],
+            completions=[[{"role": "assistant", "content": text}] if chat else text],
             **columns,
         )
     )
