@@ -316,7 +316,12 @@ def test_a_temperature_the_sampler_cannot_scale_is_refused_in_the_config():
 
 @pytest.mark.parametrize(
     "override",
-    ["sampling.temperature=inf", "trainer.lr=nan", "eval.temperature=inf", "env.step_timeout_s=inf"],
+    [
+        "sampling.temperature=inf",
+        "trainer.lr=nan",
+        "eval.temperature=inf",
+        "env.step_timeout_s=inf",
+    ],
 )
 def test_no_setting_takes_infinity_or_nan(override):
     """TOML's `inf` and `nan` reached float settings: a temperature of inf sampled from a
