@@ -129,3 +129,31 @@ def test_a_property_that_needs_reset_is_not_read_to_list_the_tools() -> None:
     env.initial_observation()
     r = env.step(tok.encode("CALL move 3", add_special_tokens=False))
     assert r.next_observation is not None and "moved 3, score 7" in r.next_observation.text
+
+
+def test_static_and_class_methods_are_tools_too() -> None:
+    """A tool class's public methods are its tools; a `@staticmethod` (a plain function when
+    read from the instance) was left out, so the model was never told of it and its calls
+    were answered "unknown tool"."""
+
+    class Calc:
+        def reset(self, **row: object) -> None:
+            pass
+
+        @staticmethod
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+        @classmethod
+        def name(cls) -> str:
+            """The calculator's name."""
+            return cls.__name__
+
+    specs = tool_specs(Calc())
+    assert [(s.name, s.description) for s in specs] == [
+        ("add", "Add two integers."),
+        ("name", "The calculator's name."),
+    ]
+    assert specs[0].parameters["required"] == ["a", "b"]
+    assert call_tool(specs, ToolCall("add", {"a": 2, "b": 3})).text == "5"

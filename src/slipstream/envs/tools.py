@@ -70,16 +70,18 @@ class ToolReply:
 
 
 def tool_specs(tools: object) -> list[ToolSpec]:
-    """The tools of `tools` (an instance): its public methods except `reset` and `reward`."""
+    """The tools of `tools` (an instance): its public methods (static and class methods
+    too) except `reset` and `reward`."""
     specs = []
     for name in dir(tools):  # (sorted, as `inspect.getmembers` lists them)
         if name.startswith("_") or name in _RESERVED:
             continue
+        static = inspect.getattr_static(tools, name, None)
         # a property is never read to list the tools: it may need what `reset` sets up
-        if isinstance(inspect.getattr_static(tools, name, None), property | cached_property):
+        if isinstance(static, property | cached_property):
             continue
         fn = getattr(tools, name, None)
-        if inspect.ismethod(fn):
+        if inspect.ismethod(fn) or (isinstance(static, staticmethod) and callable(fn)):
             specs.append(_spec(name, fn))
     return specs
 
