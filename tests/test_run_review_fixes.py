@@ -163,6 +163,27 @@ def test_a_resume_with_changed_settings_warns_naming_them(tmp_path, capsys, trai
     assert "run.steps" not in err and "run.quiet" not in err
 
 
+@pytest.mark.parametrize("entry", ["train_sync", "train_async"])
+def test_a_library_resume_checks_what_the_cli_checks(tmp_path, entry):
+    """`train_sync(cfg, resume=True)` and `train_async` made none of the CLI's checks: a
+    `run.steps` below the checkpoint's step went on (and trained nothing), and settings changed
+    since the run were taken silently. Now the run stops at once (ConfigError, nothing
+    rewound), and a change is a `ResumeWarning` naming it."""
+    from slipstream.run.launch import train_async
+    from slipstream.run.resume import ResumeWarning, check_resume
+    from slipstream.run.sync import train_sync
+
+    run = _run_folder(tmp_path / "run", "run.steps=4", 'trainer.lr_schedule="constant"')
+    train = {"train_sync": train_sync, "train_async": train_async}[entry]
+    short = load_config(run / "config.toml", ["run.steps=1"])
+    with pytest.raises(ConfigError, match=r"run.steps = 1 is below the step of the newest"):
+        train(short, resume=True)
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 3  # not rewound
+    other = load_config(run / "config.toml", ["run.seed=5"])
+    with pytest.warns(ResumeWarning, match=r"other settings than it ran with \(run.seed\)"):
+        check_resume(other)
+
+
 def test_a_resume_changing_only_length_display_and_sinks_says_nothing(tmp_path, capsys, trained):
     """Under a constant learning rate (after warm-up) the run's length changes nothing it
     computes; under cosine it does (next test)."""

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 # Before torch loads its OpenMP runtime (the imports below), which reads this once: waiting
@@ -76,15 +77,19 @@ def _train(argv: list[str]) -> int:
     # a missing model folder or library, a run.dir holding another run: one line, exit 2,
     # before any work
     preflight(cfg, resume=bool(args.resume))
+    from slipstream.run.resume import ResumeWarning
+
     try:
-        if cfg.runtime_kind == "inprocess":
-            from slipstream.run.sync import train_sync
+        with warnings.catch_warnings():  # what a resume changes was said above, in one line
+            warnings.simplefilter("ignore", ResumeWarning)
+            if cfg.runtime_kind == "inprocess":
+                from slipstream.run.sync import train_sync
 
-            train_sync(cfg, resume=bool(args.resume))
-        else:  # every other schedule runs samplers and the trainer in separate processes
-            from slipstream.run.launch import train_async
+                train_sync(cfg, resume=bool(args.resume))
+            else:  # every other schedule runs samplers and the trainer in separate processes
+                from slipstream.run.launch import train_async
 
-            train_async(cfg, resume=bool(args.resume))
+                train_async(cfg, resume=bool(args.resume))
     except ConfigError:
         raise
     except TaskError as e:  # a bad row, a reward failing under task.reward_errors = 'fail'
@@ -117,23 +122,12 @@ def _in_started_folder(run_dir: Path) -> str:
 def _warn_changed(run_dir: str, cfg: Config) -> None:
     """A resume with settings other than the run's own (`run.resume.resume_changes`) goes on
     with them, but says so in one line: the run is then not the unbroken one."""
-    from slipstream.run.resume import resume_changes
+    from slipstream.run.resume import changed_settings_notice, resume_changes
 
     changed = resume_changes(Path(run_dir), cfg)
-    steps = ""
-    if "run.steps" in changed:  # (only under a decaying learning-rate schedule)
-        steps = (
-            f"; with run.steps = {cfg.run.steps} the {cfg.trainer.lr_schedule} learning-rate "
-            "schedule is recomputed over the new length, so from the resumed step on the "
-            "learning rate follows the new schedule"
-        )
     if changed:
-        print(
-            f"slipstream: warning: resuming {run_dir} with other settings than it ran with "
-            f"({', '.join(changed)}); the resumed run is not bit-identical to an unbroken one, "
-            f"and its config.toml is rewritten with them{steps}",
-            file=sys.stderr,
-        )
+        notice = changed_settings_notice(Path(run_dir), cfg, changed)
+        print(f"slipstream: warning: {notice}", file=sys.stderr)
 
 
 def _where_to_resume(cfg: Config, e: BaseException) -> None:

@@ -40,8 +40,11 @@ def train_async(
     whose stop flag is `signals`. With `resume`, continue from the newest checkpoint in
     `cfg.run.dir`: weights, optimizer, run state and the orchestrator's queued work, and
     `run.record_schedule` off (`_no_record`)."""
+    from slipstream.run.resume import check_resume
     from slipstream.runtime.local import Interrupts
 
+    if resume and signals is None:  # (given: the Ray trainer actor's call, checked before it)
+        check_resume(cfg)
     if resume and cfg.run.record_schedule:
         _no_record(cfg)
     rc = cfg.runtime
@@ -67,13 +70,10 @@ def train_async(
 
 def _train(cfg: Config, signals: Interrupts, resume: bool) -> dict[str, Any]:
     """The run in this process: build, restore, start the samplers, loop, shut down, finish."""
-    from slipstream.run.resume import check_queue, latest_checkpoint, rewind
+    from slipstream.run.resume import resume_from
     from slipstream.train.checkpoint import checkpoint_step
 
-    ckpt = latest_checkpoint(cfg.run.dir) if resume else None
-    if ckpt is not None:
-        check_queue(ckpt.parent.parent, cfg)
-        rewind(ckpt)
+    ckpt = resume_from(cfg) if resume else None
     built = _build(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
     try:
         return _drive(cfg, signals, ckpt, *built)

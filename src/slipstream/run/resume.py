@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,45 @@ def resume_changes(run_dir: Path, cfg: Config) -> list[str]:
     check_queue(run_dir, cfg)
     changed = saved_changes(run_dir, cfg) or []  # (the CLI checked that config.toml is there)
     return [k for k in changed if not _free(k, cfg)]
+
+
+class ResumeWarning(RuntimeWarning):
+    """A run resumed with settings other than its own: it goes on with them."""
+
+
+def changed_settings_notice(run_dir: Path, cfg: Config, changed: list[str]) -> str:
+    """What a resume with the settings `changed` (`resume_changes`) says, in one line."""
+    steps = ""
+    if "run.steps" in changed:  # (only under a decaying learning-rate schedule)
+        steps = (
+            f"; with run.steps = {cfg.run.steps} the {cfg.trainer.lr_schedule} learning-rate "
+            "schedule is recomputed over the new length, so from the resumed step on the "
+            "learning rate follows the new schedule"
+        )
+    return (
+        f"resuming {run_dir} with other settings than it ran with ({', '.join(changed)}); the "
+        "resumed run is not bit-identical to an unbroken one, and its config.toml is rewritten "
+        f"with them{steps}"
+    )
+
+
+def check_resume(cfg: Config) -> None:
+    """The checks every resume of `cfg.run.dir` makes before any work, from the CLI (which
+    says them first, in its own words) or the library (`train_sync` / `train_async` with
+    `resume=True`): `ConfigError` without a checkpoint, with `run.steps` below its step, or
+    with a change `check_queue` refuses; a `ResumeWarning` naming the settings that differ
+    from the run's own."""
+    run_dir = Path(cfg.run.dir or ".")
+    changed = resume_changes(run_dir, cfg)
+    if changed:
+        warnings.warn(changed_settings_notice(run_dir, cfg, changed), ResumeWarning, stacklevel=3)
+
+
+def resume_from(cfg: Config) -> Path:
+    """The newest complete checkpoint of `cfg.run.dir`, the run folder `rewind`ed to it."""
+    ckpt = latest_checkpoint(cfg.run.dir)
+    rewind(ckpt)
+    return ckpt
 
 
 def _free(key: str, cfg: Config) -> bool:

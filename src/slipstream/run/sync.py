@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.config import Config
-from slipstream.run.resume import check_queue, checkpoint, latest_checkpoint, restore, rewind
+from slipstream.run.resume import check_resume, checkpoint, restore, resume_from
 from slipstream.run.rollback import inprocess_rollback, make_watchdog
 from slipstream.run.setup import Run, setup
 from slipstream.run.summary import finish
@@ -27,10 +27,9 @@ from slipstream.train.checkpoint import checkpoint_step
 def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
     """Train `cfg.run.steps` steps; with `resume`, continue the run in `cfg.run.dir` from its
     newest complete checkpoint (the same trajectory as an unbroken run, bit for bit)."""
-    ckpt = latest_checkpoint(cfg.run.dir) if resume else None
-    if ckpt is not None:
-        check_queue(ckpt.parent.parent, cfg)
-        rewind(ckpt)
+    if resume:
+        check_resume(cfg)
+    ckpt = resume_from(cfg) if resume else None
     run = setup(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
     try:
         with sigterm_as_interrupt():

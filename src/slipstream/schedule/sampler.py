@@ -58,7 +58,7 @@ def score_group(
     tok: Tokenizer, task: Task, prompt: Prompt, completions: list[Completion], sampler_id: int = 0
 ) -> Group:
     """Decode and verify each completion (one reward round trip); samples in member order."""
-    texts = [CompletionText(tok.decode(c.tokens), c.tokens) for c in completions]
+    texts: list[str] = [CompletionText(tok.decode(c.tokens), c.tokens) for c in completions]
     samples = []
     for c, text, v in zip(completions, texts, score_completions(task, prompt, texts)):
         samples.append(
