@@ -150,6 +150,23 @@ def test_process_worker_killed_while_idle_fails_the_next_step_instead_of_hanging
         workers.close()
 
 
+def test_a_row_that_cannot_be_pickled_fails_its_own_episode_only() -> None:
+    """A row holding something that does not pickle (a lambda in a column): sending it to a
+    worker raised out of `pump`, taking the sampler's loop down. Now that episode fails with
+    the reason (EnvError) and the worker goes on with the next."""
+    workers = ProcessWorkers(ByMode, 1)
+    try:
+        ((row, key, _), (good, key2, _)) = _rows({"bad": "ok", "good": "ok"})
+        row.meta["f"] = lambda: 0
+        bad = _pump_until_done(workers, workers.first(key, row), 30)
+        ok = _pump_until_done(workers, workers.first(key2, good), 30)
+        assert bad.done() and isinstance(bad.exception(), EnvError)
+        assert "cannot send to a worker" in str(bad.exception())
+        assert ok.done() and ok.exception() is None and workers.deaths == 0
+    finally:
+        workers.close()
+
+
 class _ExitsOnUnpickle:
     """A factory a fresh worker cannot even receive: unpickling it exits the process (as a
     worker does whose main module cannot be imported again)."""

@@ -49,6 +49,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Literal, Protocol
 
 from slipstream.envs.base import (
@@ -429,10 +430,17 @@ class ProcessWorkers:
             for key in w.drops:
                 w.conn.send(("drop", key, None))
             w.drops.clear()
-            if w.queue:
+            while w.queue and w.running is None:
                 op = w.queue.popleft()
+                try:  # pickled whole before a byte is written: a refusal leaves the pipe clean
+                    message = ForkingPickler.dumps((op.op, op.key, op.arg))
+                except Exception as e:  # a row holding what cannot pickle: this episode's error
+                    op.future.set_exception(
+                        EnvError(f"cannot send to a worker: {type(e).__name__}: {e}"[:500])
+                    )
+                    continue
                 op.t_start, w.running = time.monotonic(), op  # before the send: if the send
-                w.conn.send((op.op, op.key, op.arg))  # fails, `_died` fails this op too
+                w.conn.send_bytes(message)  # fails, `_died` fails this op too
         except (OSError, ValueError):  # its pipe is broken: it died (while idle, unnoticed)
             self._died(i, self._why(w))
 
