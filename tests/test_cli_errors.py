@@ -210,6 +210,9 @@ def test_the_engine_checks_the_measured_length_against_the_window(tmp_path):
     assert engine_shape(cfg, model, [8], 2)[1] == 16  # 8 + 8 fits the window
     with pytest.raises(ConfigError, match="sequences reach 17 tokens"):
         engine_shape(cfg, model, [9], 2)
+    # an episode's context sets the engine's length: it was not checked against the window
+    with pytest.raises(ConfigError, match=r"sequences reach 40 tokens \(an episode's context"):
+        engine_shape(cfg, model, [8], 2, context=40)
 
 
 TINY_QWEN = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 2,
