@@ -152,3 +152,30 @@ def test_a_config_without_a_key_reads_as_transformers_reads_it(tmp_path, arch, d
     ours = load_pretrained(tmp_path / "hf")
     with torch.no_grad():
         torch.testing.assert_close(ours(_ids()), hf(_ids()).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("edit", ["rope_theta beside rope_parameters", "no original context"])
+def test_llama3_rope_of_a_config_reads_as_transformers_reads_it(tmp_path, edit):
+    """transformers takes the rotary settings from `rope_parameters` (or `rope_scaling`) even
+    beside a top-level `rope_theta`, and a llama3 scaling without its
+    `original_max_position_embeddings` as covering `max_position_embeddings`. Before, the
+    first read as unscaled rope and the second took 8192: logits 3e-3 apart at 100 tokens."""
+    import json
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+    _hf_model("llama", rope_scaling=scaling).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    raw = json.loads(path.read_text())
+    rope = raw.get("rope_parameters") or raw["rope_scaling"]
+    if edit == "no original context":
+        del rope["original_max_position_embeddings"]
+    else:
+        raw["rope_theta"] = rope["rope_theta"]
+    path.write_text(json.dumps(raw))
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
+    ids = torch.randint(0, 97, (2, 100), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            load_pretrained(tmp_path / "hf")(ids), hf(ids).logits, atol=1e-5, rtol=0
+        )

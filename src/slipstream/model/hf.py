@@ -42,12 +42,14 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     if "num_attention_heads" in known:
         known.setdefault("num_key_value_heads", known["num_attention_heads"])
     extra = {k: v for k, v in raw.items() if k not in _CONFIG_KEYS and k not in _DROP_ON_LOAD}
-    if raw.get("rope_theta") is None:
-        params = raw.get("rope_parameters") or {}
-        if "rope_theta" in params:
-            known["rope_theta"] = params["rope_theta"]
-            if params.get("rope_type", "default") != "default":
-                known["rope_scaling"] = params
+    # as transformers 5 reads them: the rotary settings are `rope_scaling` (older configs) else
+    # `rope_parameters`, even beside a top-level rope_theta, and their rope_theta wins over it
+    rope = raw.get("rope_scaling") or raw.get("rope_parameters")
+    if isinstance(rope, dict):
+        if rope.get("rope_theta") is not None:
+            known["rope_theta"] = rope["rope_theta"]
+        if (rope.get("rope_type") or rope.get("type") or "default") != "default":
+            known["rope_scaling"] = rope
     return ModelConfig(**known, extra=extra)
 
 

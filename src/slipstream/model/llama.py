@@ -178,7 +178,8 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
         return inv.float()
     factor = scaling["factor"]
     low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-    old_ctx = scaling.get("original_max_position_embeddings", 8192)
+    # left out, transformers takes the model's own context as the one trained
+    old_ctx = scaling.get("original_max_position_embeddings", cfg.max_position_embeddings)
     wavelen = 2 * math.pi / inv
     low_wl, high_wl = old_ctx / low, old_ctx / high
     smooth = (old_ctx / wavelen - low) / (high - low)
