@@ -211,7 +211,8 @@ def test_the_engine_checks_the_measured_length_against_the_window(tmp_path):
     with pytest.raises(ConfigError, match="sequences reach 17 tokens"):
         engine_shape(cfg, model, [9], 2)
     # an episode's context sets the engine's length: it was not checked against the window
-    with pytest.raises(ConfigError, match=r"sequences reach 40 tokens \(an episode's context"):
+    said = r"reach 40 tokens \(an episode's context.*: lower env\.max_tokens$"
+    with pytest.raises(ConfigError, match=said):
         engine_shape(cfg, model, [8], 2, context=40)
 
 

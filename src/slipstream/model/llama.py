@@ -60,16 +60,20 @@ def sliding_window(extra: dict[str, Any], num_layers: int) -> int | None:
     return window if windowed else None
 
 
-def window_error(cfg: ModelConfig, max_len: int, setting: str) -> str | None:
+def window_error(
+    cfg: ModelConfig, max_len: int, setting: str, advice: str | None = None
+) -> str | None:
     """One line when `cfg`'s sliding window (`sliding_window`) could change sequences of
-    `max_len` tokens, which this decoder does not implement; None when it cannot matter."""
+    `max_len` tokens, which this decoder does not implement; None when it cannot matter.
+    `advice`: how to bring the length down (None: engine.max_len)."""
     window = sliding_window(cfg.extra, cfg.num_hidden_layers)
     if window is None or max_len <= window:
         return None
     return (
         f"config.json: use_sliding_window with sliding_window = {window} is not implemented "
         f"(full attention on every layer), and the run's sequences reach {max_len} tokens "
-        f"({setting}); at most {window} tokens it cannot matter: set engine.max_len <= {window}"
+        f"({setting}); at most {window} tokens it cannot matter: "
+        + (advice or f"set engine.max_len <= {window}")
     )
 
 

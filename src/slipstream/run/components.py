@@ -56,6 +56,7 @@ def engine_shape(
     e, new = cfg.engine, cfg.sampling.max_new_tokens
     max_len = capacity.engine_max_len(max(lengths), new, model.config, e.max_len)
     said = f"engine.max_len = {e.max_len}" if e.max_len else "longest prompt + max_new_tokens"
+    advice: str | None = None  # None: engine.max_len
     if not any(capacity.fits(n, new, max_len) for n in lengths):
         raise ConfigError(
             f"engine.max_len: {max_len} tokens hold no prompt with sampling.max_new_tokens = {new} "
@@ -64,9 +65,10 @@ def engine_shape(
     if context:
         max_len = min(context, model.config.max_position_embeddings)
         said = "an episode's context: longest first observation + env.max_tokens"
+        advice = "lower env.max_tokens"  # engine.max_len does not bound an episode
     # checked at the length the engine is built with: an episode's context replaces the
     # prompts' length above, and can pass a sliding window they stay within
-    too_long = window_error(model.config, max_len, said)
+    too_long = window_error(model.config, max_len, said, advice)
     if too_long:
         raise ConfigError(f"model.path {too_long}")
     p = model.lm_head.weight
