@@ -117,6 +117,20 @@ def lag_counts(records: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
+def token_lag_mean(records: list[dict[str, Any]]) -> float:
+    """The run's mean lag over its trained tokens (0 without staleness records): each step's
+    `staleness/lag_mean` weighted by the tokens it is over, its `staleness/lag_hist` counts,
+    as summary.json's `lag_mean` is (schedule.step_stats). A plain mean over steps would let a
+    step of few tokens weigh as much as one of many."""
+    pairs = [
+        (float(r["staleness/lag_mean"]), sum(r.get("staleness/lag_hist") or []))
+        for r in records
+        if "staleness/lag_mean" in r
+    ]
+    tokens = sum(n for _, n in pairs)
+    return sum(m * n for m, n in pairs) / tokens if tokens else 0.0
+
+
 def measures(
     res: dict[str, Any], target: float, gain: float | None = None, crossing: str = "monotone"
 ) -> dict[str, Any]:
@@ -138,7 +152,6 @@ def measures(
     busy = [r.get("engine/busy_frac", r.get("runtime/sampler_busy")) for r in recs]
     busy = [b for b in busy if b is not None]
     ess = [r["staleness/ess_token"] for r in recs if "staleness/ess_token" in r]
-    lag = [r["staleness/lag_mean"] for r in recs if "staleness/lag_mean" in r]
     return {
         "time_to_target_s": None if hit is None else hit.train_s,  # evaluation excluded
         "time_to_target_wall_s": None if hit is None else hit.wall_s,
@@ -149,7 +162,7 @@ def measures(
         # evaluation of many episodes would otherwise weigh in the budget speedup
         "train_s": training_total(s["wall_s"], recs) if "wall_s" in s else None,
         "engine_busy": statistics.mean(busy) if busy else None,
-        "lag_mean": statistics.mean(lag) if lag else 0.0,
+        "lag_mean": token_lag_mean(recs),
         "lag_counts": lag_counts(recs),
         "acc_start": s.get("heldout_acc_start"),
         "ess_token": statistics.mean(ess) if ess else 1.0,

@@ -196,3 +196,17 @@ def test_orchestrated_schedules_defer_evaluation_and_read_its_accuracies_back(
     assert seen == {"pipeline": True, "sync": False}
     assert pipe["records"] == [{"step": 1, "wall_s": 1.0, "heldout_acc": 0.5}]
     assert pipe["eval_in_wall"] is False
+
+
+def test_lag_mean_is_over_trained_tokens_not_steps():
+    # step 1 trained 1000 tokens at lag 0, step 2 ten tokens at lag 2: the run's mean lag over
+    # its tokens is 20 / 1010 (summary.json's lag_mean), not the steps' plain mean, 1.0
+    summary = {"heldout_acc_end": 0.3, "wall_s": 2.0, "heldout_acc_start": 0.2}
+    summary["ledger"] = {"balanced": True}
+    recs = [
+        {"step": 1, "wall_s": 1.0, "staleness/lag_mean": 0.0, "staleness/lag_hist": [1000, 0, 0]},
+        {"step": 2, "wall_s": 2.0, "staleness/lag_mean": 2.0, "staleness/lag_hist": [0, 0, 10]},
+    ]
+    res = {"summary": summary, "records": recs, "eval_in_wall": False}
+    assert bench.measures(res, 0.25)["lag_mean"] == 20 / 1010
+    assert bench.token_lag_mean([{"step": 1}]) == 0.0  # the in-process sync loop: no lag
