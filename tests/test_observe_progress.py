@@ -132,3 +132,11 @@ def test_on_a_terminal_the_view_is_live(
     view.close()
     err = capsys.readouterr().err
     assert "2/2" in err and "trainer wait" in err and "step 2/2 · " not in err
+
+
+def test_the_ledger_line_shows_groups_a_rollback_discarded() -> None:
+    # every counter of the step record's ledger (Ledger.flat) shows once it is not 0: here
+    # 40 = 30 + 6 + 4, where the line left the discarded 4 out
+    record = {"ledger/generated": 40, "ledger/trained": 30, "ledger/filtered": 6}
+    record |= {"ledger/stale": 0, "ledger/discarded": 4}
+    assert dict(fields(record))["ledger"] == "40 gen · 30 trained · 6 filtered · 4 discarded"

@@ -48,9 +48,9 @@ def _ledger(r: Mapping[str, Any]) -> str | None:
     if _num(r, "ledger/generated") is None:
         return None
     parts = [f"{int(_num(r, 'ledger/generated') or 0)} gen"]
-    for k in ("trained", "filtered", "stale", "aborted", "lost", "poisoned"):
+    for k in ("trained", "filtered", "stale", "aborted", "lost", "poisoned", "discarded"):
         v = _num(r, f"ledger/{k}")
-        # stale, aborted, lost and poisoned are rare: show them only once they happen
+        # the others are rare: show them only once they happen (`discarded`: a rollback's)
         if v is not None and (v or k in ("trained", "filtered")):
             parts.append(f"{int(v)} {k}")
     return " · ".join(parts)
