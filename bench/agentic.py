@@ -117,6 +117,24 @@ def lag_counts(records: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
 
 
+def busy_share(records: list[dict[str, Any]]) -> float | None:
+    """The run's engine busy share (None without one): each step's (`engine/busy_frac`, else
+    `runtime/sampler_busy`) weighted by its `step_time_s`, a share of the run's time, as
+    `slipstream report` weights it: a plain mean over steps would let a short step weigh as
+    much as one that waited seconds for a tool. Unweighted for records without step times."""
+    pairs = [
+        (float(b), r.get("step_time_s"))
+        for r in records
+        if (b := r.get("engine/busy_frac", r.get("runtime/sampler_busy"))) is not None
+    ]
+    if not pairs:
+        return None
+    times = [t for _, t in pairs if isinstance(t, int | float)]
+    if len(times) < len(pairs) or sum(times) <= 0:
+        return statistics.mean(b for b, _ in pairs)
+    return sum(b * t for (b, _), t in zip(pairs, times, strict=True)) / sum(times)
+
+
 def token_lag_mean(records: list[dict[str, Any]]) -> float:
     """The run's mean lag over its trained tokens (0 without staleness records): each step's
     `staleness/lag_mean` weighted by the tokens it is over, its `staleness/lag_hist` counts,
@@ -149,8 +167,6 @@ def measures(
         for kind in CROSSINGS
     }
     hit = hits[crossing]
-    busy = [r.get("engine/busy_frac", r.get("runtime/sampler_busy")) for r in recs]
-    busy = [b for b in busy if b is not None]
     ess = [r["staleness/ess_token"] for r in recs if "staleness/ess_token" in r]
     return {
         "time_to_target_s": None if hit is None else hit.train_s,  # evaluation excluded
@@ -161,7 +177,7 @@ def measures(
         # the whole budget's training time, evaluation excluded (observe.clock): a sampled
         # evaluation of many episodes would otherwise weigh in the budget speedup
         "train_s": training_total(s["wall_s"], recs) if "wall_s" in s else None,
-        "engine_busy": statistics.mean(busy) if busy else None,
+        "engine_busy": busy_share(recs),
         "lag_mean": token_lag_mean(recs),
         "lag_counts": lag_counts(recs),
         "acc_start": s.get("heldout_acc_start"),

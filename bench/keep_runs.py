@@ -30,6 +30,7 @@ KEYS = (
     "tokens/generated",
     *HELDOUT_KEYS,
     "wall_s",
+    "step_time_s",  # the weight of a step's busy share
     EVAL_S,
     EVAL_START_S,  # the clock of deferred evaluation (observe.clock)
     "engine/busy_frac",

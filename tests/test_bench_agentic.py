@@ -7,6 +7,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import agentic as bench
 
@@ -210,3 +212,22 @@ def test_lag_mean_is_over_trained_tokens_not_steps():
     res = {"summary": summary, "records": recs, "eval_in_wall": False}
     assert bench.measures(res, 0.25)["lag_mean"] == 20 / 1010
     assert bench.token_lag_mean([{"step": 1}]) == 0.0  # the in-process sync loop: no lag
+
+
+def test_engine_busy_is_a_share_of_the_runs_time_not_a_mean_over_steps():
+    # a 10 s step busy 10 % (waiting on a slow tool) and a 1 s step busy 90 %: the engine was
+    # busy 1.9 s of 11 (0.173), not half the time (the steps' plain mean)
+    recs = [
+        {"step": 1, "wall_s": 10.0, "step_time_s": 10.0, "engine/busy_frac": 0.1},
+        {"step": 2, "wall_s": 11.0, "step_time_s": 1.0, "engine/busy_frac": 0.9},
+    ]
+    summary = {"heldout_acc_end": 0.3, "wall_s": 11.0, "heldout_acc_start": 0.2}
+    summary["ledger"] = {"balanced": True}
+    res = {"summary": summary, "records": recs, "eval_in_wall": True}
+    assert bench.measures(res, 0.25)["engine_busy"] == pytest.approx(1.9 / 11)
+    orchestrated = [{"step": 1, "step_time_s": 3.0, "runtime/sampler_busy": 0.5}]
+    assert bench.busy_share(orchestrated) == 0.5
+    assert bench.busy_share(
+        [{"engine/busy_frac": 0.2}, {"engine/busy_frac": 0.4}]
+    ) == pytest.approx(0.3)
+    assert bench.busy_share([{"step": 1}]) is None

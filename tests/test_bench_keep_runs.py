@@ -64,10 +64,10 @@ def test_a_kept_agentic_run_measures_as_the_original():
     keep, agentic = load_bench("keep_runs"), load_bench("agentic")
     records = [
         {"step": 1, "wall_s": 2.0, "time/eval_s": 0.0, "time/eval_start_s": 0.5, "loss": 1.0,
-         "engine/busy_frac": 0.8, "staleness/ess_token": 0.99, "staleness/lag_mean": 1.5,
+         "step_time_s": 1.5, "engine/busy_frac": 0.8, "staleness/ess_token": 0.99, "staleness/lag_mean": 1.5,
          "staleness/lag_hist": [10, 30], "env/turns_mean": 2.0},
         {"step": 2, "wall_s": 4.0, "time/eval_s": 0.25, "time/eval_start_s": 0.0,
-         "heldout_acc": 0.3, "engine/busy_frac": 0.7, "staleness/ess_token": 0.95,
+         "heldout_acc": 0.3, "step_time_s": 0.5, "engine/busy_frac": 0.7, "staleness/ess_token": 0.95,
          "staleness/lag_mean": 2.0, "staleness/lag_hist": [5, 35], "env/turns_mean": 3.0},
     ]  # fmt: skip
     text = "".join(json.dumps(r) + "\n" for r in records)
