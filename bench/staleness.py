@@ -81,11 +81,18 @@ def run_one(
         name: statistics.fmean(r[key] for r in rows if key in r) if rows else float("nan")
         for name, key in METRICS.items()
     }
-    lags = [r["staleness/lag_mean"] for r in rows[k:] if "staleness/lag_mean" in r]
+    # over the tokens those steps trained (each step's lag_mean is over its lag_hist counts),
+    # not a plain mean of the steps' means
+    lags = [
+        (r["staleness/lag_mean"], sum(r.get("staleness/lag_hist") or []))
+        for r in rows[k:]
+        if "staleness/lag_mean" in r
+    ]
+    tokens = sum(n for _, n in lags)
     return {
         "acc": summary["heldout_acc_end"],
         "acc_start": summary["heldout_acc_start"],
-        "lag_mean_after_k": statistics.fmean(lags) if lags else float("nan"),
+        "lag_mean_after_k": sum(m * n for m, n in lags) / tokens if tokens else float("nan"),
         "stale": summary["ledger"]["stale"],
         "wall_s": summary["wall_s"],
         **means,

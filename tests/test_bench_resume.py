@@ -108,3 +108,27 @@ def test_staleness_resume_takes_nothing_from_an_earlier_results_json(tmp_path, m
     assert staleness.main([*argv, "--out", str(tmp_path), "--resume"]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert trained == ["k2_none_s0"] and line["acc_by_lag"] == {"none": {"2": 0.3}}
+
+
+def test_staleness_token_lag_after_k_is_over_the_tokens_trained(tmp_path, monkeypatch):
+    """The table's "token lag mean after step K": steps K + 1 on, over their trained tokens
+    (each step's lag_mean is over its lag_hist counts), not the plain mean of their means."""
+    rows = [
+        {**ROW, "step": 1, "staleness/lag_mean": 0.0, "staleness/lag_hist": [500, 0, 0]},
+        {**ROW, "step": 2, "staleness/lag_mean": 2.0, "staleness/lag_hist": [0, 0, 1000]},
+        {**ROW, "step": 3, "staleness/lag_mean": 1.0, "staleness/lag_hist": [0, 10, 0]},
+    ]
+    _fake_training(monkeypatch)
+    import slipstream.run.launch
+
+    fake = slipstream.run.launch.train_async
+
+    def train_async(cfg: Config) -> dict[str, Any]:
+        summary = fake(cfg)
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        (Path(str(cfg.run.dir)) / "metrics.jsonl").write_text(text)
+        return summary
+
+    monkeypatch.setattr(slipstream.run.launch, "train_async", train_async)
+    r = staleness.run_one(1, "none", 0, 3, tmp_path, [])
+    assert r["lag_mean_after_k"] == pytest.approx((2 * 1000 + 1 * 10) / 1010)  # not 1.5
