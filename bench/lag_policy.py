@@ -11,8 +11,8 @@ measures whether dropping them is worth accuracy by itself.
 Run: python bench/lag_policy.py [--seeds 30,...,44] [--steps 50] [--lag 2]
      [--policies drop,keep] [--out bench_out/lag_policy] [key=value ...]
      [--target-gain 0.12] (stop 41: trainer.batch_prompts=32 warmstart.seed=0, beyond_s32's sizes)
-Ends with one JSON line: per policy the median final accuracy, time to target and runs that
-reached it, and each other policy's accuracy minus the first's, paired by seed, in points
+Ends with one JSON line: per policy the median final accuracy, time to target (whether that
+median is a time to target: `time_median_reached`) and runs that reached it, and each other policy's accuracy minus the first's, paired by seed, in points
 with a 90 % bootstrap interval (`acc_paired_points`).
 """
 
@@ -40,6 +40,9 @@ def summarize(res: dict[str, list[dict]]) -> dict[str, Any]:
             "time_to_target_median": statistics.median(r["time_to_target"] for r in done)
             if done
             else None,
+            # False: that median is an unreached run's whole training time, not a time to
+            # target (beyond.median_reached), as bench/beyond.py says of its own medians
+            "time_median_reached": beyond.median_reached(done) if done else None,
             "reached": sum(bool(r["reached"]) for r in runs),
             "runs": len(runs),
         }
@@ -84,6 +87,8 @@ def main(argv: list[str]) -> int:
         s = summary[pol]
         acc = "-" if s["acc_median"] is None else f"{s['acc_median']:.3f}"
         t = "-" if s["time_to_target_median"] is None else f"{s['time_to_target_median']:.1f}"
+        if s["time_median_reached"] is False:
+            t += " (a run's budget: not reached)"
         print(f"| {pol} | {acc} | {t} | {s['reached']}/{s['runs']} |")
     for pol, p in summary["acc_paired_points"].items():
         print(f"{pol} minus {next(iter(res))}, points of final accuracy: {beyond._paired_text(p)}")

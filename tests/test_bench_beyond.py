@@ -82,7 +82,8 @@ def test_lag_policy_summary_pairs_every_policy_with_the_first():
     }
     res["keep"].append({"seed": 3, "acc": None, "time_to_target": None, "reached": False})
     s = lag_policy.summarize(res)
-    assert s["drop"] == {"acc_median": 0.26, "time_to_target_median": 5.0, "reached": 2, "runs": 3}
+    assert s["drop"] == {"acc_median": 0.26, "time_to_target_median": 5.0,
+                         "time_median_reached": True, "reached": 2, "runs": 3}  # fmt: skip
     assert s["keep"]["acc_median"] == 0.25 and s["keep"]["reached"] == 3
     assert s["keep"]["runs"] == 4 and s["keep"]["time_to_target_median"] == 6.0
     p = s["acc_paired_points"]["keep"]
@@ -126,3 +127,22 @@ def test_auto_lag_met_needs_reached_medians_and_no_stopped_run():
     _, ratio = bench.auto_table({"K=8": [*k8, dict(stopped)], "auto": met["auto"]}, 0.25)
     assert ratio["stopped"] == {"auto": 0, "K=8": 1} and not bench.auto_lag_met(ratio)
     assert not bench.auto_lag_met({"time_ratio": None, "acc_ratio": None})
+
+
+def test_lag_policy_says_when_its_median_time_is_an_unreached_runs_budget():
+    """bench/lag_policy.py: drop's median time, 9.0, is a run that never reached the target
+    (its whole training time), as bench/beyond.py flags its own (`time_median_reached`)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import lag_policy
+
+    res = {
+        "drop": [_run(4.0, True), _run(9.0, False), _run(9.5, False)],
+        "keep": [_run(3.0, True), _run(5.0, True), _run(9.0, False)],
+    }
+    for runs in res.values():
+        for seed, r in enumerate(runs):
+            r["seed"] = seed
+    s = lag_policy.summarize(res)
+    assert s["drop"]["time_to_target_median"] == 9.0
+    assert s["drop"]["time_median_reached"] is False
+    assert s["keep"]["time_median_reached"] is True
