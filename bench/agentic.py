@@ -120,33 +120,30 @@ def lag_counts(records: list[dict[str, Any]]) -> dict[str, int]:
 def busy_share(records: list[dict[str, Any]]) -> float | None:
     """The run's engine busy share (None without one): each step's (`engine/busy_frac`, else
     `runtime/sampler_busy`) weighted by its `step_time_s`, a share of the run's time, as
-    `slipstream report` weights it: a plain mean over steps would let a short step weigh as
-    much as one that waited seconds for a tool. Unweighted for records without step times."""
-    pairs = [
-        (float(b), r.get("step_time_s"))
+    `slipstream report` weights it (observe.report.weighted_mean): a plain mean over steps
+    would let a short step weigh as much as one that waited seconds for a tool."""
+    from slipstream.observe.report import weighted_mean
+
+    return weighted_mean([
+        (float(b), t if isinstance(t := r.get("step_time_s"), int | float) else None)
         for r in records
         if (b := r.get("engine/busy_frac", r.get("runtime/sampler_busy"))) is not None
-    ]
-    if not pairs:
-        return None
-    times = [t for _, t in pairs if isinstance(t, int | float)]
-    if len(times) < len(pairs) or sum(times) <= 0:
-        return statistics.mean(b for b, _ in pairs)
-    return sum(b * t for (b, _), t in zip(pairs, times, strict=True)) / sum(times)
+    ])  # fmt: skip
 
 
 def token_lag_mean(records: list[dict[str, Any]]) -> float:
     """The run's mean lag over its trained tokens (0 without staleness records): each step's
-    `staleness/lag_mean` weighted by the tokens it is over, its `staleness/lag_hist` counts,
-    as summary.json's `lag_mean` is (schedule.step_stats). A plain mean over steps would let a
-    step of few tokens weigh as much as one of many."""
+    `staleness/lag_mean` weighted by the tokens it is over (its `staleness/lag_hist` counts),
+    as summary.json's `lag_mean` and `slipstream report` weigh it (observe.report)."""
+    from slipstream.observe.report import lag_tokens, weighted_mean
+
     pairs = [
-        (float(r["staleness/lag_mean"]), sum(r.get("staleness/lag_hist") or []))
+        (float(r["staleness/lag_mean"]), lag_tokens(r))
         for r in records
         if "staleness/lag_mean" in r
     ]
-    tokens = sum(n for _, n in pairs)
-    return sum(m * n for m, n in pairs) / tokens if tokens else 0.0
+    mean = weighted_mean(pairs)
+    return 0.0 if mean is None else mean
 
 
 def measures(

@@ -70,6 +70,7 @@ def run_one(
     """One training run; its final accuracy and step means of `METRICS`. With `resume`, a
     finished run of the same config in its folder is read back instead, never one matched by
     its K, mode and seed alone (run.bench.read_back_or_train)."""
+    from slipstream.observe.report import lag_tokens, weighted_mean
     from slipstream.run.bench import read_back_or_train
 
     cfg = run_config(k, mode, seed, steps, out, extra)
@@ -83,16 +84,13 @@ def run_one(
     }
     # over the tokens those steps trained (each step's lag_mean is over its lag_hist counts),
     # not a plain mean of the steps' means
-    lags = [
-        (r["staleness/lag_mean"], sum(r.get("staleness/lag_hist") or []))
-        for r in rows[k:]
-        if "staleness/lag_mean" in r
-    ]
-    tokens = sum(n for _, n in lags)
+    lag = weighted_mean(
+        [(r["staleness/lag_mean"], lag_tokens(r)) for r in rows[k:] if "staleness/lag_mean" in r]
+    )
     return {
         "acc": summary["heldout_acc_end"],
         "acc_start": summary["heldout_acc_start"],
-        "lag_mean_after_k": sum(m * n for m, n in lags) / tokens if tokens else float("nan"),
+        "lag_mean_after_k": float("nan") if lag is None else lag,
         "stale": summary["ledger"]["stale"],
         "wall_s": summary["wall_s"],
         **means,

@@ -25,8 +25,12 @@ class PrefillAdmission:
         self.idle_s += free / num_slots * self.decode_s
         if self.idle_s < self.prefill_s:
             return False
-        self.idle_s = 0.0
+        self.start_over()
         return True
+
+    def start_over(self) -> None:
+        """An admission was made (deferred or at once): count idle capacity from zero."""
+        self.idle_s = 0.0
 
     def observe(self, prefill: bool, seconds: float) -> None:
         """Fold in the time of one forward that only prefilled (or only decoded)."""

@@ -364,7 +364,7 @@ class Engine:
             self.stats.deferred_admissions += 1
             return admitted
         if rule is not None:  # every admission, at once or deferred, starts its count over
-            rule.idle_s = 0.0
+            rule.start_over()
         now = time.time()
         for i, s in enumerate(self.slots):  # lowest free slots first: keeps the live range dense
             if s is None and self.waiting:

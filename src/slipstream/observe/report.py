@@ -30,7 +30,7 @@ def _f(x: Any, fmt: str = ",.3f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def _weighted_mean(pairs: list[tuple[float, float | None]]) -> float | None:
+def weighted_mean(pairs: list[tuple[float, float | None]]) -> float | None:
     """The mean of (value, weight) pairs weighted by the weights when every value has one and
     they add up to more than 0, else the plain mean (records from before the weight was
     recorded); None without values."""
@@ -47,7 +47,7 @@ def _number(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def _lag_tokens(row: dict[str, Any]) -> float | None:
+def lag_tokens(row: dict[str, Any]) -> float | None:
     """The trained tokens a step's `staleness/lag_mean` is over: its lag histogram's counts."""
     hist = row.get("staleness/lag_hist")
     if not isinstance(hist, list):
@@ -63,7 +63,7 @@ def lag_mean(run: RunData) -> float | None:
     recorded = _number((run.summary or {}).get("lag_mean"))
     if recorded is not None:
         return recorded
-    return _weighted_mean([(v, _lag_tokens(r)) for r, v in run.values("staleness/lag_mean")])
+    return weighted_mean([(v, lag_tokens(r)) for r, v in run.values("staleness/lag_mean")])
 
 
 def sampler_busy(run: RunData) -> float | None:
@@ -74,7 +74,7 @@ def sampler_busy(run: RunData) -> float | None:
     if recorded is not None:
         return recorded
     pairs = run.values("runtime/sampler_busy", "sampler_busy")
-    return _weighted_mean([(v, _number(r.get("step_time_s"))) for r, v in pairs])
+    return weighted_mean([(v, _number(r.get("step_time_s"))) for r, v in pairs])
 
 
 def _total(run: RunData, key: str) -> float | None:
