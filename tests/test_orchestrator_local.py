@@ -482,3 +482,31 @@ def test_bench_schedules_baseline_is_the_sync_that_reached_on_more_seeds():
     per_seed[1]["sync_inprocess"] = run(15, 100)
     per_seed[2]["sync_inprocess"] = run(30, 100)
     assert baseline(aggregate(per_seed, [0.4] * 3)) == "sync_inprocess"
+
+
+@pytest.mark.parametrize("name", ["sync", "pipeline"])
+def test_a_step_time_holds_no_evaluation_or_checkpoint_made_between_steps(
+    assets, tmp_path, monkeypatch, name
+):
+    """The orchestrated loops evaluate and checkpoint after a step's record: that time lands in
+    the wall clock between two records, not in the next step's `step_time_s` (as in the
+    in-process loop), so the forecast finds it in the `wall_s` increments and the trainer's wait
+    is a share of its step. Before, step 3's `step_time_s` held step 2's evaluation."""
+    from slipstream.run.setup import Run
+
+    evaluate = Run.evaluate
+
+    def slow(self: Run) -> float:
+        time.sleep(1.0)
+        return evaluate(self)
+
+    monkeypatch.setattr(Run, "evaluate", slow)
+    extra = ["schedule.max_lag=1"] if name == "pipeline" else []
+    train_async(_cfg(assets, tmp_path, f'schedule.name="{name}"', *extra))
+    records = _records(tmp_path)
+    wall = {r["step"]: r["wall_s"] for r in records}
+    step_s = {r["step"]: r["step_time_s"] for r in records}
+    assert records[1]["time/eval_s"] >= 1.0  # evaluated after step 2's record
+    between = wall[3] - wall[2] - step_s[3]  # the evaluation and checkpoint after step 2
+    assert between >= 1.0, (wall, step_s)
+    assert step_s[3] < 1.0, step_s

@@ -134,6 +134,7 @@ def _drive(
             learner.t_start = run.timeline.origin = orch.stats.t_start
             if ckpt is None:
                 acc_start = learner.evaluate(0)
+            orch.stats.step_begins()  # the evaluation at the start is no step's time
             orch.run()
             wall = time.perf_counter() - orch.stats.t_start
         close_record(True)

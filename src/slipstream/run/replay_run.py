@@ -396,6 +396,7 @@ class TrainerReplay:
         }
         self.k = int(e["obs"].get("schedule/max_lag", self.k))
         self.learner.after_step(record, groups)
+        self.stats.step_begins()
 
 
 def compare(original: Path, replayed: Path) -> dict[str, Any]:

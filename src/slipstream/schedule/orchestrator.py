@@ -1,8 +1,7 @@
 """The orchestrator: one loop that runs every schedule, in the trainer process.
 
-It owns what must be decided in one place: the prompt source and the draw counter (so seeds
-match the synchronous loop's), which prompts are in flight, admission control, the lag policy,
-the ledger, and when to train. Samplers only generate what they are given.
+It decides in one place: the prompt source and draw counter (seeds as the synchronous loop's),
+what is in flight, admission, lag policy, ledger, when to train. Samplers generate what they get.
 
 Steps are cut into *windows* of B groups: a step trains on the groups of one window that pass
 the filters, exactly as the synchronous loop trains on the informative groups of one batch, so
@@ -542,7 +541,8 @@ class Orchestrator:
             self.spec = replace(self.spec, max_lag=self.lag_control(record))
             self.issue()
             record["queue/in_flight"] = len(st.outstanding)  # with what the new K admitted
-        self.learner.after_step(record, groups)
+        self.learner.after_step(record, groups)  # evaluation, checkpoint: between two steps
+        self.stats.step_begins()
 
     # ---- checkpoint ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -113,7 +113,8 @@ class StepStats:
 
     t_start: float = 0.0
     t_end: float = 0.0
-    t_step: float = 0.0  # when the open step began
+    t_step: float = 0.0  # when the open step began (`step_begins`)
+    t_record: float = 0.0  # when the last record was made (the start before the first)
     wait_s: float = 0.0  # the open step's wait for groups
     wait_total: float = 0.0
     stale_tokens: int = 0  # the open step's dropped-as-stale tokens
@@ -194,8 +195,16 @@ class StepStats:
         return sum(self.lost_by.values())
 
     def start(self) -> None:
-        self.t_start = self.t_step = time.perf_counter()
+        self.t_start = self.t_step = self.t_record = time.perf_counter()
         self.first, self.prev = dict(self.reports), dict(self.reports)
+
+    def step_begins(self) -> None:
+        """The next step's clock starts now: after the evaluation at the start and after the
+        evaluation and checkpoint that follow a record. Their time is in the wall clock between
+        two records (`wall_s`, where `observe.clock` and the forecast find it), not in a step's
+        `step_time_s`, as in the in-process loop; samplers generating meanwhile count in the
+        next record's rates, taken over the whole interval since the last record."""
+        self.t_step = time.perf_counter()
 
     def record(
         self,
@@ -207,7 +216,7 @@ class StepStats:
     ) -> dict[str, Any]:
         """The step's measurements (the caller adds step, version, queue and ledger fields)."""
         now = time.perf_counter()
-        step_s = now - self.t_step
+        step_s, span_s = now - self.t_step, now - self.t_record
         d = _delta(self.reports, self.prev)
         n = max(len(self.reports), 1)
         lens = [s.num_tokens for g in groups for s in g.samples]
@@ -241,7 +250,7 @@ class StepStats:
             "tokens/discarded": self.discarded_tokens,  # of versions a rollback undid
             "tokens/cancelled": d["cancelled_tokens"],
             "tokens/aborted": d["aborted_tokens"],  # cut in a sampler by lag policy `abort`
-            "engine/tokens_per_s": d["tokens_generated"] / max(step_s, 1e-9),
+            "engine/tokens_per_s": d["tokens_generated"] / max(span_s, 1e-9),
             "train/tokens_per_s": trained / max(t_train, 1e-9),
             "engine/decode_steps": d["decode_steps"],
             "engine/prefill_tokens": d["prefill_tokens"],
@@ -259,7 +268,7 @@ class StepStats:
             (metrics.get("staleness/ess_token", 1.0), metrics.get("staleness/ess_seq", 1.0))
         )
         self.wait_total += self.wait_s
-        self.prev, self.t_step, self.wait_s = dict(self.reports), now, 0.0
+        self.prev, self.t_step, self.t_record, self.wait_s = dict(self.reports), now, now, 0.0
         self.stale_tokens = self.discarded_tokens = 0
         return record
 
