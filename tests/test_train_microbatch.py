@@ -49,6 +49,26 @@ def test_row_widths_are_last_loss_position_plus_one():
     assert row_widths(mask) == [3, 4, 1]
 
 
+def test_batch_sorts_rows_by_the_width_a_micro_batch_keeps():
+    """A micro-batch is trimmed to its last loss column (prompt and completion lie end to end,
+    right-padded): a row without a model token keeps 1 column whatever its prompt, one ending
+    on environment tokens stops at its last model token. Sorted by prompt + completion they
+    sat among the widest rows, [3, 8] and [8, 1] in pairs: 32 padded tokens, not 22."""
+    prompt = Prompt("p", "", "")
+
+    def sample(p: int, c: int, mask: list[bool] | None = None) -> Sample:
+        return Sample(
+            "p", [1] * p, [2] * c, [-1.0] * c, [0] * c, FinishReason.STOP, model_mask_T=mask
+        )
+
+    rows = [sample(2, 7), sample(10, 0), sample(2, 6, [True, True] + [False] * 4), sample(2, 7)]
+    t = Trainer(_model(), TrainerConfig(micro_batch_size=2), temperature=1.0, pad_id=0)
+    full = t.batch([Group(prompt, rows, advantages_G=[0.0] * 4)])
+    padded = sum(full.slice(s).input_ids[:, :-1].numel() for s in t.micro_batches(full))
+    assert padded == 2 * 3 + 2 * 8
+    assert row_widths(full.loss_mask) == [1, 3, 8, 8]
+
+
 def _model() -> CausalLM:
     torch.manual_seed(0)
     cfg = ModelConfig(

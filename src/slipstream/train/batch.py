@@ -62,6 +62,16 @@ def collate(
     )
 
 
+def loss_width(s: Sample) -> int:
+    """Columns of `s`'s collated row that a micro-batch holding it keeps (`Batch.slice`,
+    `microbatch.row_widths`): its last loss column + 1. Completion token j sits at column
+    p - 1 + j, so that is p + j of the last model token: p + c - 1 for a single-turn sample,
+    1 for one without a model token (an episode that ended before the model spoke)."""
+    keep = s.model_mask_T or [True] * len(s.completion_tokens)
+    last = max((j for j, k in enumerate(keep) if k), default=None)
+    return 1 if last is None else len(s.prompt_tokens) + last
+
+
 def _behavior_logp(s: Sample, behavior: str) -> list[float]:
     """`[T]` behaviour log-probs of `s`: log p of the full softmax, or log p - log Z."""
     z = s.kept_logmass_T

@@ -33,7 +33,7 @@ from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import TrainerConfig
 from slipstream.model.llama import CausalLM
 from slipstream.train import precision
-from slipstream.train.batch import collate
+from slipstream.train.batch import collate, loss_width
 from slipstream.train.logprobs import completion_logprobs
 from slipstream.train.microbatch import plan_micro_batches, row_widths, to_device
 from slipstream.types import Batch, Group
@@ -112,13 +112,15 @@ class Trainer:
         }
 
     def batch(self, groups: Sequence[Group]) -> Batch:
-        """All samples of `groups`, sorted by length so that each micro-batch is trimmed to
-        rows of similar length: with heavy-tailed lengths this cuts padding about 2x."""
+        """All samples of `groups`, sorted by the width a micro-batch holding them keeps
+        (`loss_width`: prompt and completion lie end to end, right-padded, and a micro-batch is
+        trimmed to its last loss column), so that each micro-batch holds rows of similar
+        width: with heavy-tailed lengths this cuts padding about 2x."""
         rows = []
         for g, group in enumerate(groups):
             assert group.advantages_G is not None, "advantages must be computed before training"
             rows += [(s, a, g) for s, a in zip(group.samples, group.advantages_G)]
-        rows.sort(key=lambda r: len(r[0].prompt_tokens) + r[0].num_tokens)
+        rows.sort(key=lambda r: loss_width(r[0]))
         return collate(
             [r[0] for r in rows],
             [r[1] for r in rows],
