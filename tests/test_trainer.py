@@ -44,6 +44,26 @@ def test_non_finite_step_is_skipped_and_changes_nothing():
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_skipped_step_logs_the_learning_rate_it_would_have_applied():
+    """train/lr of a skipped step holds the watchdog's scale as a taken step's does (it was
+    the schedule's rate alone: the metric jumped for the skipped step)."""
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(
+        model,
+        TrainerConfig(lr=1e-3, warmup_steps=0, lr_schedule="constant"),
+        temperature=1.0,
+        pad_id=tok.pad_id,
+    )
+    trainer.lr_scale = 0.25  # as the watchdog's tighten sets it (schedule.watchdog)
+    hook = model.model.norm.weight.register_hook(lambda g: g * float("nan"))
+    skipped = trainer.step([_group(tok, [1.0, -1.0])])
+    hook.remove()
+    taken = trainer.step([_group(tok, [1.0, -1.0])])
+    assert skipped["train/skipped"] == 1.0 and taken["train/skipped"] == 0.0
+    assert skipped["train/lr"] == taken["train/lr"] == pytest.approx(0.25e-3)
+    assert trainer.opt.param_groups[0]["lr"] == pytest.approx(0.25e-3)
+
+
 def test_adamw_betas_come_from_the_config():
     model, tok = init_builtin(seed=0)
     default = Trainer(model, TrainerConfig(), temperature=1.0, pad_id=tok.pad_id)

@@ -211,9 +211,10 @@ class Trainer:
         finite = bool(torch.isfinite(total_loss)) and bool(torch.isfinite(grad_norm))
         # no token left in the loss (none sampled, all non-finite or masked by the correction)
         stepped = finite and bool(merged["tokens"] > 0)
+        step_lr = lr * lr_scale * self.lr_scale  # schedule x VCPO x watchdog
         if stepped:
             for g in self.opt.param_groups:
-                g["lr"] = lr * lr_scale * self.lr_scale
+                g["lr"] = step_lr
             precision.step_adamw(self.opt)
         else:
             self.skipped_steps += 1  # weights and optimizer state untouched
@@ -226,7 +227,8 @@ class Trainer:
                 "train/loss": float(total_loss),
                 "train/entropy": float(ent_sum / num_tokens.clamp(min=1)),
                 "train/grad_norm": float(grad_norm),
-                "train/lr": lr * lr_scale * (self.lr_scale if stepped else 1.0),
+                # a skipped step's too: the rate it would have applied (no jump in the metric)
+                "train/lr": step_lr,
                 "train/skipped": 0.0 if stepped else 1.0,
                 "tokens/trained": float(num_tokens),
                 # how far the data's policy is from this one: 1 on-policy (docs/algorithms.md)
