@@ -6,9 +6,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from benchload import load_bench
 from slipstream.observe.progress import fields
@@ -338,3 +342,61 @@ def test_plan_forecast_draws_lengths_from_the_plans_seed() -> None:
     one = plan_forecast(replace(cfg, seed=7), 50, 0.0, seeds=1)
     assert plan_forecast(replace(cfg, seed=7), 50, 0.0, seeds=1) == one  # deterministic
     assert plan_forecast(cfg, 50, 0.0, seeds=1) != one  # seed 0 is another draw
+
+
+def _plan_config():
+    from slipstream.schedule.presets import preset
+    from slipstream.sim.cost import model_shape
+    from slipstream.sim.hardware import hardware
+    from slipstream.sim.lengths import Lognormal
+    from slipstream.sim.simulator import Cluster, SimConfig, Workload
+
+    work = Workload(8, 4, Lognormal(median=400, sigma=0.9, max_len=4096), prompt_len=64)
+    return SimConfig(
+        Cluster(hardware("h100"), model_shape("0.5b"), 4, 2), work, preset("async", 2), 3
+    )
+
+
+def test_var_of_pooled_mean_by_hand() -> None:
+    from slipstream.sim.forecast import var_of_pooled_mean
+
+    # two independent series of 2 at rho 0.5: each mean 1/2 (1 + 2 (1/2) 0.5) = 0.75, the
+    # pooled mean 2 (1/2)^2 0.75; as one series of 4 it would be 0.515625
+    assert var_of_pooled_mean(1.0, 0.5, [2, 2]) == pytest.approx(0.375)
+    assert var_of_pooled_mean(2.0, 0.0, [12, 12, 12]) == pytest.approx(2.0 / 36)
+
+
+# 3 seeds of 12 simulated steps, log step times alternating +-0.2: mean 0, the lag-1
+# correlation -35/36 (clipped to 0), the variance 0.04 x 36/35 (ddof 1) / (1 - 1/36)
+A = 0.2
+VAR = A**2 * (36 / 35) ** 2
+FAKE_TIMES = np.exp(A * np.array([1.0, -1.0] * 6))
+
+
+def _plan(run_steps: int):
+    from slipstream.sim import forecast as fc
+
+    fake = mock.patch.object(fc, "simulate", lambda c: SimpleNamespace(step_times_s=FAKE_TIMES))
+    with fake:
+        return fc.plan_forecast(_plan_config(), run_steps, 0.0, seeds=3)
+
+
+def test_plan_interval_holds_the_error_of_the_simulated_mean() -> None:
+    """The run's mean step is estimated from 36 simulated steps: its relative variance is that
+    estimate's, VAR / 36, plus the run's own noise, VAR / N. Without the first term the
+    interval of a long run narrowed to nothing (rel_sd 0.0206 at N = 100, not 0.0400)."""
+    f = _plan(100)
+    rel_sd = math.sqrt(VAR * (1 / 36 + 1 / 100))
+    assert f.step_s == pytest.approx(math.cosh(A))
+    assert f.rel_sd == pytest.approx(rel_sd) == pytest.approx(0.0399838, abs=1e-6)
+    total = 100 * math.cosh(A)
+    assert f.remaining_s == pytest.approx(total)
+    assert f.lo_s == pytest.approx(total * math.exp(-1.645 * rel_sd))
+    assert f.hi_s == pytest.approx(total * math.exp(1.645 * rel_sd))
+
+
+@given(st.integers(1, 10**6))
+def test_plan_interval_never_narrows_below_the_simulated_means_error(run_steps: int) -> None:
+    f = _plan(run_steps)
+    assert f.rel_sd**2 == pytest.approx(VAR / 36 + VAR / run_steps)
+    assert f.rel_sd**2 >= VAR / 36

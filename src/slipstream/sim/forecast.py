@@ -108,6 +108,13 @@ def var_of_mean(var: float, rho: float, n: int) -> float:
     return var / max(n, 1) * (1 + 2 * float(np.sum((1 - k / n) * rho**k)))
 
 
+def var_of_pooled_mean(var: float, rho: float, lengths: list[int]) -> float:
+    """Variance of the mean of independent AR(1) series (`var`, `rho`) of these lengths, all
+    their terms pooled: sum_i (m_i / n)^2 var_of_mean(var, rho, m_i), n = sum_i m_i."""
+    n = sum(lengths)
+    return sum((m / n) ** 2 * var_of_mean(var, rho, m) for m in lengths if m > 0)
+
+
 def log_ar1(x: np.ndarray) -> tuple[float, float]:
     """(variance, lag-1 correlation) of log x [n], both corrected for a short series: the
     correlation's bias (1 + 4 rho) / n (Kendall), clipped to [0, 0.95]; the variance divided
@@ -398,10 +405,13 @@ def plan_forecast(
 ) -> Forecast:
     """Before a run (`slipstream plan`): its duration for `run_steps` steps under `cfg`, with
     a 90 % interval. The simulator's own spread (step times over `seeds` length draws from
-    `cfg.seed` on (`slipstream plan --seed`), log
-    AR(1) as in `forecast`, the run's steps all in the future) widened by the model's error:
-    the interval is [lo / (1 + model_error), hi x (1 + model_error)], where `model_error` is
-    what the simulator was measured to miss out of sample (bench/sim_calibration.py)."""
+    `cfg.seed` on (`slipstream plan --seed`), log AR(1) as in `forecast`): the relative
+    variance of the run's mean step is that of the simulated mean, estimated from the
+    `seeds` independent series (its error does not shrink with the run's length), plus that
+    of the mean of the run's `run_steps` steps (their own noise). Widened by the model's
+    error: the interval is [lo / (1 + model_error), hi x (1 + model_error)], where
+    `model_error` is what the simulator was measured to miss out of sample
+    (bench/sim_calibration.py)."""
     times: list[np.ndarray] = []
     for seed in range(cfg.seed, cfg.seed + seeds):
         c = replace(cfg, steps=min(run_steps, sim_steps) + cfg.warmup_steps, seed=seed)
@@ -409,8 +419,10 @@ def plan_forecast(
     x = np.concatenate(times)
     var, rho = log_ar1(x)
     step_s = float(x.mean())
-    q = Z95 * math.sqrt(var_of_mean(var, rho, run_steps))
+    rel_var = var_of_pooled_mean(var, rho, [len(t) for t in times])
+    rel_var += var_of_mean(var, rho, run_steps)
+    q = Z95 * math.sqrt(rel_var)
     total = step_s * run_steps
     band = 1 + model_error
     lo, hi = total * math.exp(-q) / band, total * math.exp(q) * band
-    return Forecast(total, lo, hi, step_s, math.sqrt(var_of_mean(var, rho, run_steps)))
+    return Forecast(total, lo, hi, step_s, math.sqrt(rel_var))
