@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slipstream.files import write_atomic
 from slipstream.observe.censored import finite_or_none, median_bounds, ratio_bounds
 
 SCHEDULES = ("sync", "pipeline", "async")
@@ -382,7 +383,8 @@ def main(argv: list[str]) -> int:
         "tiny": args.tiny,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "agentic.json").write_text(json.dumps({**line, "runs": rows}, indent=2))
+    # whole or not at all: bench/agentic_plot.py reads it back
+    write_atomic(out / "agentic.json", json.dumps({**line, "runs": rows}, indent=2))
     print(json.dumps(line))
     return 0 if all(r["ledger_balanced"] for r in rows) else 1
 

@@ -22,6 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from slipstream.files import write_atomic
 from slipstream.observe.clock import EVAL_S, EVAL_START_S
 from slipstream.observe.runs import HELDOUT_KEYS
 
@@ -65,11 +66,12 @@ def keep(src: Path, dst: Path, keys: tuple[str, ...] = KEYS) -> list[Path]:
     for run in finished_runs(src):
         target = dst / run.relative_to(src)
         target.mkdir(parents=True, exist_ok=True)
-        for name in ("config.toml", "summary.json"):
-            shutil.copyfile(run / name, target / name)
+        shutil.copyfile(run / "config.toml", target / "config.toml")
         metrics = run / "metrics.jsonl"
         if metrics.is_file():
-            (target / "metrics.jsonl").write_text(trim_metrics(metrics.read_text(), keys))
+            write_atomic(target / "metrics.jsonl", trim_metrics(metrics.read_text(), keys))
+        # last: a `--reuse` reads back a folder with summary.json, and then its metrics
+        write_atomic(target / "summary.json", (run / "summary.json").read_text(encoding="utf-8"))
         kept.append(target)
     return kept
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from slipstream.files import write_atomic
+
 ALPHABET = "0123456789+="
 SPECIALS = ("<pad>", "<bos>", "<eos>")
 HELDOUT = 500
@@ -161,7 +163,7 @@ def warm_start(folder: Path, target: float, seed: int = 0, max_steps: int = 3000
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(folder))
     info = {"target": target, "seed": seed, "steps": step, "heldout_acc": acc}
-    (folder / "warmstart.json").write_text(json.dumps(info))
+    write_atomic(folder / "warmstart.json", json.dumps(info))  # the cache's mark (peer_trl)
     return info
 
 

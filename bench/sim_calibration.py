@@ -66,6 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slipstream.files import write_atomic
 from slipstream.sim.calibrate import (
     fit_passes,
     fit_profile,
@@ -155,7 +156,7 @@ def trim(src: Path, dst: Path) -> None:
         shutil.copy(src / f, dst / f)
     rows = [json.loads(line) for line in (src / "metrics.jsonl").read_text().splitlines() if line]
     text = "".join(json.dumps({k: r[k] for k in KEEP if k in r}) + "\n" for r in rows)
-    (dst / "metrics.jsonl").write_text(text)
+    write_atomic(dst / "metrics.jsonl", text)
 
 
 def forward_line_err(source: list[dict], target: list[dict]) -> float | None:
@@ -277,7 +278,7 @@ def record_all(folders: dict[int, Path], names: list[str], steps: int) -> None:
             record(folder, name, steps, seed)
         load["after"] = other_load()
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "host_load.json").write_text(json.dumps(load, indent=1) + "\n")
+        write_atomic(folder / "host_load.json", json.dumps(load, indent=1) + "\n")
 
 
 def main() -> None:
