@@ -1,6 +1,7 @@
 """Bench result files that a later command reads back are written whole or not at all
 (`slipstream.files.write_atomic`): a crash midway through a plain write left a torn file that
-the next run then failed to read."""
+the next run then failed to read. A consistency check of the sources: it reads the scripts for
+the call, it does not crash one midway."""
 
 from __future__ import annotations
 
