@@ -35,6 +35,10 @@ CONFIG = json.dumps({"model_type": "llama", "vocab_size": 8, "hidden_size": 4})
 YARN = json.dumps(
     {"model_type": "qwen2", "rope_scaling": {"type": "yarn", "factor": 4.0}, "hidden_size": 8}
 )
+# rotary settings that are not an object: a string passed the check and raised AttributeError
+# mid-run (rope_scaling), or was silently read as unscaled rope (rope_parameters)
+ROPE_STRING = json.dumps({"model_type": "llama", "rope_scaling": "linear", "hidden_size": 8})
+ROPE_LIST = json.dumps({"model_type": "llama", "rope_parameters": ["linear"], "hidden_size": 8})
 
 
 @pytest.mark.parametrize(
@@ -47,6 +51,14 @@ YARN = json.dumps(
         ({"config.json": CONFIG, "model.safetensors": ""}, "no tokenizer.json"),
         ({"config.json": CONFIG, "model.safetensors.index.json": "{}"}, "safetensors index"),
         ({"config.json": YARN}, "unsupported rope_scaling type 'yarn'"),
+        (
+            {"config.json": ROPE_STRING},
+            'rope_scaling must be a JSON object of rotary settings, got "linear"',
+        ),
+        (
+            {"config.json": ROPE_LIST},
+            'rope_parameters must be a JSON object of rotary settings, got ["linear"]',
+        ),
     ],
 )
 def test_a_malformed_model_folder(capsys, tmp_path, files, said):

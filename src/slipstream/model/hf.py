@@ -42,6 +42,7 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     if "num_attention_heads" in known:
         known.setdefault("num_key_value_heads", known["num_attention_heads"])
     extra = {k: v for k, v in raw.items() if k not in _CONFIG_KEYS and k not in _DROP_ON_LOAD}
+    check_rope_fields(raw)
     # as transformers 5 reads them: the rotary settings are `rope_scaling` (older configs) else
     # `rope_parameters`, even beside a top-level rope_theta, and their rope_theta wins over it
     rope = raw.get("rope_scaling") or raw.get("rope_parameters")
@@ -51,6 +52,17 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
         if (rope.get("rope_type") or rope.get("type") or "default") != "default":
             known["rope_scaling"] = rope
     return ModelConfig(**known, extra=extra)
+
+
+def check_rope_fields(raw: dict[str, Any]) -> None:
+    """A ValueError naming the field unless config.json's `rope_scaling` and `rope_parameters`
+    are each absent, null or a JSON object (a string or a list is not a rotary setting)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        value = raw.get(key)
+        if value is not None and not isinstance(value, dict):
+            found = json.dumps(value)
+            found = found if len(found) <= 60 else found[:57] + "..."
+            raise ValueError(f"{key} must be a JSON object of rotary settings, got {found}")
 
 
 def config_to_dict(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
