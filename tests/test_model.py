@@ -179,3 +179,57 @@ def test_llama3_rope_of_a_config_reads_as_transformers_reads_it(tmp_path, edit):
         torch.testing.assert_close(
             load_pretrained(tmp_path / "hf")(ids), hf(ids).logits, atol=1e-5, rtol=0
         )
+
+
+# Llama 3.1's rotary settings (its config.json), on a head of 128
+LLAMA31 = dict(
+    model_type="llama",
+    vocab_size=97,
+    hidden_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+)
+LLAMA31_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+
+
+@pytest.mark.parametrize("scaling", ["none", "llama3", "llama3 without original context"])
+def test_rotary_frequencies_are_transformers_to_the_bit(scaling):
+    """Computed in float64 and rounded, 18 to 21 of the 64 frequencies were one float32 step
+    from transformers' (which computes in float32), turning rotary angles apart at long
+    positions; computed as transformers does, they are equal."""
+    from transformers.modeling_rope_utils import _compute_llama3_parameters
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from slipstream.model.hf import config_from_dict
+    from slipstream.model.llama import rope_inv_freq
+
+    raw: dict = dict(LLAMA31)
+    if scaling != "none":
+        raw["rope_scaling"] = dict(LLAMA31_SCALING)
+    if scaling == "llama3 without original context":
+        del raw["rope_scaling"]["original_max_position_embeddings"]
+    theirs = transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    if scaling == "none":
+        want = LlamaRotaryEmbedding.compute_default_rope_parameters(theirs)[0]
+    else:
+        want = _compute_llama3_parameters(theirs)[0]
+    got = rope_inv_freq(config_from_dict(raw))
+    assert got.dtype == want.dtype == torch.float32
+    assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("key", ["low_freq_factor", "high_freq_factor"])
+def test_a_llama3_scaling_without_its_frequency_factors_is_refused_as_transformers_does(key):
+    """transformers refuses such a config (KeyError: missing required keys); slipstream took
+    1.0 and 4.0 for them, so it ran a model that transformers cannot load."""
+    from slipstream.model.hf import config_from_dict
+
+    raw: dict = {**LLAMA31, "rope_scaling": dict(LLAMA31_SCALING)}
+    del raw["rope_scaling"][key]
+    with pytest.raises(KeyError, match=key):
+        transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    with pytest.raises(ValueError, match=f"llama3 scaling needs a numeric '{key}'"):
+        config_from_dict(raw)

@@ -36,8 +36,11 @@ def rope_kind(scaling: dict[str, Any] | None) -> str:
     kind = scaling.get("rope_type", scaling.get("type")) or "default"
     if kind not in ("default", "llama3"):
         raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, llama3")
-    if kind == "llama3" and not isinstance(scaling.get("factor"), int | float):
-        raise ValueError("rope_scaling: llama3 scaling needs a numeric 'factor'")
+    # transformers refuses a llama3 scaling without these (a KeyError when it reads the config);
+    # only original_max_position_embeddings has a default there (max_position_embeddings)
+    for key in ("factor", "low_freq_factor", "high_freq_factor") if kind == "llama3" else ():
+        if not isinstance(scaling.get(key), int | float):
+            raise ValueError(f"rope_scaling: llama3 scaling needs a numeric {key!r}")
     return kind
 
 
@@ -173,23 +176,26 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies `[head_dim/2]`, with Llama-3 scaling when the config asks for it."""
+    """Inverse frequencies `[head_dim/2]`, with Llama-3 scaling when the config asks for it.
+
+    Computed as transformers computes them, in float32 step for step, so that they are its
+    frequencies to the bit (in float64 they differed in the last bit of some: at long
+    positions, rotary angles apart by up to position * 6e-8 radians)."""
     dim = cfg.head_dim
     assert dim is not None  # set by ModelConfig.__post_init__
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
     scaling = cfg.rope_scaling or {}
     if rope_kind(scaling) == "default":
-        return inv.float()
-    factor = scaling["factor"]
-    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        return inv
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     # left out, transformers takes the model's own context as the one trained
     old_ctx = scaling.get("original_max_position_embeddings", cfg.max_position_embeddings)
     wavelen = 2 * math.pi / inv
     low_wl, high_wl = old_ctx / low, old_ctx / high
-    smooth = (old_ctx / wavelen - low) / (high - low)
     scaled = torch.where(wavelen > low_wl, inv / factor, inv)
-    mid = (wavelen <= low_wl) & (wavelen >= high_wl)
-    return torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled).float()
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    mid = (wavelen >= high_wl) & (wavelen <= low_wl)
+    return torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
