@@ -131,3 +131,67 @@ def test_chat_template_sources_and_errors(tmp_path):
     f.write_text("{{ ''.__class__.__mro__ }}")  # the sandbox keeps templates from internals
     with pytest.raises(ChatTemplateError):
         load_chat_template(str(f), None).render([])  # type: ignore[union-attr]
+
+
+def _spaced_words(folder, clean_up: bool):
+    """A WordLevel tokenizer whose decoding joins words with spaces ("5 ." as BERT-era
+    word-level models decode), with tokenizer_config.json's `clean_up_tokenization_spaces`."""
+    from tokenizers import Tokenizer as Inner
+    from tokenizers import models, pre_tokenizers
+
+    from chat_model import _write
+
+    words = [*WORDS, ".", "it", "'s", "n't", ",", "!"]
+    vocab = {w: i for i, w in enumerate(["<pad>", "<eos>", "<unk>", *words])}
+    inner = Inner(models.WordLevel(vocab, unk_token="<unk>"))
+    inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    inner.add_special_tokens(["<pad>", "<eos>", "<unk>"])
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>",
+           "pad_token": "<pad>", "unk_token": "<unk>", "clean_up_tokenization_spaces": clean_up}  # fmt: skip
+    return _write(folder, inner, cfg)
+
+
+def _llama3_cleaning_up(folder):
+    """Llama 3's own setting: `clean_up_tokenization_spaces` true on a byte-level BPE."""
+    folder = llama3_tokenizer(folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["clean_up_tokenization_spaces"] = True
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["words, cleaned up", "words, kept", "bpe, cleaned up"])
+def test_decoded_text_is_transformers_decode_under_clean_up_tokenization_spaces(tmp_path, kind):
+    """Reward functions get the text TRL gives them, `batch_decode(ids,
+    skip_special_tokens=True)`, which applies `clean_up_tokenization_spaces` ("5 ." -> "5.",
+    "it 's" -> "it's"; transformers 5 skips it on a BPE model). slipstream decoded without
+    it: a reward comparing "answer is 5." scored the same completion otherwise."""
+    from slipstream.schedule.agentic import episode_group
+
+    if kind == "bpe, cleaned up":
+        folder = _llama3_cleaning_up(tmp_path)
+        text = "The answer is 5 . It 's fine , isn't it ?"
+    else:
+        folder = _spaced_words(tmp_path, clean_up=kind == "words, cleaned up")
+        text = "the answer is 5 . it 's 2 , n't !"
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    tok = load_tokenizer(folder)
+    ids = tok.encode(text, add_special_tokens=False)
+    end = [tok.eos_id, *ids]  # the completion stops at its end token
+    want = hf.batch_decode([ids], skip_special_tokens=True)[0]
+    assert (want != text) == (kind == "words, cleaned up")  # the case tests what it says
+    assert tok.decode([*ids, *end]) == want
+    assert tok.text(ids) == want
+    assert tok.decode_with_stop([*ids, *end]) == hf.decode(
+        [*ids, tok.eos_id], skip_special_tokens=True
+    )
+    assert tok.with_stop_strings(["!"]).clean_up_spaces == tok.clean_up_spaces
+
+    class Episode:  # the two members episode_group reads
+        tokens = ids
+
+        def sample(self, sampler_id: int, text: str) -> str:
+            return text
+
+    group = episode_group(tok, Prompt("p", "", None), [Episode()])  # type: ignore[list-item]
+    assert group.samples == [want]

@@ -12,6 +12,10 @@ What `transformers` does with the same folder is the reference (tests/test_token
 - Generation stops at any of `stop_ids`: every `eos_token_id` of generation_config.json and
   config.json, the `eos_token` of tokenizer_config.json, and `sampling.stop` strings that are
   one token; longer stop strings are `stop_sequences` of ids.
+- Text is `decode(ids, skip_special_tokens=True)` of transformers, which TRL gives reward
+  functions: with tokenizer_config.json's `clean_up_tokenization_spaces` it drops the spaces
+  a word-level decoder leaves before punctuation ("5 ." -> "5."), except on a BPE model
+  (transformers 5 skips it there unless told otherwise).
 
 The folder's tokenizer files are kept verbatim (`files`) and `save` writes them back, so a
 checkpoint carries the chat template and the generation config of the model it came from;
@@ -44,13 +48,36 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+# transformers' `clean_up_tokenization`, replacement by replacement, in its order
+CLEAN_UP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
+BPE_CLEAN_UP = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+
+
+def clean_up_tokenization(text: str) -> str:
+    """`text` without the spaces before punctuation and English contractions that
+    transformers' `clean_up_tokenization` removes."""
+    for old, new in CLEAN_UP:
+        text = text.replace(old, new)
+    return text
 
 
 class Tokenizer:
     """Text <-> token ids, plus the special ids generation needs.
 
     `eos_id` is the primary end-of-sequence id (appended by supervised warm start);
-    `stop_ids` every id that ends a completion; `stop_sequences` multi-token stop strings.
+    `stop_ids` every id that ends a completion; `stop_sequences` multi-token stop strings;
+    `clean_up_spaces`: decoded text goes through `clean_up_tokenization` (module docstring).
     """
 
     def __init__(
@@ -64,6 +91,7 @@ class Tokenizer:
         append_eos: bool = False,
         files: dict[str, str] | None = None,
         stop_sequences: Sequence[tuple[int, ...]] = (),
+        clean_up_spaces: bool = False,
     ):
         self.inner = inner
         self.eos_id = eos_id
@@ -73,6 +101,7 @@ class Tokenizer:
         self.stop_sequences = tuple(tuple(s) for s in stop_sequences)
         self.prepend_bos, self.append_eos = prepend_bos, append_eos
         self.files = dict(files or {})
+        self.clean_up_spaces = clean_up_spaces
 
     @property
     def vocab_size(self) -> int:
@@ -110,9 +139,15 @@ class Tokenizer:
                     return list(ids[: i + 1 - len(seq)])
         return list(ids)
 
+    def text(self, ids: Sequence[int]) -> str:
+        """The text of `ids`, special tokens skipped: transformers'
+        `decode(ids, skip_special_tokens=True)` (module docstring)."""
+        text = self.inner.decode(list(ids), skip_special_tokens=True)
+        return clean_up_tokenization(text) if self.clean_up_spaces else text
+
     def decode(self, ids: Sequence[int]) -> str:
         """The text of a completion: up to its first stop, special tokens skipped."""
-        return self.inner.decode(self.completion_ids(ids), skip_special_tokens=True)
+        return self.text(self.completion_ids(ids))
 
     def decode_with_stop(self, ids: Sequence[int]) -> str:
         """`decode`, with the stop that ended the completion kept (a stop string the model
@@ -120,7 +155,7 @@ class Tokenizer:
         n = len(self.completion_ids(ids))
         stop = [len(s) for s in self.stop_sequences if tuple(ids[n : n + len(s)]) == s]
         end = n + (1 if n < len(ids) and ids[n] in self.stop_ids else min(stop, default=0))
-        return self.inner.decode(list(ids[:end]), skip_special_tokens=True)
+        return self.text(ids[:end])
 
     def with_stop_strings(self, stops: Sequence[str]) -> Tokenizer:
         """A copy that also stops at each string of `stops` (`sampling.stop`)."""
@@ -142,6 +177,7 @@ class Tokenizer:
             self.append_eos,
             self.files,
             seqs,
+            self.clean_up_spaces,
         )
 
     def with_chat_template(self, source: str) -> Tokenizer:
@@ -259,7 +295,17 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
         prepend_bos=bare and tcfg.get("add_bos_token") is True,
         append_eos=bare and tcfg.get("add_eos_token") is True,
         files=files,
+        clean_up_spaces=cleans_up_spaces(inner, tcfg),
     )
+
+
+def cleans_up_spaces(inner: HFTokenizer, tcfg: dict[str, Any]) -> bool:
+    """Whether transformers' `decode` cleans up the text of this tokenizer (tokenizer_config
+    `tcfg`): its `clean_up_tokenization_spaces` (default false), ignored on a BPE model
+    unless `BPE_CLEAN_UP` is also set, as transformers 5 reads them."""
+    if not tcfg.get("clean_up_tokenization_spaces"):
+        return False
+    return type(inner.model).__name__ != "BPE" or bool(tcfg.get(BPE_CLEAN_UP))
 
 
 def char_tokenizer(alphabet: str, specials: tuple[str, ...] = ("<pad>", "<eos>")) -> Tokenizer:

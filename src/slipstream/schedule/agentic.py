@@ -45,7 +45,7 @@ def episode_group(
 ) -> Group:
     """One group of the G episodes of `prompt`, in member order; each sample's text is the
     whole transcript (`Tokenizer.decode` would stop at the first turn's end)."""
-    texts = [tok.inner.decode(e.tokens, skip_special_tokens=True) for e in episodes]
+    texts = [tok.text(e.tokens) for e in episodes]
     return Group(prompt, [e.sample(sampler_id, t) for e, t in zip(episodes, texts)])
 
 
