@@ -1,7 +1,8 @@
 """How good is the run-duration forecast? Forecasts at 10 %, 25 % and 50 % of a run against
 the run's actual end, over several runs of the built-in task.
 
-Each run is `slipstream train` on the built-in task (the in-process sync loop, every core),
+Each run is `slipstream train` on the built-in task (the in-process sync loop, every core;
+`runtime.kind=local schedule.name=pipeline` and the like run an orchestrated schedule),
 `--steps` steps at `trainer.batch_prompts=--batch`, seeds 0..runs-1 (everything else the
 defaults, evaluation every 20 steps and at the last). During the run every step record carries
 `forecast/remaining_s` and its 90 % interval (`slipstream.sim.forecast`: the simulator
@@ -39,6 +40,7 @@ def train_runs(
     import shutil
 
     from slipstream.config import load_config
+    from slipstream.run.launch import train_async
     from slipstream.run.sync import train_sync
 
     dirs = []
@@ -57,7 +59,8 @@ def train_runs(
             ],
         )
         print(f"run seed {seed} ...", flush=True)
-        train_sync(cfg)
+        # as `slipstream train`: in process, or orchestrated (runtime.kind=local schedule.name=...)
+        (train_sync if cfg.runtime_kind == "inprocess" else train_async)(cfg)
         dirs.append(d)
     return dirs
 
