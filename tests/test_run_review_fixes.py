@@ -397,3 +397,24 @@ def test_runs_started_in_one_second_get_folders_of_their_own(tmp_path, monkeypat
         "runs/20261205-120000-3",
     ]
     assert all((p / "config.toml").exists() for p in made)
+
+
+def test_launch_json_is_written_through_write_atomic(tmp_path, monkeypatch) -> None:
+    """A consistency check, not a proof of atomicity: launch.json goes through
+    `slipstream.files.write_atomic`, as config.toml does (a plain write_text, torn by a kill,
+    left a file `started_in` silently ignored). It shows only that the atomic writer is used."""
+    from slipstream.config import load_config
+    from slipstream.run import folder
+
+    written: list[str] = []
+    real = folder.write_atomic
+
+    def spy(path: Path, text: str) -> None:
+        written.append(path.name)
+        real(path, text)
+
+    monkeypatch.setattr(folder, "write_atomic", spy)
+    monkeypatch.chdir(tmp_path)
+    made = folder.make_run_dir(load_config(None, []))
+    assert written == ["config.toml", "launch.json"]
+    assert folder.started_in(made) == tmp_path

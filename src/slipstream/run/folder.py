@@ -1,8 +1,9 @@
 """A run's folder: `run.dir`, or a fresh `runs/<UTC time>`, with the resolved config.toml and
-`launch.json`: the folder the run was started in, against which its relative paths
-(`model.path=model`, `task.reward="rewards.py:fn"`) resolve, so `--resume` from anywhere finds
-them (`started_in`). A resumed run writes its config.toml once its checkpoint is restored
-(`run.resume.restore`), so a resume that fails before leaves the run's own."""
+`launch.json` (each written whole or not at all: `write_atomic`): the folder the run was
+started in, against which its relative paths (`model.path=model`, `task.reward="rewards.py:fn"`)
+resolve, so `--resume` from anywhere finds them (`started_in`). A resumed run writes its
+config.toml once its checkpoint is restored (`run.resume.restore`), so a resume that fails
+before leaves the run's own."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def make_run_dir(cfg: Config, config: bool = True) -> Path:
         write_config(path, cfg)
     launch = path / "launch.json"
     if not launch.exists():  # a resumed run keeps the folder it was first started in
-        launch.write_text(json.dumps({"cwd": os.getcwd()}))
+        write_atomic(launch, json.dumps({"cwd": os.getcwd()}))
     return path
 
 
