@@ -26,6 +26,23 @@ def three_turns(row: Prompt, tok: Tokenizer) -> ThreeTurns:
     return ThreeTurns(row, tok)
 
 
+class FlatOnEven(ThreeTurns):
+    """Three turns; a row whose text has an even CRC-32 scores 1 whatever the model writes (a
+    group of equal rewards: the zero-variance filter drops it), any other as `ThreeTurns`."""
+
+    def step(self, action_tokens: list[int]) -> StepResult:
+        import zlib
+
+        out = super().step(action_tokens)
+        if out.done and zlib.crc32(self.row.text.encode()) % 2 == 0:
+            return StepResult(reward=1.0, done=True)
+        return out
+
+
+def flat_on_even(row: Prompt, tok: Tokenizer) -> FlatOnEven:
+    return FlatOnEven(row, tok)
+
+
 class EveryNth(ThreeTurns):
     """Three turns; `marked` is set on every `nth` environment of its class this process
     builds (each subclass counts its own)."""

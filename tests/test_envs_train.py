@@ -246,3 +246,44 @@ def test_an_episodes_failure_is_counted_by_its_end_not_named_by_its_message() ->
     Run._count_error(run, sample("environment step took over 30 s", "timeout"))  # type: ignore[arg-type]
     Run._count_error(run, sample("raised", "done"))  # type: ignore[arg-type]
     assert run.counters == {"reward/errors_raised": 1} and run.ends_said == {"timeout"}
+
+
+@pytest.mark.slow  # ~8 s of CPU: a short sync run whose filter drops groups of episodes
+def test_env_tokens_trained_counts_only_the_groups_the_step_trained(tmp_path) -> None:
+    """`env/tokens_trained` summed the model tokens of every episode the step generated, the
+    groups the zero-variance filter dropped included, so it exceeded what the optimizer step
+    took; now it counts the trained groups' episodes only, which in a run of episodes alone
+    is `tokens/trained` (the loss mask: model tokens of the kept samples)."""
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:flat_on_even"
+    cfg = tiny_cfg(
+        tmp_path, "f", factory, "env.isolation=thread", "filters.zero_variance=true",
+        "eval.num_prompts=4", steps=2,
+    )  # fmt: skip
+    summary = train_sync(cfg)
+    assert summary["ledger"]["filtered"]["zero_variance"] > 0  # some step dropped a group
+    for r in read_jsonl(tmp_path / "f" / "metrics.jsonl"):
+        assert r["env/tokens_trained"] == r["tokens/trained"], r
+
+
+def test_step_stats_count_the_trained_groups_model_tokens() -> None:
+    """The orchestrated loops' step record (`StepStats.record`): of a step's two groups of
+    episodes, the one the filters dropped counts among `env/episodes` but not in
+    `env/tokens_trained`: 3 + 2 model tokens of the kept group's episodes (its environment
+    tokens not), where all four episodes' 3 + 2 + 4 + 1 = 10 were counted before."""
+    from slipstream.schedule.step_stats import StepStats
+    from slipstream.types import EpisodeStats, FinishReason, Group, Prompt, Sample
+
+    def episode(mask: list[bool]) -> Sample:
+        n = len(mask)
+        return Sample("p", [1], [7] * n, [0.0] * n, [0] * n, FinishReason.STOP,
+                      model_mask_T=mask, episode=EpisodeStats(turns=1))  # fmt: skip
+
+    prompt = Prompt("p", "x", None)
+    kept = Group(prompt, [episode([True, True, False, True]), episode([True, False, True])])
+    dropped = Group(prompt, [episode([True] * 4), episode([False, True])])
+    stats = StepStats()
+    stats.start()
+    lag = {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
+    rec = stats.record([kept, dropped], [kept], {}, lag, 0.0, 0.0)
+    assert rec["env/episodes"] == 4
+    assert rec["env/tokens_trained"] == 5

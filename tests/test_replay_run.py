@@ -404,7 +404,7 @@ def test_a_rollback_counts_the_tokens_of_the_groups_it_discards_as_wasted(monkey
     rollback.orchestrated_rollback(run, None, orch)(Path("step_000002"), 4)  # type: ignore[arg-type]
     assert run.ledger.discarded == 1 and state.window == [(8, kept)] and state.out_of_bound == 1
     assert orch.stats.discarded_tokens == waiting.num_tokens == 3
-    rec = orch.stats.record([], {}, {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}, 0.0, 0.0)
+    rec = orch.stats.record([], [], {}, {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}, 0.0, 0.0)
     assert rec["tokens/discarded"] == rec["tokens/wasted"] == 3
     assert orch.stats.discarded_tokens == 0  # the next step's count starts again
 

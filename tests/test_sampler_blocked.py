@@ -63,7 +63,7 @@ def test_time_blocked_on_a_full_group_queue_is_its_own_state_not_busy():
     stats.start()
     stats.add_report(SamplerReport(0, total, 0.0, busy_s=r.busy_s, blocked_s=r.blocked_s))
     lag = {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
-    rec = stats.record([], {}, lag, 0.0, 0.0)
+    rec = stats.record([], [], {}, lag, 0.0, 0.0)
     assert rec["runtime/sampler_blocked"] > rec["runtime/sampler_busy"] > 0
     assert rec["runtime/sampler_busy"] + rec["runtime/sampler_blocked"] <= 1.0 + 1e-9
     # goodput's useful time is the generating time only
@@ -95,7 +95,7 @@ def test_a_report_sent_inside_a_spell_is_as_of_the_time_accounted():
     stats.add_report(first)
     stats.start()
     stats.add_report(second)
-    rec = stats.record([], {}, {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}, 0.0, 0.0)
+    rec = stats.record([], [], {}, {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}, 0.0, 0.0)
     assert 0.9 < rec["runtime/sampler_busy"] <= 1.0 + 1e-9
 
 

@@ -380,14 +380,14 @@ class TrainerReplay:
 
     def _after(self, e: dict[str, Any]) -> None:
         assert self._step is not None
-        _, metrics, lag, t_train = self._step
+        kept, metrics, lag, t_train = self._step
         groups = [self.settled.pop(g) for g in e["g"]]
         self.settled.clear()  # those of windows that kept nothing since the last step
         v = self.learner.version
         record = {
             "step": v,
             "version": v,
-            **self.stats.record(groups, metrics, lag, t_train, self._publish_s),
+            **self.stats.record(groups, kept, metrics, lag, t_train, self._publish_s),
             "queue/depth": e["obs"].get("queue/depth"),
             "queue/in_flight": self.issued - self.popped,
             "filters/extra_draws": e["obs"].get("filters/extra_draws", 0),

@@ -49,8 +49,11 @@ def episode_group(
     return Group(prompt, [e.sample(sampler_id, t) for e, t in zip(episodes, texts)])
 
 
-def episode_metrics(groups: Sequence[Group]) -> dict[str, Any]:
-    """`env/...` metrics of the episodes among `groups` ({} if there are none)."""
+def episode_metrics(groups: Sequence[Group], trained: Sequence[Group]) -> dict[str, Any]:
+    """`env/...` metrics of the episodes among `groups`, every group the step generated
+    ({} if there are none); `env/tokens_trained` counts the model tokens of the episodes of
+    `trained`, the groups the optimizer step took (after the filters; a group the filters
+    dropped is not trained, a sample masked out of its group neither)."""
     eps = [s for g in groups for s in g.samples if s.episode is not None]
     if not eps:
         return {}
@@ -63,7 +66,9 @@ def episode_metrics(groups: Sequence[Group]) -> dict[str, Any]:
         "env/tool_errors": sum(e.tool_errors for e in stats),
         "env/time_per_turn_s": sum(e.env_time_s for e in stats) / max(turns, 1),
         "env/reset_s": sum(e.reset_time_s for e in stats) / len(stats),
-        "env/tokens_trained": sum(s.model_tokens for s in eps),
+        "env/tokens_trained": sum(
+            s.model_tokens for g in trained for s in g.samples if s.episode is not None
+        ),
         "env/tokens_env": sum(e.env_tokens for e in stats),
     }
     for reason in END_REASONS:

@@ -531,7 +531,7 @@ class Orchestrator:
         record = {
             "step": self.learner.version,
             "version": self.learner.version,
-            **self.stats.record(groups, metrics, lag, t1 - t0, publish_s),
+            **self.stats.record(groups, kept, metrics, lag, t1 - t0, publish_s),
             "queue/depth": self.ch.groups.depth(),
             "queue/in_flight": len(st.outstanding),
             "filters/extra_draws": extra,

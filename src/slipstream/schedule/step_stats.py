@@ -209,12 +209,15 @@ class StepStats:
     def record(
         self,
         groups: list[Group],
+        kept: list[Group],
         metrics: dict[str, Any],
         lag: dict[str, Any],
         t_train: float,
         publish_s: float,
     ) -> dict[str, Any]:
-        """The step's measurements (the caller adds step, version, queue and ledger fields)."""
+        """The step's measurements (the caller adds step, version, queue and ledger fields):
+        of `groups`, every group settled since the last record, and of `kept`, those of them
+        the step trained on."""
         now = time.perf_counter()
         step_s, span_s = now - self.t_step, now - self.t_record
         d = _delta(self.reports, self.prev)
@@ -259,7 +262,7 @@ class StepStats:
             "completion_len_max": max(lens, default=0),
             "completion_lens": lens,
             "prompt_len_mean": prompt_len_mean(groups),
-            **episode_metrics(groups),
+            **episode_metrics(groups, kept),
         }
         # weighted by the step's trained model tokens (its lag histogram counts them), as its
         # own lag_mean is: not by all it generated (filtered groups, environment tokens)

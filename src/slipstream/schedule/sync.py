@@ -211,7 +211,7 @@ def _step(
                 metrics["heldout_acc"] = acc
             metrics.update(run.eval_metrics)  # heldout/pass@1, heldout/mean@n, sets
         t_eval = time.perf_counter() - t2
-    record = step_record(run, groups, metrics, mark, t_gen, t_train, t_step, t_start)
+    record = step_record(run, groups, kept, metrics, mark, t_gen, t_train, t_step, t_start)
     record[EVAL_S] = t_eval
     return record, acc
 
@@ -225,6 +225,7 @@ def marks(run: SyncRun) -> dict[str, float]:
 def step_record(
     run: SyncRun,
     groups: list[Group],
+    kept: list[Group],
     metrics: dict[str, Any],
     mark: dict[str, float],
     t_gen: float,
@@ -232,8 +233,9 @@ def step_record(
     t_step: float,
     t_start: float,
 ) -> dict[str, Any]:
-    """The step record of the step just trained on `groups` (generated since `mark`): its
-    metrics, timings, token and settling counts, lengths, the ledger, episode metrics."""
+    """The step record of the step just trained on `kept`, of `groups` (generated since
+    `mark`): its metrics, timings, token and settling counts, lengths, the ledger, episode
+    metrics."""
     now = marks(run)
     d = {k: now[k] - mark[k] for k in now}
     lens = [s.num_tokens for g in groups for s in g.samples]
@@ -264,7 +266,7 @@ def step_record(
         "completion_lens": lens,
         "prompt_len_mean": prompt_len_mean(groups),
         **run.ledger.flat(),
-        **episode_metrics(groups),
+        **episode_metrics(groups, kept),
     }
 
 
