@@ -147,6 +147,20 @@ def token_lag_mean(records: list[dict[str, Any]]) -> float:
     return 0.0 if mean is None else mean
 
 
+def episode_turns_mean(records: list[dict[str, Any]]) -> float:
+    """The run's mean model turns per episode (0 without episode records): each step's
+    `env/turns_mean` weighted by its `env/episodes` (observe.report.weighted_mean), so a step
+    of few episodes weighs as little as it holds; a plain mean over steps would not."""
+    from slipstream.observe.report import weighted_mean
+
+    mean = weighted_mean([
+        (float(r["env/turns_mean"]), e if isinstance(e := r.get("env/episodes"), int) else None)
+        for r in records
+        if "env/turns_mean" in r
+    ])  # fmt: skip
+    return 0.0 if mean is None else mean
+
+
 def measures(
     res: dict[str, Any], target: float, gain: float | None = None, crossing: str = "monotone"
 ) -> dict[str, Any]:
@@ -180,7 +194,7 @@ def measures(
         "lag_counts": lag_counts(recs),
         "acc_start": s.get("heldout_acc_start"),
         "ess_token": statistics.mean(ess) if ess else 1.0,
-        "turns_mean": statistics.mean(r.get("env/turns_mean", 0.0) for r in recs),
+        "turns_mean": episode_turns_mean(recs),
         "ledger_balanced": s["ledger"]["balanced"],
         "target": target,
         # the held-out curve by step (step 0: the start), for the step-by-step comparison

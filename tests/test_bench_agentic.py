@@ -231,3 +231,18 @@ def test_engine_busy_is_a_share_of_the_runs_time_not_a_mean_over_steps():
         [{"engine/busy_frac": 0.2}, {"engine/busy_frac": 0.4}]
     ) == pytest.approx(0.3)
     assert bench.busy_share([{"step": 1}]) is None
+
+
+def test_turns_mean_is_over_episodes_not_steps():
+    # step 1 ran 2 episodes of 3 turns, step 2 thirty of 1 turn: 36 turns over 32 episodes
+    # (1.125), not the steps' plain mean, 2.0; a step without episodes has no env/ metrics
+    summary = {"heldout_acc_end": 0.3, "wall_s": 3.0, "heldout_acc_start": 0.2}
+    summary["ledger"] = {"balanced": True}
+    recs = [
+        {"step": 1, "wall_s": 1.0, "env/turns_mean": 3.0, "env/episodes": 2},
+        {"step": 2, "wall_s": 2.0, "env/turns_mean": 1.0, "env/episodes": 30},
+        {"step": 3, "wall_s": 3.0},
+    ]
+    res = {"summary": summary, "records": recs, "eval_in_wall": False}
+    assert bench.measures(res, 0.25)["turns_mean"] == 36 / 32
+    assert bench.episode_turns_mean([{"step": 1}]) == 0.0
