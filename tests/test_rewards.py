@@ -348,3 +348,85 @@ def test_a_reward_file_imports_the_modules_beside_it(tmp_path, isolation):
         assert guard.errors == {}
     finally:
         guard.close()
+
+
+STATE_REWARD = """
+seen = []
+
+def at_step(prompts, completions, trainer_state, **kwargs):  # TRL passes `trainer_state`
+    seen.append(trainer_state)
+    return [float(trainer_state.global_step) for _ in completions]
+"""
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_a_trl_reward_gets_the_trainer_state(tmp_path, isolation):
+    """TRL passes its `TrainerState` to every reward function as `trainer_state`; slipstream
+    passed none, so a reward reading `trainer_state.global_step` raised on every sample. It
+    travels with the text (`CompletionText`), to a reward worker process too; the sampler's
+    scoring makes it, and a text without one passes none."""
+    from types import SimpleNamespace
+
+    from slipstream.schedule.sampler import score_group
+    from slipstream.tasks.guard import GuardedTask
+    from slipstream.types import CompletionText, TrainerState
+
+    f = tmp_path / "st.py"
+    f.write_text(STATE_REWARD)
+    guard = RewardGuard(CombinedReward((RewardPart(f"{f}:at_step"),)), isolation)
+    try:
+        [v] = guard.score(PLAIN, [CompletionText("a", [5], TrainerState(7, 10))])
+        assert (v.reward, v.error) == (7.0, "")
+        task = GuardedTask(SimpleNamespace(name="t"), guard)  # type: ignore[arg-type]
+        tok = SimpleNamespace(decode=lambda ids: "x" * len(ids))
+        req = SimpleNamespace(prompt_tokens=[1], seed=0)
+        done = [
+            SimpleNamespace(
+                request=req, tokens=[4], logp=[0.0], versions=[2],
+                finish_reason=FinishReason.STOP, t_start=0.0, t_end=0.0, kept_logmass=None,
+            )
+        ]  # fmt: skip
+        group = score_group(tok, task, PLAIN, done, state=TrainerState(3, 10))  # type: ignore[arg-type]
+        assert [s.reward for s in group.samples] == [3.0]
+        with pytest.warns(RuntimeWarning, match="trainer_state"):  # none known: none passed
+            [v] = guard.score(PLAIN, [CompletionText("a", [5])])
+        assert v.error == "raised"
+    finally:
+        guard.close()
+    seen: list[object] = []
+    fn = adapt(lambda prompts, completions, **kw: seen.append(kw) or [1.0], "trl")
+    fn(PLAIN, CompletionText("a", [5], TrainerState(4, 9)))
+    assert seen[0]["trainer_state"] == TrainerState(4, 9, None)  # max_steps, epoch unknown
+
+
+@pytest.mark.slow  # ~10 s of CPU: a sync and an async run of 3 steps on a tiny model
+@pytest.mark.parametrize("loop", ["sync", "async"])
+def test_trainer_state_is_the_version_that_scores(tmp_path, loop):
+    """A reward of `trainer_state.global_step`: in the sync loop the groups of step k are
+    scored by version k - 1 and the evaluation after step k by version k; an asynchronous
+    sampler scores at the version it holds (at most k - 1), and a deferred evaluation of step
+    k's snapshot at k, not at the final version."""
+    from slipstream.run.launch import train_async
+    from slipstream.run.sync import train_sync
+    from tiny import read_jsonl, write_assets
+
+    folder = write_assets(tmp_path, STATE_REWARD.replace("at_step", "reward"))
+    cfg = load_config(None, [
+        f'run.dir="{tmp_path / "run"}"', "run.steps=3", "run.quiet=true", "run.threads=1",
+        "trainer.batch_prompts=2", "sampling.group_size=2", "sampling.max_new_tokens=4",
+        "filters.zero_variance=false", "eval.every=1", "eval.num_prompts=2",
+        f'model.path="{folder / "model"}"', f'task.path="{folder / "rows.jsonl"}"',
+        f'task.reward="{folder / "reward.py"}:reward"', "task.reward_errors=fail",
+        *(["schedule.name=async", "runtime.defer_eval=true"] if loop == "async" else []),
+    ])  # fmt: skip
+    summary = (train_sync if loop == "sync" else train_async)(cfg)
+    records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert summary["heldout_acc_start"] == 0.0 and summary["heldout_acc_end"] == 3.0
+    if loop == "sync":
+        assert [r["reward_mean"] for r in records] == [0.0, 1.0, 2.0]
+        assert [r["heldout_acc"] for r in records] == [1.0, 2.0, 3.0]
+    else:
+        assert all(0.0 <= r["reward_mean"] <= r["step"] - 1 for r in records), records
+        curve = {c["step"]: c["heldout_acc"] for c in summary["heldout_curve"]}
+        assert curve == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}, curve

@@ -24,20 +24,44 @@ class FinishReason(StrEnum):
     ABORTED = "aborted"  # cut short by the sampler (staleness bound, redundant rollout)
 
 
+@dataclass(frozen=True)
+class TrainerState:
+    """What a TRL-shaped reward function gets as `trainer_state` (TRL passes the trainer's
+    `transformers.TrainerState`), in the fields slipstream can give: `global_step`, the policy
+    version of the weights that score the completion (in a sampler, the version it holds when
+    the group is scored: some of its tokens may be older; in an evaluation, the version
+    evaluated); `max_steps`, the run's `run.steps`; `epoch`, always None: a sampler does not
+    know where the trainer's prompt stream is (TRL's `epoch` is None before training too)."""
+
+    global_step: int
+    max_steps: int
+    epoch: float | None = None
+
+
 class CompletionText(str):
-    """A completion's decoded text that carries its token ids (`token_ids`): what TRL passes
-    a reward function as `completion_ids`. It is the text (a `str`) to everything else, and
-    pickles with its ids to a reward worker process."""
+    """A completion's decoded text that carries its token ids (`token_ids`), what TRL passes
+    a reward function as `completion_ids`, and the `TrainerState` it is scored at
+    (`trainer_state`, None where unknown). It is the text (a `str`) to everything else, and
+    pickles with both to a reward worker process."""
 
     token_ids: tuple[int, ...]
+    trainer_state: TrainerState | None
 
-    def __new__(cls, text: str, token_ids: list[int] | tuple[int, ...]) -> CompletionText:
+    def __new__(
+        cls,
+        text: str,
+        token_ids: list[int] | tuple[int, ...],
+        trainer_state: TrainerState | None = None,
+    ) -> CompletionText:
         self = super().__new__(cls, text)
         self.token_ids = tuple(token_ids)
+        self.trainer_state = trainer_state
         return self
 
-    def __reduce__(self) -> tuple[type[CompletionText], tuple[str, tuple[int, ...]]]:
-        return CompletionText, (str(self), self.token_ids)
+    def __reduce__(
+        self,
+    ) -> tuple[type[CompletionText], tuple[str, tuple[int, ...], TrainerState | None]]:
+        return CompletionText, (str(self), self.token_ids, self.trainer_state)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.model.tokenizer import Tokenizer
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import score_completions
-from slipstream.types import CompletionText, Prompt
+from slipstream.types import CompletionText, Prompt, TrainerState
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -39,8 +39,10 @@ def rewards_of(
     params: SamplingParams,
     n: int = 1,
     seed: int = 0,
+    state: TrainerState | None = None,
 ) -> list[list[float]]:
-    """Rewards `[P][n]` of n completions of each prompt (one reward round trip per prompt).
+    """Rewards `[P][n]` of n completions of each prompt (one reward round trip per prompt),
+    scored at `state` (what a TRL-shaped reward gets as `trainer_state`).
 
     Seeds are `seed + i * n + j`: every evaluation samples with the same random numbers, so
     two evaluations of a run differ by the weights only.
@@ -53,7 +55,7 @@ def rewards_of(
     texts: list[list[str]] = [[""] * n for _ in prompts]
     for k, c in enumerate(engine.generate(reqs)):  # in request order
         i, j = divmod(k, n)
-        texts[i][j] = CompletionText(tokenizer.decode(c.tokens), c.tokens)
+        texts[i][j] = CompletionText(tokenizer.decode(c.tokens), c.tokens, state)
     return [[v.reward for v in score_completions(task, p, t)] for p, t in zip(prompts, texts)]
 
 

@@ -60,7 +60,7 @@ from slipstream.tasks.rewards import CombinedReward, RewardPart
 from slipstream.tasks.rows import read_prompts
 from slipstream.train.trainer import Trainer
 from slipstream.train.warmstart import warm_start, warmstart_evaluation, ws_seed
-from slipstream.types import FinishReason, Group, Prompt, Sample
+from slipstream.types import FinishReason, Group, Prompt, Sample, TrainerState
 
 if TYPE_CHECKING:
     from slipstream.schedule.watchdog import Watchdog
@@ -141,10 +141,11 @@ class Run:
             return acc
         out: dict[str, float] = {}
         acc = 0.0
+        at = TrainerState(self.eval_engine.version, self.cfg.run.steps)  # TRL's trainer_state
         for name, prompts in {"": self.heldout, **self.eval_sets}.items():
             kept = [p for p in prompts if self.fits(p)]  # the rest skipped, as `draw` skips them
             rewards = rewards_of(
-                self.eval_engine, self.tok, self.task, kept, params, e.samples_per_prompt
+                self.eval_engine, self.tok, self.task, kept, params, e.samples_per_prompt, state=at
             )
             found = summarize(rewards, e.pass_threshold)
             if len(kept) < len(prompts):
@@ -242,10 +243,12 @@ class Run:
         completions = self.engine.generate(
             [r for p, g in zip(prompts, sizes) for r in self.requests(p, g)]
         )
-        groups, start = [], 0
+        at = TrainerState(self.engine.version, self.cfg.run.steps)  # TRL's trainer_state
+        groups = []
         for p, g in zip(prompts, sizes):
-            groups.append(self.score(p, completions[start : start + g]))
-            start += g
+            self.ledger.generated += 1
+            groups.append(score_group(self.tok, self.task, p, completions[:g], 0, at))
+            completions = completions[g:]
         return groups
 
     def _episodes(self, prompts: list[Prompt], sizes: list[int]) -> list[Group]:
@@ -292,10 +295,6 @@ class Run:
             kept += self.settle(new)
         self.counters["filters/extra_draws"] += extra
         return groups, kept
-
-    def score(self, prompt: Prompt, completions: list[Any]) -> Group:
-        self.ledger.generated += 1
-        return score_group(self.tok, self.task, prompt, completions)
 
     def settle(self, groups: list[Group]) -> list[Group]:
         """Shaping, replay, filters and advantages of freshly generated groups: the groups to

@@ -49,16 +49,22 @@ from slipstream.schedule.presets import ScheduleSpec
 from slipstream.schedule.record import SamplerLog
 from slipstream.tasks.base import Task
 from slipstream.tasks.guard import score_completions
-from slipstream.types import CompletionText, Group, Prompt, Sample
+from slipstream.types import CompletionText, Group, Prompt, Sample, TrainerState
 
 STATS_EVERY_S = 0.5  # a busy sampler reports its counters at least this often
 
 
 def score_group(
-    tok: Tokenizer, task: Task, prompt: Prompt, completions: list[Completion], sampler_id: int = 0
+    tok: Tokenizer,
+    task: Task,
+    prompt: Prompt,
+    completions: list[Completion],
+    sampler_id: int = 0,
+    state: TrainerState | None = None,
 ) -> Group:
-    """Decode and verify each completion (one reward round trip); samples in member order."""
-    texts: list[str] = [CompletionText(tok.decode(c.tokens), c.tokens) for c in completions]
+    """Decode and verify each completion (one reward round trip) at `state` (what a TRL-shaped
+    reward gets as `trainer_state`); samples in member order."""
+    texts: list[str] = [CompletionText(tok.decode(c.tokens), c.tokens, state) for c in completions]
     samples = []
     for c, text, v in zip(completions, texts, score_completions(task, prompt, texts)):
         samples.append(
@@ -378,7 +384,8 @@ class SamplerWorker:
         if len(member.request.seeds) > G:  # redundant members still out: cancel them
             self.state.report.cancelled_tokens += self._cancel(gid)
         kept = sorted(member.done[:G], key=lambda x: _group_member(x.request.key)[1])
-        group = score_group(self.tok, self.task, member.request.prompt, kept, self.id)
+        state = TrainerState(self.engine.version, self.spec.cfg.run.steps)  # the weights it holds
+        group = score_group(self.tok, self.task, member.request.prompt, kept, self.id, state)
         self._send(ch, SamplerMessage("group", self.id, request=member.request, group=group))
 
     def _cancel(self, gid: int) -> int:

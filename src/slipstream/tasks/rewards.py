@@ -7,9 +7,10 @@
   `completions=[[{"role": "assistant", "content": text}]]` for a row whose prompt is a
   conversation, plain strings for a string prompt (even one a chat template renders), and every other column of the row as a one-element list under its own name. One
   sample per call keeps the reward guard's per-sample timeout (a hang costs one sample).
-  `completion_ids=[ids]` is passed where the completion's token ids are known (every
-  single-turn sample and evaluation: `CompletionText`); an episode's reward gets none, and
-  `trainer_state` is not passed.
+  `completion_ids=[ids]` and `trainer_state` (a `slipstream.types.TrainerState`: the policy
+  version scoring the sample as `global_step`, `run.steps` as `max_steps`) are passed where
+  they are known (every single-turn sample and evaluation: `CompletionText`); an episode's
+  reward gets neither.
 - verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
   by keyword as verl's reward manager calls it; a dict's `score` is the reward, its other
   numbers are logged. `data_source` and `extra_info` are the row's columns of those names
@@ -118,11 +119,14 @@ def awaited(value: object) -> object:
 
 def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
     chat = prompt.messages is not None and prompt.plain_prompt is None  # TRL: a conversation
-    passed = ("prompts", "completions", "completion_ids")
-    columns = {k: [v] for k, v in prompt.meta.items() if k not in passed}
+    passed = ("prompts", "completions", "completion_ids", "trainer_state")
+    columns: dict[str, Any] = {k: [v] for k, v in prompt.meta.items() if k not in passed}
     ids = getattr(completion, "token_ids", None)  # a CompletionText's
     if ids is not None:
         columns["completion_ids"] = [list(ids)]
+    state = getattr(completion, "trainer_state", None)  # one object, as TRL passes its own
+    if state is not None:
+        columns["trainer_state"] = state
     text = str(completion)  # the plain text, as TRL's decoded completions are
     out = awaited(
         fn(
