@@ -56,6 +56,50 @@ def test_seq_log_ratio_sums_masked_tokens_only() -> None:
     torch.testing.assert_close(staleness.seq_log_ratio(old, beh, mask), torch.tensor([1.0, 0.5]))
 
 
+def test_a_sequence_log_ratio_sums_its_finite_tokens() -> None:
+    """A sequence is made of its finite tokens, as in the loss (`losses.finite_tokens`): one
+    -inf behaviour log-prob (a nan, an inf proximal log-prob) made its ratio inf or nan, and
+    the ESS and VCPO dropped the whole sequence (here ess 1 over the one left: a full step)."""
+    inf, nan = math.inf, math.nan
+    old = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [-1.0, -0.75, inf]])
+    beh = torch.tensor([[-1.5, -inf, -1.0], [-1.0, -1.0 - math.log(3), -1.0], [nan, -1.0, -1.0]])
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    # Finite differences: [0.5, 0] -> 0.5; [0, ln 3, 0] -> ln 3; [0.25] -> 0.25.
+    seq = staleness.seq_log_ratio(old, beh, mask)
+    torch.testing.assert_close(seq, torch.tensor([0.5, math.log(3), 0.25]))
+    # Rows 0 and 1: w = [e^0.5, 3], ess = (1.648721 + 3)^2 / (2 (2.718282 + 9))
+    # = 21.610610 / 23.436564 = 0.922090; VCPO's sqrt rule: 0.960255.
+    assert staleness.ess(seq[:2]) == pytest.approx(0.922090, rel=1e-5)
+    assert staleness.vcpo_lr_scale(seq[:2]) == pytest.approx(0.960255, rel=1e-5)
+
+
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 8),
+    bad=st.sampled_from([-math.inf, math.inf, math.nan]),
+    in_old=st.booleans(),
+)
+@SETTINGS
+def test_a_non_finite_token_counts_as_no_token(seed: int, n: int, bad: float, in_old: bool) -> None:
+    """Making one masked token non-finite (in either log-prob) gives every sequence the ratio it
+    has without that token: no other sequence changes, nothing becomes nan, nor do ESS or VCPO."""
+    g = torch.Generator().manual_seed(seed)
+    old = -5 * torch.rand(3, n, generator=g, dtype=torch.float64)
+    beh = -5 * torch.rand(3, n, generator=g, dtype=torch.float64)
+    mask = torch.rand(3, n, generator=g) < 0.7
+    row, col = int(torch.randint(3, (), generator=g)), int(torch.randint(n, (), generator=g))
+    mask[row, col] = True
+    without = mask.clone()
+    without[row, col] = False
+    ref = staleness.seq_log_ratio(old, beh, without)
+    (old if in_old else beh)[row, col] = bad
+    seq = staleness.seq_log_ratio(old, beh, mask)
+    assert seq.isfinite().all()
+    torch.testing.assert_close(seq, ref)
+    assert staleness.ess(seq) == pytest.approx(staleness.ess(ref), rel=1e-9)
+    assert staleness.vcpo_lr_scale(seq) == pytest.approx(staleness.vcpo_lr_scale(ref), rel=1e-9)
+
+
 def test_vcpo_lr_scale_golden() -> None:
     # Sequence weights [1, 3]: ess 0.8; sqrt rule 0.894427, linear 0.8; rho_ref 0.5 caps at 1.
     lr = torch.tensor([0.0, math.log(3)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -137,6 +138,48 @@ def test_a_row_without_loss_tokens_is_not_a_sequence_of_the_ess_or_vcpo():
     # the empty row counted the ESS was 0.36 here
     assert both["staleness/ess_seq"] == pytest.approx(alone["staleness/ess_seq"], rel=1e-6)
     assert both["train/lr"] == pytest.approx(alone["train/lr"], rel=1e-6)
+
+
+def test_a_non_finite_token_is_in_no_staleness_metric_and_its_sequence_keeps_the_rest(
+    monkeypatch,
+):
+    """The ESS and VCPO see the loss's finite tokens (losses.finite_tokens): a sequence is its
+    finite tokens, a sequence the loss drops (a nan advantage, no finite token) is none. The
+    current log-probs are pinned to -1 so that every value is derived by hand."""
+    model, tok = init_builtin(seed=0)
+    cfg = TrainerConfig(vcpo=True, lr=1e-3, warmup_steps=0, lr_schedule="constant")
+    trainer = Trainer(model, cfg, 1.0, tok.pad_id)
+    forward = trainer.logprobs
+
+    def pinned(batch):
+        logp, entropy = forward(batch)
+        return logp - logp.detach() - 1.0, entropy  # -1 everywhere, the model's gradient
+
+    monkeypatch.setattr(trainer, "logprobs", pinned)
+    inf, nan = math.inf, math.nan
+    ids = tok.encode("1+2=")
+    comp = [*tok.encode("3"), tok.eos_id]
+
+    def sample(beh):
+        return Sample("p", ids, comp, beh, [0, 0], FinishReason.STOP)
+
+    samples = [
+        sample([-1.5, -inf]),  # log-ratios [0.5, -]: sequence 0.5
+        sample([-1.0, -1.0 - math.log(3)]),  # [0, ln 3]: sequence ln 3
+        sample([-1.0, -1.0 - math.log(2)]),  # advantage nan: not in the loss
+        sample([nan, -inf]),  # no finite token
+    ]
+    group = Group(Prompt("p", "1+2=", "3"), samples, advantages_G=[1.0, -1.0, nan, 1.0])
+    metrics = trainer.step([group])
+    assert metrics["train/nonfinite_tokens"] == 5.0 and metrics["train/tokens"] == 3.0
+    assert metrics["train/seqs"] == 2.0
+    # tokens w = [e^0.5, 1, 3]: (1.648721 + 4)^2 / (3 (2.718282 + 10)) = 31.908052 / 38.154845
+    # = 0.836278 (it was 0.844 with the nan-advantage sequence's tokens in)
+    assert metrics["staleness/ess_token"] == pytest.approx(0.836278, rel=1e-5)
+    # sequences w = [e^0.5, 3]: (1.648721 + 3)^2 / (2 (2.718282 + 9)) = 0.922090 (it was
+    # 25 / 26 over [3, 2]: the first sequence inf and dropped, the nan-advantage one in)
+    assert metrics["staleness/ess_seq"] == pytest.approx(0.922090, rel=1e-5)
+    assert metrics["train/lr"] == pytest.approx(1e-3 * 0.960255, rel=1e-5)  # sqrt(0.922090)
 
 
 def test_a_step_whose_tokens_the_correction_all_masks_is_skipped():

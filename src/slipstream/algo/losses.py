@@ -237,6 +237,25 @@ def aggregate(
     return total / normaliser(agg, tokens=tokens, seqs=seqs, max_len=max_len).to(total)
 
 
+def finite_tokens(
+    logp: Tensor,
+    behavior_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    old_logp: Tensor | None = None,
+) -> Tensor:
+    """`[B, T]` bool: the tokens of `mask` whose `logp`, `behavior_logp`, `adv` (`[B]` or
+    `[B, T]`) and `old_logp` (when given) are finite, the tokens the loss sees before the
+    correction. The rest are dropped from everything the step computes, and a sequence is made
+    of its finite tokens (its sums in the correction, `gspo`, `oapl`, the staleness metrics):
+    each of these is a sum or mean over tokens, defined over the finite ones, so one bad token
+    (a -inf behaviour log-prob, a nan) does not discard the sequence's other tokens."""
+    adv_ok = adv.isfinite()
+    valid = mask.bool() & logp.isfinite() & behavior_logp.isfinite()
+    valid = valid & (adv_ok[:, None] if adv.dim() == 1 else adv_ok)
+    return valid if old_logp is None else valid & old_logp.isfinite()
+
+
 def _prepare(
     logp: Tensor, behavior_logp: Tensor, adv: Tensor, mask: Tensor, old_logp: Tensor | None
 ) -> LossInputs:
@@ -252,9 +271,7 @@ def _prepare(
     logp = logp.to(torch.promote_types(logp.dtype, torch.float32))
     adv = adv.detach().to(logp.dtype)
     adv = adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
-    valid = mask.bool() & logp.isfinite() & behavior_logp.isfinite() & adv.isfinite()
-    if old_logp is not None:
-        valid = valid & old_logp.isfinite()
+    valid = finite_tokens(logp, behavior_logp, adv, mask, old_logp)
     zero = torch.zeros_like(logp, requires_grad=False)
     beh = torch.where(valid, behavior_logp.detach(), zero)
     old = beh if old_logp is None else torch.where(valid, old_logp.detach(), zero)

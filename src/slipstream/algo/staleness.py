@@ -39,10 +39,13 @@ def seq_log_ratio(old_logp: Tensor, behavior_logp: Tensor, mask: Tensor) -> Tens
     """Sequence log importance ratio `sum_t mask * (old_logp - behavior_logp)`: `[B, T]` -> `[B]`.
 
     Tokens outside `mask` (prompt, padding, tool output) contribute nothing, even when their
-    values are not finite.
+    values are not finite; nor does a token of `mask` whose difference is not finite. A
+    sequence is made of its finite tokens, as in the loss (`losses.finite_tokens`): one bad
+    token would otherwise make the whole sequence's ratio inf or nan, and the ESS and VCPO
+    drop it, while the loss trains on its other tokens.
     """
     diff = (old_logp - behavior_logp).detach()
-    return torch.where(mask.bool(), diff, 0.0).sum(dim=1)
+    return torch.where(mask.bool() & diff.isfinite(), diff, 0.0).sum(dim=1)
 
 
 def vcpo_lr_scale(seq_log_ratio: Tensor, rule: str = "sqrt", rho_ref: float = 1.0) -> float:

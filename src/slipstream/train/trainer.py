@@ -191,12 +191,15 @@ class Trainer:
             parts.append(out.metrics)
             ent_sum += (entropy.detach() * batch.loss_mask).sum()
             prox = logp.detach() if old_logp is None else old_logp
-            # a row without loss tokens (an episode that crashed before the model spoke) is no
-            # sequence of the batch: its w = 1 would pull the sequence ESS and VCPO's scale
-            rows_in = batch.loss_mask.any(dim=1)
-            seq = staleness.seq_log_ratio(prox, batch.behavior_logp, batch.loss_mask)
-            seq_lr.append(seq[rows_in])
-            tok_lr.append((logp.detach() - batch.behavior_logp)[batch.loss_mask])
+            # the loss's tokens before the correction: a non-finite one is in no metric, and a
+            # row without any (an episode that crashed before the model spoke) is no sequence
+            # of the batch: its w = 1 would pull the sequence ESS and VCPO's scale
+            valid = losses.finite_tokens(
+                logp, batch.behavior_logp, batch.advantages, batch.loss_mask, old_logp
+            )
+            seq = staleness.seq_log_ratio(prox, batch.behavior_logp, valid)
+            seq_lr.append(seq[valid.any(dim=1)])
+            tok_lr.append((logp.detach() - batch.behavior_logp)[valid])
         merged = losses.merge_metrics(parts)
         norm = losses.normaliser(
             agg, tokens=merged["tokens"], seqs=merged["seqs"], max_len=self.max_new_tokens
