@@ -233,3 +233,33 @@ def test_a_llama3_scaling_without_its_frequency_factors_is_refused_as_transforme
         transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
     with pytest.raises(ValueError, match=f"llama3 scaling needs a numeric '{key}'"):
         config_from_dict(raw)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("where", ["rope_parameters", "top level", "rope_scaling"])
+def test_a_partial_rotary_factor_is_refused(tmp_path, arch, where):
+    """Below 1, transformers' Llama/Qwen2/Qwen3 rotate the whole head regardless (or fail, with
+    a llama3 scaling) and vLLM's only that fraction: two models. slipstream loaded it as the
+    whole head, silently."""
+    import json
+
+    from slipstream.model.hf import config_from_dict
+
+    _hf_model(arch, partial_rotary_factor=0.5).save_pretrained(tmp_path / "hf")
+    raw = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert raw["rope_parameters"]["partial_rotary_factor"] == 0.5  # where transformers puts it
+    if where != "rope_parameters":
+        del raw["rope_parameters"]["partial_rotary_factor"]
+    if where == "top level":
+        raw["partial_rotary_factor"] = 0.5
+    if where == "rope_scaling":
+        raw["rope_scaling"] = {"rope_type": "default", "partial_rotary_factor": 0.5}
+    said = r"partial_rotary_factor 0\.5 is not supported \(only 1\.0"
+    with pytest.raises(ValueError, match=said):
+        config_from_dict(raw)
+    with pytest.raises(ValueError, match=said):
+        load_pretrained(tmp_path / "hf")  # (config.json as transformers wrote it)
+    raw["rope_parameters"]["partial_rotary_factor"] = 1.0
+    raw.pop("partial_rotary_factor", None)
+    raw.pop("rope_scaling", None)
+    config_from_dict(raw)  # 1.0 is the whole head

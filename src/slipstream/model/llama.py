@@ -44,6 +44,21 @@ def rope_kind(scaling: dict[str, Any] | None) -> str:
     return kind
 
 
+def check_rotary_fraction(extra: dict[str, Any], scaling: dict[str, Any] | None) -> None:
+    """A ValueError unless config.json's `partial_rotary_factor` (top level, or in its rotary
+    settings `scaling` or `rope_parameters`) is absent or 1.0. Below 1, the implementations
+    disagree on the model: transformers' Llama/Qwen2/Qwen3 rotate the whole head regardless
+    (or fail, with a llama3 scaling), vLLM's rotate that fraction of it."""
+    rope = extra.get("rope_parameters")
+    for where in (extra, scaling or {}, rope if isinstance(rope, dict) else {}):
+        value = where.get("partial_rotary_factor")
+        if value is not None and value != 1.0:
+            raise ValueError(
+                f"partial_rotary_factor {value!r} is not supported (only 1.0: rotary "
+                "embeddings over the whole head)"
+            )
+
+
 def sliding_window(extra: dict[str, Any], num_layers: int) -> int | None:
     """The attention window of a Qwen2/Qwen3 config.json (`extra`: its other keys) when some
     layer has one, else None. As transformers reads it: `sliding_window` counts only with
@@ -122,6 +137,7 @@ class ModelConfig:
         if act != "silu":  # every Llama / Qwen2 / Qwen3 release; this decoder's MLP is SwiGLU
             raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
         rope_kind(self.rope_scaling)  # an unsupported scaling fails here, at the config check
+        check_rotary_fraction(self.extra, self.rope_scaling)
 
     @property
     def qkv_bias(self) -> bool:
