@@ -276,11 +276,16 @@ def test_a_model_folder_whose_weights_cannot_load_is_refused_before_any_work(cap
         ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
         ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported (only 1.0"),
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                              "high_freq_factor": 1.0}},
+            "llama3 scaling needs high_freq_factor > low_freq_factor, got high_freq_factor = 1.0",
+        ),
     ],
 )  # fmt: skip
 def test_a_config_this_decoder_would_compute_wrongly_is_refused(capsys, tmp_path, change, said):
     """A gelu MLP loaded as SwiGLU (logits silently wrong); zero KV heads divided by zero; a
-    partial rotary head loaded as a whole one."""
+    partial rotary head loaded as a whole one; a llama3 scaling with no smoothing band."""
     d = _sharded(tmp_path)
     (d / "config.json").write_text(json.dumps({**TINY_QWEN, **change}))
     rc, err = _train(capsys, tmp_path, f'model.path="{d}"')

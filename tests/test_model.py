@@ -235,6 +235,21 @@ def test_a_llama3_scaling_without_its_frequency_factors_is_refused_as_transforme
         config_from_dict(raw)
 
 
+@pytest.mark.parametrize(("high", "low"), [(1.0, 1.0), (2.0, 4.0)])
+def test_a_llama3_scaling_without_a_band_between_its_factors_is_refused(high, low):
+    """transformers only warns that high_freq_factor must exceed low_freq_factor; at or below
+    it, the smoothing's slope divides by zero or flips sign. slipstream loaded such a scaling."""
+    from slipstream.model.hf import config_from_dict
+
+    scaling = {**LLAMA31_SCALING, "high_freq_factor": high, "low_freq_factor": low}
+    said = (
+        f"llama3 scaling needs high_freq_factor > low_freq_factor, got high_freq_factor = "
+        f"{high} and low_freq_factor = {low}"
+    )
+    with pytest.raises(ValueError, match=said):
+        config_from_dict({**LLAMA31, "rope_scaling": scaling})
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("where", ["rope_parameters", "top level", "rope_scaling"])
 def test_a_partial_rotary_factor_is_refused(tmp_path, arch, where):

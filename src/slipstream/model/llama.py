@@ -31,7 +31,8 @@ ARCHITECTURES = {
 
 
 def rope_kind(scaling: dict[str, Any] | None) -> str:
-    """`default` or `llama3`, the rope scalings implemented; anything else raises ValueError."""
+    """`default` or `llama3`, the rope scalings implemented; anything else raises ValueError,
+    as does a llama3 scaling without a band between its frequency factors."""
     scaling = scaling or {}
     kind = scaling.get("rope_type", scaling.get("type")) or "default"
     if kind not in ("default", "llama3"):
@@ -41,6 +42,14 @@ def rope_kind(scaling: dict[str, Any] | None) -> str:
     for key in ("factor", "low_freq_factor", "high_freq_factor") if kind == "llama3" else ():
         if not isinstance(scaling.get(key), int | float):
             raise ValueError(f"rope_scaling: llama3 scaling needs a numeric {key!r}")
+    # high_freq_factor at or below low_freq_factor leaves no smoothing band between them, and
+    # its slope divides by zero or flips sign: not a llama3 scaling (transformers only warns)
+    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise ValueError(
+            "rope_scaling: llama3 scaling needs high_freq_factor > low_freq_factor, got "
+            f"high_freq_factor = {scaling['high_freq_factor']!r} and "
+            f"low_freq_factor = {scaling['low_freq_factor']!r}"
+        )
     return kind
 
 
