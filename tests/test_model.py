@@ -181,6 +181,26 @@ def test_llama3_rope_of_a_config_reads_as_transformers_reads_it(tmp_path, edit):
         )
 
 
+def test_a_top_level_original_context_overrides_the_llama3_scalings_as_in_transformers(tmp_path):
+    """transformers takes a top-level `original_max_position_embeddings` (where Phi-3 keeps it)
+    over the llama3 scaling's own; slipstream read the scaling's: logits 3e-3 apart."""
+    import json
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+    _hf_model("llama", rope_scaling=scaling).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(
+        json.dumps({**json.loads(path.read_text()), "original_max_position_embeddings": 64})
+    )
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
+    ids = torch.randint(0, 97, (2, 60), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            load_pretrained(tmp_path / "hf")(ids), hf(ids).logits, atol=1e-5, rtol=0
+        )
+
+
 # Llama 3.1's rotary settings (its config.json), on a head of 128
 LLAMA31 = dict(
     model_type="llama",

@@ -51,6 +51,11 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
             known["rope_theta"] = rope["rope_theta"]
         if (rope.get("rope_type") or rope.get("type") or "default") != "default":
             known["rope_scaling"] = rope
+        # and a top-level original_max_position_embeddings (where Phi-3 keeps it) wins over a
+        # llama3 scaling's own
+        old_ctx = raw.get("original_max_position_embeddings")
+        if old_ctx is not None and (rope.get("rope_type") or rope.get("type")) == "llama3":
+            known["rope_scaling"] = {**rope, "original_max_position_embeddings": old_ctx}
     return ModelConfig(**known, extra=extra)
 
 
