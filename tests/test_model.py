@@ -63,8 +63,10 @@ CASES = [
     ),
     ("qwen2", {}),
     ("qwen2", {"tie_word_embeddings": True}),
+    ("qwen2", {"mlp_bias": True}),  # not read by transformers' Qwen2 (nor Qwen3): no MLP bias
     ("qwen3", {}),
     ("qwen3", {"attention_bias": True}),  # Qwen3's bias covers o_proj too, unlike Qwen2's
+    ("qwen3", {"mlp_bias": True}),
 ]
 
 

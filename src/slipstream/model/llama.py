@@ -157,6 +157,10 @@ class ModelConfig:
         return self.model_type in ("llama", "qwen3") and self.attention_bias
 
     @property
+    def mlp_proj_bias(self) -> bool:  # Llama's `mlp_bias`; Qwen2's and Qwen3's MLPs have none
+        return self.model_type == "llama" and self.mlp_bias
+
+    @property
     def qk_norm(self) -> bool:
         return self.model_type == "qwen3"
 
@@ -293,7 +297,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        h, i, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        h, i, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_proj_bias
         self.gate_proj = nn.Linear(h, i, bias=b)
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
