@@ -49,6 +49,7 @@ CASES = [
     ("llama", {}),
     ("llama", {"tie_word_embeddings": True}),
     ("llama", {"attention_bias": True, "mlp_bias": True}),
+    ("llama", {"head_dim": 32, "rms_norm_eps": 0.3}),  # heads wider than hidden / heads
     (
         "llama",
         {
@@ -63,10 +64,12 @@ CASES = [
     ),
     ("qwen2", {}),
     ("qwen2", {"tie_word_embeddings": True}),
+    ("qwen2", {"head_dim": 8, "rms_norm_eps": 0.3}),
     ("qwen2", {"mlp_bias": True}),  # not read by transformers' Qwen2 (nor Qwen3): no MLP bias
     ("qwen3", {}),
     ("qwen3", {"attention_bias": True}),  # Qwen3's bias covers o_proj too, unlike Qwen2's
     ("qwen3", {"mlp_bias": True}),
+    ("qwen3", {"head_dim": 32, "rms_norm_eps": 0.3}),
 ]
 
 
