@@ -82,6 +82,7 @@ class _Echo:
         from slipstream.engine.stats import EngineStats
 
         self.max_len, self.stats, self.prompts = max_len, EngineStats(), []
+        self.version = 0  # the policy version it holds, as an Engine's
 
     def generate(self, requests):
         from slipstream.engine import Completion
