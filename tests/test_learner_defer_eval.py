@@ -28,6 +28,7 @@ def test_deferred_evaluations_score_each_steps_weights_and_hold_none(tmp_path):
         model.weight.zero_()
     run = SimpleNamespace(
         model=model,
+        eval_engine=SimpleNamespace(version=0),  # the version a reward's trainer_state reads
         evaluate=lambda: float(
             model.weight.detach().sum()
         ),  # "accuracy": a function of the weights
@@ -60,6 +61,7 @@ def test_a_resumed_learner_keeps_the_curve_and_the_snapshots_up_to_its_checkpoin
     def make() -> RunLearner:
         run = SimpleNamespace(
             model=model,
+            eval_engine=SimpleNamespace(version=0),
             evaluate=lambda: float(model.weight.detach().sum()),
             ledger=Ledger(),
             counters=Counter(),

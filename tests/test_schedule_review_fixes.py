@@ -200,9 +200,9 @@ def test_the_runs_lag_mean_is_weighted_by_trained_model_tokens():
     st.start()
     kept1 = [_group("a", 1, 2)]
     filtered = [_group(f"f{i}", 100, 2, (1.0, 1.0)) for i in range(3)]
-    st.record(kept1 + filtered, {}, group_lag(kept1, 2, 4), 0.1, 0.0)
+    st.record(kept1 + filtered, kept1, {}, group_lag(kept1, 2, 4), 0.1, 0.0)
     kept2 = [_group("b", 10, 1)]
-    st.record(kept2, {}, group_lag(kept2, 3, 4), 0.1, 0.0)
+    st.record(kept2, kept2, {}, group_lag(kept2, 3, 4), 0.1, 0.0)
     assert st.summary()["lag_mean"] == pytest.approx(40 / 22)
 
 

@@ -284,7 +284,7 @@ def test_the_step_records_prompt_length_is_what_the_calibration_reads(tmp_path: 
 
     groups = [group(PROMPT, 4), group(PROMPT // 2, 2)]  # (4 x 24 + 2 x 12) / 6 = 20
     lag = {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
-    record = StepStats().record(groups, {}, lag, 0.1, 0.0)  # the orchestrated loops' record
+    record = StepStats().record(groups, groups, {}, lag, 0.1, 0.0)  # the orchestrated loops' record
     assert record["prompt_len_mean"] == prompt_len_mean(groups) == 20.0  # the sync loop's too
     run = read_run(fake_run(tmp_path / "a", batch_prompts=8))  # every sample prefilled
     for m in run.metrics:
