@@ -244,11 +244,11 @@ class Run:
             [r for p, g in zip(prompts, sizes) for r in self.requests(p, g)]
         )
         at = TrainerState(self.engine.version, self.cfg.run.steps)  # TRL's trainer_state
-        groups = []
+        groups, start = [], 0
         for p, g in zip(prompts, sizes):
             self.ledger.generated += 1
-            groups.append(score_group(self.tok, self.task, p, completions[:g], 0, at))
-            completions = completions[g:]
+            members, start = completions[start : start + g], start + g
+            groups.append(score_group(self.tok, self.task, p, members, 0, at))
         return groups
 
     def _episodes(self, prompts: list[Prompt], sizes: list[int]) -> list[Group]:
