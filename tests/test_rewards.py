@@ -86,6 +86,17 @@ def test_trl_is_called_as_trl_calls_it(rewards_py):
     assert mod.seen[-1][:2] == (["6*7="], ["12345"])  # plain prompt: strings
 
 
+def _completion(k: int, version: int = 0) -> object:
+    """A finished completion of `k` tokens (an engine's `Completion`, as `score_group` reads it)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        request=SimpleNamespace(prompt_tokens=[1], seed=0), tokens=[4] * k, logp=[0.0] * k,
+        versions=[version] * k, finish_reason=FinishReason.STOP, t_start=0.0, t_end=0.0,
+        kept_logmass=None,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("isolation", ["inline", "process"])
 def test_a_trl_reward_gets_the_completions_token_ids(rewards_py, isolation):
     """TRL passes `completion_ids` to every reward function; its documentation's first example
@@ -105,14 +116,7 @@ def test_a_trl_reward_gets_the_completions_token_ids(rewards_py, isolation):
         assert (v.reward, v.error) == (3.0, "")
         task = GuardedTask(SimpleNamespace(name="t"), guard)  # type: ignore[arg-type]
         tok = SimpleNamespace(decode=lambda ids: "x" * len(ids))
-        req = SimpleNamespace(prompt_tokens=[1], seed=0)
-        done = [
-            SimpleNamespace(
-                request=req, tokens=[4] * k, logp=[0.0] * k, versions=[0] * k,
-                finish_reason=FinishReason.STOP, t_start=0.0, t_end=0.0, kept_logmass=None,
-            )
-            for k in (2, 5)
-        ]  # fmt: skip
+        done = [_completion(k) for k in (2, 5)]
         group = score_group(tok, task, CHAT, done)  # type: ignore[arg-type]
         assert [s.reward for s in group.samples] == [2.0, 5.0]
         assert type(group.samples[0].completion_text) is str  # the sample keeps the text alone
@@ -379,13 +383,7 @@ def test_a_trl_reward_gets_the_trainer_state(tmp_path, isolation):
         assert (v.reward, v.error) == (7.0, "")
         task = GuardedTask(SimpleNamespace(name="t"), guard)  # type: ignore[arg-type]
         tok = SimpleNamespace(decode=lambda ids: "x" * len(ids))
-        req = SimpleNamespace(prompt_tokens=[1], seed=0)
-        done = [
-            SimpleNamespace(
-                request=req, tokens=[4], logp=[0.0], versions=[2],
-                finish_reason=FinishReason.STOP, t_start=0.0, t_end=0.0, kept_logmass=None,
-            )
-        ]  # fmt: skip
+        done = [_completion(1, version=2)]
         group = score_group(tok, task, PLAIN, done, state=TrainerState(3, 10))  # type: ignore[arg-type]
         assert [s.reward for s in group.samples] == [3.0]
         with pytest.warns(RuntimeWarning, match="trainer_state"):  # none known: none passed
