@@ -274,6 +274,10 @@ def test_a_model_folder_whose_weights_cannot_load_is_refused_before_any_work(cap
     "change, said",
     [
         ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+        (
+            {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+            "quantized checkpoints are not supported (quantization_config: 'gptq')",
+        ),
         ({"num_key_value_heads": 0}, "num_key_value_heads must be a positive integer, got 0"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported (only 1.0"),
         (
@@ -284,7 +288,8 @@ def test_a_model_folder_whose_weights_cannot_load_is_refused_before_any_work(cap
     ],
 )  # fmt: skip
 def test_a_config_this_decoder_would_compute_wrongly_is_refused(capsys, tmp_path, change, said):
-    """A gelu MLP loaded as SwiGLU (logits silently wrong); zero KV heads divided by zero; a
+    """A gelu MLP loaded as SwiGLU (logits silently wrong); a quantized checkpoint (its
+    weights failed the tensor check with a vague message); zero KV heads divided by zero; a
     partial rotary head loaded as a whole one; a llama3 scaling with no smoothing band."""
     d = _sharded(tmp_path)
     (d / "config.json").write_text(json.dumps({**TINY_QWEN, **change}))

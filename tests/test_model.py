@@ -66,6 +66,7 @@ CASES = [
     ("qwen2", {"tie_word_embeddings": True}),
     ("qwen2", {"head_dim": 8, "rms_norm_eps": 0.3}),
     ("qwen2", {"mlp_bias": True}),  # not read by transformers' Qwen2 (nor Qwen3): no MLP bias
+    ("qwen2", {"hidden_act": "swish"}),  # transformers' other name of SiLU
     ("qwen3", {}),
     ("qwen3", {"attention_bias": True}),  # Qwen3's bias covers o_proj too, unlike Qwen2's
     ("qwen3", {"mlp_bias": True}),

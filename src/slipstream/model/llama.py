@@ -143,8 +143,15 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         act = self.extra.get("hidden_act", "silu")
-        if act != "silu":  # every Llama / Qwen2 / Qwen3 release; this decoder's MLP is SwiGLU
-            raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
+        if act not in ("silu", "swish"):  # transformers' names of one function (SwiGLU's)
+            raise ValueError(f"hidden_act {act!r} is not supported (only 'silu', 'swish')")
+        if self.extra.get("quantization_config") is not None:  # GPTQ, AWQ, FP8... weights
+            method = self.extra["quantization_config"]
+            method = method.get("quant_method", "?") if isinstance(method, dict) else method
+            raise ValueError(
+                f"quantized checkpoints are not supported (quantization_config: {method!r}); "
+                "give the model's unquantized weights"
+            )
         rope_kind(self.rope_scaling)  # an unsupported scaling fails here, at the config check
         check_rotary_fraction(self.extra, self.rope_scaling)
 
