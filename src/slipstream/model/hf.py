@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from slipstream.model.llama import ARCHITECTURES, CausalLM, ModelConfig
+from slipstream.model.llama import ARCHITECTURES, CausalLM, ModelConfig, rope_type
 from slipstream.text import first_line
 
 _CONFIG_KEYS = {f.name for f in fields(ModelConfig)} - {"extra"}
@@ -49,12 +49,12 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     if isinstance(rope, dict):
         if rope.get("rope_theta") is not None:
             known["rope_theta"] = rope["rope_theta"]
-        if (rope.get("rope_type") or rope.get("type") or "default") != "default":
+        if rope_type(rope) != "default":
             known["rope_scaling"] = rope
         # and a top-level original_max_position_embeddings (where Phi-3 keeps it) wins over a
         # llama3 scaling's own
         old_ctx = raw.get("original_max_position_embeddings")
-        if old_ctx is not None and (rope.get("rope_type") or rope.get("type")) == "llama3":
+        if old_ctx is not None and rope_type(rope) == "llama3":
             known["rope_scaling"] = {**rope, "original_max_position_embeddings": old_ctx}
     return ModelConfig(**known, extra=extra)
 

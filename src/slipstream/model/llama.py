@@ -30,11 +30,18 @@ ARCHITECTURES = {
 }
 
 
+def rope_type(scaling: dict[str, Any] | None) -> str:
+    """The type a config.json's rotary settings name, as transformers reads it: `rope_type`,
+    else the older `type`, else `default`."""
+    scaling = scaling or {}
+    return scaling.get("rope_type", scaling.get("type")) or "default"
+
+
 def rope_kind(scaling: dict[str, Any] | None) -> str:
     """`default` or `llama3`, the rope scalings implemented; anything else raises ValueError,
     as does a llama3 scaling without a band between its frequency factors."""
     scaling = scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type")) or "default"
+    kind = rope_type(scaling)
     if kind not in ("default", "llama3"):
         raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, llama3")
     # transformers refuses a llama3 scaling without these (a KeyError when it reads the config);
