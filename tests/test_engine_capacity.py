@@ -7,7 +7,8 @@ import torch
 
 from slipstream.engine import capacity
 from slipstream.engine.forward import SlotKV
-from slipstream.model.llama import ModelConfig
+from slipstream.engine.packed import PackedWeights
+from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.types import Prompt
 
 # Qwen2.5-1.5B: 28 layers, 2 KV heads of 128
@@ -25,11 +26,42 @@ def test_kv_bytes_per_token_golden():
 
 def test_cache_budget_from_tokens_or_memory():
     assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, max_tokens=5000) == 5000
-    # half of 10 GiB over 28,672 B a token: 5 x 2^30 / 28672 = 187,245.7 -> 187,245
+    # half of (10 GiB less the packed weights' 3,087,253,504 B) over 28,672 B a token:
+    # (10,737,418,240 - 3,087,253,504) / 2 / 28,672 = 133,408.4 -> 133,408
     got = capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, free_bytes=10 * 2**30)
-    assert got == 187245
+    assert got == 133408
+    # the packed copy alone fills the free memory: no tokens (fit_slots refuses it)
+    small = capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.9, free_bytes=3 * 10**9)
+    assert small == 0
     assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, free_bytes=None) is None
     assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16) is None
+
+
+def test_packed_bytes_golden():
+    # bf16: 2 x (1536 x 151936 head + 28 x (1536 x 2048 qkv + 2048 bias + 1536 x 1536 o
+    #            + 3 x 1536 x 8960 gate/up/down)) = 2 x 1,543,626,752
+    assert capacity.packed_bytes(QWEN_1_5B, torch.bfloat16) == 3_087_253_504
+
+
+@pytest.mark.parametrize(
+    "kind, extra",
+    [
+        ("llama", {}),
+        ("llama", {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True}),
+        ("qwen2", {}),
+        ("qwen3", {"attention_bias": True}),
+    ],
+)
+def test_packed_bytes_are_what_the_engine_packs(kind: str, extra: dict[str, bool]):
+    """The bytes the cache's budget sets aside are those `PackedWeights` allocates."""
+    cfg = ModelConfig(
+        model_type=kind, vocab_size=40, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **extra,
+    )  # fmt: skip
+    w = PackedWeights(CausalLM(cfg), max_len=8)
+    mats = [w.lm_head] + [t for layer in w.layers for t in layer if isinstance(t, torch.Tensor)]
+    held = sum(t.numel() * t.element_size() for t in mats)
+    assert capacity.packed_bytes(cfg, torch.float32) == held
 
 
 def test_slots_are_what_the_budget_holds():

@@ -231,8 +231,9 @@ class RuntimeConfig(_Section):
 
 class EngineConfig(_Section):
     memory_fraction: float = Field(0.0, ge=0.0, le=0.95)
-    """On a GPU: the share of the device's free memory (measured once the model is loaded)
-    the engine's KV cache may take; it bounds the cache's tokens, and with them how many
+    """On a GPU: the share of the device's free memory (measured once the model is loaded,
+    less the engine's packed copy of the weights, about the model's size again) the engine's
+    KV cache may take; it bounds the cache's tokens, and with them how many
     sequences run at once (`runtime.sampler_slots` is then an upper bound). Colocated with
     the trainer, leave the trainer room (0.3-0.5). 0: no memory bound."""
     max_tokens: int = Field(0, ge=0)

@@ -2,8 +2,10 @@
 
 The KV cache is `[slots, max_len]` per layer (engine.forward.SlotKV). Its size follows from
 the memory the engine is given, never the other way round: `engine.max_tokens`, or
-`engine.memory_fraction` of the device's free memory once the model is on it, divided by
-the bytes one token takes (keys and values of every layer), is the cache's token budget;
+`engine.memory_fraction` of the device's free memory once the model is on it, less the
+engine's packed copy of the weights (engine.packed, built at the first step, after the cache is
+sized: `packed_bytes`), divided by the bytes one token takes (keys and values of every layer),
+is the cache's token budget;
 the slots are what that budget holds at `max_len` tokens each, less the cache's scratch row
 (at most the slots asked for).
 A prompt that cannot fit `max_len` with its completion is skipped before generation and
@@ -26,6 +28,21 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * item
 
 
+def packed_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of the engine's packed weights (engine.packed.PackedWeights): a transposed copy
+    of the LM head and of every layer's q/k/v, o, gate/up and down matrices with their biases
+    (the embedding and the norms are read by reference). About the model's size again:
+    Qwen2.5-1.5B in bf16 (tied embedding: the head is copied all the same), 3.1 GB."""
+    assert cfg.head_dim is not None
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    qkv = h * (q + 2 * kv) + (q + 2 * kv) * cfg.qkv_bias
+    o = q * h + h * cfg.o_bias
+    mlp = 3 * h * i + (2 * i + h) * cfg.mlp_proj_bias
+    item = torch.empty((), dtype=dtype).element_size()
+    return (h * cfg.vocab_size + cfg.num_hidden_layers * (qkv + o + mlp)) * item
+
+
 def cache_tokens(
     cfg: ModelConfig,
     dtype: torch.dtype,
@@ -34,11 +51,15 @@ def cache_tokens(
     free_bytes: int | None = None,
 ) -> int | None:
     """The KV cache's token budget: `max_tokens` if set, else `memory_fraction` of
-    `free_bytes` over `kv_bytes_per_token`; None when neither bounds it."""
+    `free_bytes` (measured once the model is on the device) less what the engine's packed
+    weights will take (`packed_bytes`), over `kv_bytes_per_token`; None when neither bounds
+    it. A budget of 0 tokens (the packed copy alone takes the free memory) is refused by
+    `fit_slots`."""
     if max_tokens > 0:
         return max_tokens
     if memory_fraction > 0 and free_bytes is not None:
-        return int(memory_fraction * free_bytes) // kv_bytes_per_token(cfg, dtype)
+        room = max(0, free_bytes - packed_bytes(cfg, dtype))
+        return int(memory_fraction * room) // kv_bytes_per_token(cfg, dtype)
     return None
 
 
