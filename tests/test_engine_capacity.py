@@ -33,6 +33,11 @@ def test_cache_budget_from_tokens_or_memory():
     # the packed copy alone fills the free memory: no tokens (fit_slots refuses it)
     small = capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.9, free_bytes=3 * 10**9)
     assert small == 0
+    # a sampler process also sets aside its staging copy of the weights: 1 GiB less room,
+    # (7,650,164,736 - 1,073,741,824) / 2 / 28,672 = 114,683.3 -> 114,683
+    staged = capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, 10 * 2**30, 2**30)
+    assert staged == 114683
+    assert capacity.tensor_bytes([torch.zeros(3, 4), torch.zeros(5, dtype=torch.bfloat16)]) == 58
     assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, free_bytes=None) is None
     assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16) is None
 

@@ -14,6 +14,8 @@ counted, never an error in the middle of a run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from slipstream.model.llama import ModelConfig
@@ -49,16 +51,18 @@ def cache_tokens(
     max_tokens: int = 0,
     memory_fraction: float = 0.0,
     free_bytes: int | None = None,
+    reserved_bytes: int = 0,
 ) -> int | None:
     """The KV cache's token budget: `max_tokens` if set, else `memory_fraction` of
     `free_bytes` (measured once the model is on the device) less what the engine's packed
-    weights will take (`packed_bytes`), over `kv_bytes_per_token`; None when neither bounds
-    it. A budget of 0 tokens (the packed copy alone takes the free memory) is refused by
+    weights will take (`packed_bytes`) and `reserved_bytes` (a sampler process's staging
+    copy of the weights, which its first weight read allocates), over `kv_bytes_per_token`;
+    None when neither bounds it. A budget of 0 tokens (the packed copy alone takes the free memory) is refused by
     `fit_slots`."""
     if max_tokens > 0:
         return max_tokens
     if memory_fraction > 0 and free_bytes is not None:
-        room = max(0, free_bytes - packed_bytes(cfg, dtype))
+        room = max(0, free_bytes - packed_bytes(cfg, dtype) - reserved_bytes)
         return int(memory_fraction * room) // kv_bytes_per_token(cfg, dtype)
     return None
 
@@ -82,6 +86,11 @@ def fit_slots(requested: int, max_len: int, budget_tokens: int | None) -> int:
             f"engine.max_tokens / engine.memory_fraction or lower engine.max_len"
         )
     return min(requested, rows - 1)
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes the tensors hold (a model's `parameters()`: what a staging copy of it takes)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def free_device_bytes(device: torch.device) -> int | None:

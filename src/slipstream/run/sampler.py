@@ -3,8 +3,8 @@
 
 The runtime pickles the factory, not the model: inside the child it allocates the model on
 the sampler's device (on meta first, so no random initialisation runs: the weights arrive
-through the weight channel before the first step), sizes the engine's slots to its KV budget,
-and builds the task and, for multi-turn runs, the environment factory from the config. The
+through the weight channel before the first step), sizes the engine's slots to its KV budget
+(leaving room for the staging copy of the weights its first read allocates), and builds the task and, for multi-turn runs, the environment factory from the config. The
 runtime's fork server preloads this module (runtime.processes.PRELOAD).
 """
 
@@ -38,8 +38,9 @@ class SamplerFactory:
         model = empty_model(spec.model_config, device, spec.dtype)
         e = spec.cfg.engine
         free = capacity.free_device_bytes(device)
+        staging = capacity.tensor_bytes(model.parameters())  # the weight channel's, at 1st read
         budget = capacity.cache_tokens(
-            spec.model_config, spec.dtype, e.max_tokens, e.memory_fraction, free
+            spec.model_config, spec.dtype, e.max_tokens, e.memory_fraction, free, staging
         )
         slots = capacity.fit_slots(spec.num_slots, spec.max_len, budget)
         engine = make_engine(model, spec.tokenizer, slots, spec.max_len, version=-1)
