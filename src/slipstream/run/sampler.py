@@ -4,8 +4,9 @@
 The runtime pickles the factory, not the model: inside the child it allocates the model on
 the sampler's device (on meta first, so no random initialisation runs: the weights arrive
 through the weight channel before the first step), sizes the engine's slots to its KV budget
-(leaving room for the staging copy of the weights its first read allocates), and builds the task and, for multi-turn runs, the environment factory from the config. The
-runtime's fork server preloads this module (runtime.processes.PRELOAD).
+(leaving room for the staging copy of the weights its first read allocates), and builds the
+task and, for multi-turn runs, the environment factory from the config. The runtime's fork
+server preloads this module (runtime.processes.PRELOAD).
 """
 
 from __future__ import annotations
