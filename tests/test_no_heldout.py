@@ -35,6 +35,8 @@ def test_no_heldout_rows_means_no_heldout_metric(tmp_path, capsys, loop):
     done = [x for x in capsys.readouterr().err.splitlines() if x.startswith("done: ")]
     assert len(done) == 1 and "; no held-out rows; " in done[0], done  # not 0.000 -> 0.000
     assert "held-out accuracy" not in done[0]
+    # two tiny steps take well under 10 s: their time has a decimal (it read "in 0s")
+    assert f"2 steps in {saved['wall_s']:.1f}s;" in done[0], (done, saved["wall_s"])
 
 
 def test_a_config_refused_at_setup_leaves_no_run_folder(tmp_path):

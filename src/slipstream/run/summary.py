@@ -69,7 +69,7 @@ def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str,
         f"held-out accuracy {acc_start:.3f} -> {acc_end:.3f}" if run.heldout else "no held-out rows"
     )
     run.view.log(
-        f"done: {summary['steps']} steps in {wall:.0f}s; {held}; "
+        f"done: {summary['steps']} steps in {wall:.{1 if wall < 10 else 0}f}s; {held}; "
         f"goodput {good['goodput']:.0%}{lost}; ledger {run.ledger.as_dict()}"
     )
     return summary
