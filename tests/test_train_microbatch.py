@@ -44,6 +44,53 @@ def test_plan_golden():
     assert plan_micro_batches([], 3, 12) == []
 
 
+@given(
+    st.lists(st.integers(1, 300), max_size=40),
+    st.integers(1, 8),
+    st.sampled_from([0, 1, 64, 500, 4096]),
+)
+def test_packed_plan_bounds_the_sum_of_widths(widths, max_rows, max_tokens):
+    plan = plan_micro_batches(widths, max_rows, max_tokens, packed=True)
+    rows = [r for s in plan for r in range(s.start, s.stop)]
+    assert rows == list(range(len(widths)))
+    for s in plan:
+        n = s.stop - s.start
+        assert 1 <= n <= max_rows
+        assert max_tokens == 0 or n == 1 or sum(widths[s]) <= max_tokens
+    for a, b in itertools.pairwise(plan):
+        n = b.stop - a.start
+        assert n > max_rows or (max_tokens and sum(widths[a.start : b.stop]) > max_tokens)
+
+
+def test_packed_plan_golden():
+    # budget 12, at most 8 rows: padded [2, 3, 3] = 9, [4, 5] = 10, [6], [20]; packed the rows
+    # cost their widths: [2, 3, 3, 4] = 12, [5, 6] = 11, [20] alone
+    widths = [2, 3, 3, 4, 5, 6, 20]
+    assert plan_micro_batches(widths, 8, 12) == [
+        slice(0, 3), slice(3, 5), slice(5, 6), slice(6, 7)
+    ]  # fmt: skip
+    assert plan_micro_batches(widths, 8, 12, packed=True) == [
+        slice(0, 4), slice(4, 6), slice(6, 7)
+    ]  # fmt: skip
+    assert plan_micro_batches(widths, 2, 12, packed=True) == [
+        slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 7)
+    ]  # fmt: skip
+
+
+def test_packing_trainer_budgets_the_packed_row():
+    """With `packing` a micro-batch runs as one row of the sum of its widths: the trainer fills
+    each up to the budget, where a padded count (rows x widest) cut it into more."""
+    cfg = TrainerConfig(micro_batch_size=64, micro_batch_tokens=30, packing=True)
+    t = Trainer(_model(), cfg, temperature=1.0, pad_id=0)
+    full = t.batch(_groups())
+    widths = row_widths(full.loss_mask)
+    assert widths == [3, 5, 7, 7, 7, 8, 8, 11, 12, 14, 14, 15]
+    plan = t.micro_batches(full)
+    # padded: [3, 5, 7, 7] = 4 x 7, [7, 8, 8], [11, 12], [14, 14], [15]: 5 micro-batches
+    assert len(plan_micro_batches(widths, 64, 30)) == 5
+    assert [sum(widths[s]) for s in plan] == [29, 27, 26, 29]
+
+
 def test_row_widths_are_last_loss_position_plus_one():
     mask = torch.tensor([[0, 1, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]], dtype=torch.bool)
     assert row_widths(mask) == [3, 4, 1]
@@ -117,17 +164,19 @@ def test_token_budget_split_gives_the_gradient_of_one_micro_batch(agg):
     )
     full = t.batch(_groups())
     assert len(t.micro_batches(full)) >= 4  # the budget did split the 12 rows
-    packed, _, _ = _step_grads(
+    packed, m3, tp = _step_grads(
         TrainerConfig(
             micro_batch_size=64, micro_batch_tokens=30, packing=True, agg=agg, grad_clip=1e9
         )
     )
+    assert len(tp.micro_batches(full)) >= 3  # the budget split the packed rows too
     for name in one:
         scale = max(float(one[name].abs().max()), 1.0)
         assert float((split[name] - one[name]).abs().max()) <= 1e-6 * scale, name
         assert float((packed[name] - one[name]).abs().max()) <= 1e-6 * scale, name
-    assert m1["train/loss"] == pytest.approx(m2["train/loss"], abs=1e-6)
-    assert m1["train/entropy"] == pytest.approx(m2["train/entropy"], abs=1e-6)
+    for m in (m2, m3):
+        assert m1["train/loss"] == pytest.approx(m["train/loss"], abs=1e-6)
+        assert m1["train/entropy"] == pytest.approx(m["train/entropy"], abs=1e-6)
 
 
 def test_bfloat16_step_runs_end_to_end_with_float32_master_weights():

@@ -36,8 +36,9 @@ class TrainerConfig(_Section):
     """Samples per forward/backward; the loss normaliser is the whole step's token count, so
     this never changes the gradient."""
     micro_batch_tokens: int = Field(0, ge=0)
-    """Token budget of a micro-batch: rows x padded width at most this (a longer row goes
-    alone); with `micro_batch_size` still the row bound. 0: rows only. Like the row bound it
+    """Token budget of a micro-batch: rows x padded width at most this, or with `packing` the
+    sum of its rows' widths (a longer row goes alone); with `micro_batch_size` still the row
+    bound. 0: rows only. Like the row bound it
     never changes the gradient (train.microbatch); it bounds the activation memory."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping

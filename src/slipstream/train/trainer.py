@@ -264,10 +264,11 @@ class Trainer:
 
     def micro_batches(self, full: Batch) -> list[slice]:
         """Row ranges of `full` (length-sorted): `micro_batch_size` rows and at most
-        `micro_batch_tokens` padded tokens each (train.microbatch)."""
+        `micro_batch_tokens` tokens each, padded or, with `packing`, packed
+        (train.microbatch)."""
         c = self.cfg
         return plan_micro_batches(
-            row_widths(full.loss_mask), c.micro_batch_size, c.micro_batch_tokens
+            row_widths(full.loss_mask), c.micro_batch_size, c.micro_batch_tokens, c.packing
         )
 
     def logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
