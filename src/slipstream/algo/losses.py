@@ -59,11 +59,13 @@ METRIC_REDUCTIONS: dict[str, str] = {
 
 @dataclass
 class LossOutput:
-    """A scalar loss with grad, and detached metrics as 0-dim tensors (see
-    `METRIC_REDUCTIONS`; `to_floats` reads them as floats, docs/algorithms.md says why)."""
+    """A scalar loss with grad, detached metrics as 0-dim tensors (see `METRIC_REDUCTIONS`;
+    `to_floats` reads them as floats, docs/algorithms.md says why), and the loss's tokens
+    before the correction (`finite_tokens`), so that a caller need not recompute them."""
 
     loss: Tensor
     metrics: dict[str, Tensor]
+    valid: Tensor  # [B, T] bool: masked and finite, before the correction's mask
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,8 @@ def compute(
     """
     spec, settings = _settings(method, hp)
     x = _prepare(logp, behavior_logp, adv, mask, old_logp)
-    nonfinite = mask.bool() & ~x.valid
+    finite = x.valid
+    nonfinite = mask.bool() & ~finite
     corr = correction.apply(x.old_logp, x.behavior_logp, x.valid, correction_spec or SPEC)
     if spec.behavior_weight:
         x = replace(x, valid=corr.keep)
@@ -343,7 +346,7 @@ def compute(
         num_seqs=num_seqs,
         max_len=max_len,
     )
-    return LossOutput(loss, {**_metrics(x, cut_T, nonfinite), **corr.metrics})
+    return LossOutput(loss, {**_metrics(x, cut_T, nonfinite), **corr.metrics}, finite)
 
 
 def merge_metrics(parts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:

@@ -194,9 +194,7 @@ class Trainer:
             # the loss's tokens before the correction: a non-finite one is in no metric, and a
             # row without any (an episode that crashed before the model spoke) is no sequence
             # of the batch: its w = 1 would pull the sequence ESS and VCPO's scale
-            valid = losses.finite_tokens(
-                logp, batch.behavior_logp, batch.advantages, batch.loss_mask, old_logp
-            )
+            valid = out.valid
             seq = staleness.seq_log_ratio(prox, batch.behavior_logp, valid)
             seq_lr.append(seq[valid.any(dim=1)])
             tok_lr.append((logp.detach() - batch.behavior_logp)[valid])
