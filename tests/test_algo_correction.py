@@ -156,3 +156,22 @@ def test_weight_mean_merges_over_kept_tokens_for_every_loss(method) -> None:
     merged = losses.to_floats(losses.merge_metrics(parts))
     assert merged["correction/weight_mean"] == pytest.approx(2.5 / 3)
     assert merged["kept_tokens"] == 3.0 and merged["valid_tokens"] == 4.0
+
+
+@pytest.mark.parametrize("method", ["dro", "oapl", "ppo"])
+def test_masked_frac_is_what_the_mask_rejects_and_only_weighted_losses_drop_it(method) -> None:
+    # proximal = logp, mask at [1/2, 2]: the first token's weight 3 is rejected. Every loss
+    # reports it (masked_frac 1/2); ppo drops it from the loss, dro and oapl keep both tokens.
+    logp = torch.full((1, 2), -1.0, dtype=F64)
+    out = losses.compute(
+        method,
+        logp,
+        logp - torch.tensor([[L3, 0.0]], dtype=F64),
+        torch.ones(1, dtype=F64),
+        torch.ones(1, 2, dtype=torch.bool),
+        old_logp=logp,
+        correction_spec=CorrectionSpec(action="mask"),
+    )
+    m = losses.to_floats(out.metrics)
+    assert m["correction/masked_frac"] == pytest.approx(0.5)
+    assert m["tokens"] == (2.0 if method in ("dro", "oapl") else 1.0)

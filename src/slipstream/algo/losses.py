@@ -326,7 +326,9 @@ def compute(
     `hp` are the method's settings (see `METHODS[method].defaults`).
     A token whose `logp`, `behavior_logp`, `old_logp` or `adv` is not finite is dropped from the
     loss and from the counted denominators, and reported in `metrics["nonfinite_tokens"]`;
-    so is a token (or sequence) the correction masks (`metrics["correction/masked_frac"]`).
+    so is a token (or sequence) the correction masks (`metrics["correction/masked_frac"]`),
+    except under `dro` and `oapl`, which take no weight: their correction metrics describe the
+    weight and mask they do not apply (docs/algorithms.md, "Rollout correction").
     """
     spec, settings = _settings(method, hp)
     x = _prepare(logp, behavior_logp, adv, mask, old_logp)
