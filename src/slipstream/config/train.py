@@ -38,8 +38,8 @@ class TrainerConfig(_Section):
     micro_batch_tokens: int = Field(0, ge=0)
     """Token budget of a micro-batch: rows x padded width at most this, or with `packing` the
     sum of its rows' widths (a longer row goes alone); with `micro_batch_size` still the row
-    bound. 0: rows only. Like the row bound it
-    never changes the gradient (train.microbatch); it bounds the activation memory."""
+    bound. 0: rows only. Like the row bound it never changes the gradient (train.microbatch);
+    it bounds the activation memory."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping
     them: activation memory falls from all layers' to about one layer's plus the layer
