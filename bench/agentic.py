@@ -50,6 +50,7 @@ from typing import Any
 
 from slipstream.files import write_atomic
 from slipstream.observe.censored import finite_or_none, median_bounds, ratio_bounds
+from slipstream.observe.means import lag_tokens, number, weighted_mean
 
 SCHEDULES = ("sync", "pipeline", "async")
 CROSSINGS = ("monotone", "first")
@@ -121,12 +122,10 @@ def lag_counts(records: list[dict[str, Any]]) -> dict[str, int]:
 def busy_share(records: list[dict[str, Any]]) -> float | None:
     """The run's engine busy share (None without one): each step's (`engine/busy_frac`, else
     `runtime/sampler_busy`) weighted by its `step_time_s`, a share of the run's time, as
-    `slipstream report` weights it (observe.report.weighted_mean): a plain mean over steps
+    `slipstream report` weights it (observe.means.weighted_mean): a plain mean over steps
     would let a short step weigh as much as one that waited seconds for a tool."""
-    from slipstream.observe.report import weighted_mean
-
     return weighted_mean([
-        (float(b), t if isinstance(t := r.get("step_time_s"), int | float) else None)
+        (float(b), number(r.get("step_time_s")))
         for r in records
         if (b := r.get("engine/busy_frac", r.get("runtime/sampler_busy"))) is not None
     ])  # fmt: skip
@@ -135,9 +134,7 @@ def busy_share(records: list[dict[str, Any]]) -> float | None:
 def token_lag_mean(records: list[dict[str, Any]]) -> float:
     """The run's mean lag over its trained tokens (0 without staleness records): each step's
     `staleness/lag_mean` weighted by the tokens it is over (its `staleness/lag_hist` counts),
-    as summary.json's `lag_mean` and `slipstream report` weigh it (observe.report)."""
-    from slipstream.observe.report import lag_tokens, weighted_mean
-
+    as summary.json's `lag_mean` and `slipstream report` weigh it (observe.means)."""
     pairs = [
         (float(r["staleness/lag_mean"]), lag_tokens(r))
         for r in records
@@ -149,12 +146,10 @@ def token_lag_mean(records: list[dict[str, Any]]) -> float:
 
 def episode_turns_mean(records: list[dict[str, Any]]) -> float:
     """The run's mean model turns per episode (0 without episode records): each step's
-    `env/turns_mean` weighted by its `env/episodes` (observe.report.weighted_mean), so a step
+    `env/turns_mean` weighted by its `env/episodes` (observe.means.weighted_mean), so a step
     of few episodes weighs as little as it holds; a plain mean over steps would not."""
-    from slipstream.observe.report import weighted_mean
-
     mean = weighted_mean([
-        (float(r["env/turns_mean"]), e if isinstance(e := r.get("env/episodes"), int) else None)
+        (float(r["env/turns_mean"]), number(r.get("env/episodes")))
         for r in records
         if "env/turns_mean" in r
     ])  # fmt: skip

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slipstream.observe.means import lag_tokens, weighted_mean
+
 if TYPE_CHECKING:
     from slipstream.config import Config
 
@@ -70,7 +72,6 @@ def run_one(
     """One training run; its final accuracy and step means of `METRICS`. With `resume`, a
     finished run of the same config in its folder is read back instead, never one matched by
     its K, mode and seed alone (run.bench.read_back_or_train)."""
-    from slipstream.observe.report import lag_tokens, weighted_mean
     from slipstream.run.bench import read_back_or_train
 
     cfg = run_config(k, mode, seed, steps, out, extra)

@@ -246,3 +246,6 @@ def test_turns_mean_is_over_episodes_not_steps():
     res = {"summary": summary, "records": recs, "eval_in_wall": False}
     assert bench.measures(res, 0.25)["turns_mean"] == 36 / 32
     assert bench.episode_turns_mean([{"step": 1}]) == 0.0
+    # a count written as a float weighs as the int (observe.means.number, as the report reads)
+    floats = [{**r, "env/episodes": float(r["env/episodes"])} for r in recs[:2]]
+    assert bench.episode_turns_mean(floats) == 36 / 32

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from slipstream.observe.figures import FIGURES, save
+from slipstream.observe.means import lag_tokens, number, weighted_mean
 from slipstream.observe.runs import ReportError, RunData, load_runs
 
 
@@ -30,37 +31,11 @@ def _f(x: Any, fmt: str = ",.3f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def weighted_mean(pairs: list[tuple[float, float | None]]) -> float | None:
-    """The mean of (value, weight) pairs weighted by the weights when every value has one and
-    they add up to more than 0, else the plain mean (records from before the weight was
-    recorded); None without values."""
-    if not pairs:
-        return None
-    weights = [w for _, w in pairs if w is not None]
-    total = sum(weights)
-    if len(weights) < len(pairs) or total <= 0:
-        return _mean([v for v, _ in pairs])
-    return sum(v * (w or 0.0) for v, w in pairs) / total
-
-
-def _number(v: object) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
-
-
-def lag_tokens(row: dict[str, Any]) -> float | None:
-    """The trained tokens a step's `staleness/lag_mean` is over: its lag histogram's counts."""
-    hist = row.get("staleness/lag_hist")
-    if not isinstance(hist, list):
-        return None
-    counts = [_number(c) for c in hist]
-    return None if None in counts else sum(c or 0.0 for c in counts)
-
-
 def lag_mean(run: RunData) -> float | None:
     """The run's mean lag over trained tokens: summary.json's `lag_mean` where recorded, else
     the steps' means weighted by their tokens (`staleness/lag_hist`; unweighted for records
     without it)."""
-    recorded = _number((run.summary or {}).get("lag_mean"))
+    recorded = number((run.summary or {}).get("lag_mean"))
     if recorded is not None:
         return recorded
     return weighted_mean([(v, lag_tokens(r)) for r, v in run.values("staleness/lag_mean")])
@@ -70,11 +45,11 @@ def sampler_busy(run: RunData) -> float | None:
     """The samplers' busy share of the run's time: summary.json's `sampler_busy` where
     recorded, else the steps' shares weighted by their `step_time_s` (unweighted for records
     without it)."""
-    recorded = _number((run.summary or {}).get("sampler_busy"))
+    recorded = number((run.summary or {}).get("sampler_busy"))
     if recorded is not None:
         return recorded
     pairs = run.values("runtime/sampler_busy", "sampler_busy")
-    return weighted_mean([(v, _number(r.get("step_time_s"))) for r, v in pairs])
+    return weighted_mean([(v, number(r.get("step_time_s"))) for r, v in pairs])
 
 
 def _total(run: RunData, key: str) -> float | None:
