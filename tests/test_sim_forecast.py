@@ -366,33 +366,35 @@ def test_var_of_pooled_mean_by_hand() -> None:
     assert var_of_pooled_mean(2.0, 0.0, [12, 12, 12]) == pytest.approx(2.0 / 36)
 
 
-# 3 seeds of 12 simulated steps, log step times alternating +-0.2: mean 0, the lag-1
-# correlation -35/36 (clipped to 0), the variance 0.04 x 36/35 (ddof 1) / (1 - 1/36)
+# 3 seeds of 12 simulated steps, log step times alternating +-0.2, fitted within each seed's
+# series: each about its own mean 0, the lag-1 correlation -33/36 (clipped to 0), the variance
+# 0.04 x 36/33 (3 means: 33 degrees of freedom) / (1 - 1/12), the 90 % quantile Student's t on
+# 36 - 3 - 1 = 32 degrees of freedom (t95(32), the tabled 30: 1.697)
 A = 0.2
-VAR = A**2 * (36 / 35) ** 2
+VAR = A**2 * (12 / 11) ** 2
 FAKE_TIMES = np.exp(A * np.array([1.0, -1.0] * 6))
 
 
-def _plan(run_steps: int):
+def _plan(run_steps: int, seeds: int = 3, times=lambda seed: FAKE_TIMES):
     from slipstream.sim import forecast as fc
 
-    fake = mock.patch.object(fc, "simulate", lambda c: SimpleNamespace(step_times_s=FAKE_TIMES))
-    with fake:
-        return fc.plan_forecast(_plan_config(), run_steps, 0.0, seeds=3)
+    fake = lambda c: SimpleNamespace(step_times_s=times(c.seed))  # noqa: E731
+    with mock.patch.object(fc, "simulate", fake):
+        return fc.plan_forecast(_plan_config(), run_steps, 0.0, seeds=seeds)
 
 
 def test_plan_interval_holds_the_error_of_the_simulated_mean() -> None:
     """The run's mean step is estimated from 36 simulated steps: its relative variance is that
     estimate's, VAR / 36, plus the run's own noise, VAR / N. Without the first term the
-    interval of a long run narrowed to nothing (rel_sd 0.0206 at N = 100, not 0.0400)."""
+    interval of a long run narrowed to nothing (rel_sd 0.0218 at N = 100, not 0.0424)."""
     f = _plan(100)
     rel_sd = math.sqrt(VAR * (1 / 36 + 1 / 100))
     assert f.step_s == pytest.approx(math.cosh(A))
-    assert f.rel_sd == pytest.approx(rel_sd) == pytest.approx(0.0399838, abs=1e-6)
+    assert f.rel_sd == pytest.approx(rel_sd) == pytest.approx(0.0424069, abs=1e-6)
     total = 100 * math.cosh(A)
     assert f.remaining_s == pytest.approx(total)
-    assert f.lo_s == pytest.approx(total * math.exp(-1.645 * rel_sd))
-    assert f.hi_s == pytest.approx(total * math.exp(1.645 * rel_sd))
+    assert f.lo_s == pytest.approx(total * math.exp(-1.697 * rel_sd))
+    assert f.hi_s == pytest.approx(total * math.exp(1.697 * rel_sd))
 
 
 @given(st.integers(1, 10**6))
@@ -400,3 +402,45 @@ def test_plan_interval_never_narrows_below_the_simulated_means_error(run_steps: 
     f = _plan(run_steps)
     assert f.rel_sd**2 == pytest.approx(VAR / 36 + VAR / run_steps)
     assert f.rel_sd**2 >= VAR / 36
+
+
+def test_plan_interval_of_a_small_sample_takes_the_t_quantile_as_the_run_forecast() -> None:
+    """One seed of 12 simulated steps: 10 degrees of freedom (a mean and the correlation), as
+    the in-run forecast counts them (`interval_quantile`), so t95(10) = 1.812, not the normal
+    1.645 that `slipstream plan` took whatever the sample."""
+    f = _plan(100, seeds=1)
+    assert f.hi_s / f.remaining_s == pytest.approx(math.exp(1.812 * f.rel_sd))
+    assert f.remaining_s / f.lo_s == pytest.approx(math.exp(1.812 * f.rel_sd))
+    from slipstream.sim.forecast import interval_quantile
+
+    assert interval_quantile([12]) == t95(10) == 1.812
+
+
+def test_plan_fits_the_correlation_within_each_seeds_series() -> None:
+    """Two seeds whose step times differ threefold, each alternating +-0.2 about its own level:
+    within each series the correlation is negative (clipped to 0) and the variance that of the
+    alternation, as for FAKE_TIMES. Fitted on the series joined end to end about one mean, the
+    level step between them read as a strongly correlated, wide spread (rel_sd 0.39 at N = 100,
+    not 0.050)."""
+    f = _plan(100, seeds=2, times=lambda seed: FAKE_TIMES * (3.0 if seed % 2 else 1.0))
+    # 24 steps, 2 means: 0.04 x 24/22 / (1 - 1/12) = VAR; the pooled mean's VAR / 24
+    assert f.rel_sd == pytest.approx(math.sqrt(VAR * (1 / 24 + 1 / 100)))
+
+
+def test_log_ar1_within_leaves_out_the_joins() -> None:
+    """AR(1) series at correlation 0.5 about far-apart levels: fitted within series the
+    correlation is near 0.5; joined, the level steps push it towards 1. One series: log_ar1."""
+    from slipstream.sim.forecast import log_ar1_within
+
+    rng = np.random.default_rng(0)
+    series = []
+    for level in (0.0, 2.0, -1.0, 1.0):
+        e = rng.normal(0.0, 0.1, 200)
+        y = np.zeros(200)
+        for t in range(1, 200):
+            y[t] = 0.5 * y[t - 1] + e[t]
+        series.append(np.exp(level + y))
+    _, rho = log_ar1_within(series)
+    assert abs(rho - 0.5) < 0.1
+    assert log_ar1(np.concatenate(series))[1] > 0.9
+    assert log_ar1_within(series[:1]) == pytest.approx(log_ar1(series[0]))

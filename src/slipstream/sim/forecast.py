@@ -46,6 +46,7 @@ import itertools
 import json
 import math
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,14 @@ def t95(dof: int) -> float:
     if dof > 60:
         return Z95
     return T95[max(d for d in T95 if d <= max(dof, 1))]
+
+
+def interval_quantile(lengths: Sequence[int]) -> float:
+    """The quantile of the 90 % interval of a log mean step time whose AR(1) noise was fitted
+    on series of these lengths (`log_ar1_within`): Student's t on their steps less the fitted
+    parameters, one mean per series and the correlation. The in-run forecast (one series of n
+    steps: n - 2 degrees of freedom) and `slipstream plan` (one series per seed) both use it."""
+    return t95(sum(lengths) - len(lengths) - 1)
 
 
 @dataclass(frozen=True)
@@ -120,14 +129,28 @@ def log_ar1(x: np.ndarray) -> tuple[float, float]:
     correlation's bias (1 + 4 rho) / n (Kendall), clipped to [0, 0.95]; the variance divided
     by 1 - var_of_mean(1, rho, n) (a correlated series' sample variance misses the spread of
     its own mean)."""
-    y = np.log(x)
-    n = len(y)
-    y = y - y.mean()
-    if n < 3 or float(y @ y) <= 0:
+    return log_ar1_within([x])
+
+
+def log_ar1_within(series: Sequence[np.ndarray]) -> tuple[float, float]:
+    """`log_ar1` of independent series of one AR(1) process, fitted within each series only:
+    each log series about its own mean, the lag-1 products summed within series (none across
+    the joins between them, which pair the end of one series with the start of the next).
+    Corrected as `log_ar1`, for k series of n steps in all: the pooled correlation's bias
+    k (1 + 4 rho) / n (each series' own, (1 + 4 rho) / m, weighted by its m / n); the variance
+    (k means fitted: n - k degrees of freedom) divided by 1 - the steps' mean of
+    var_of_mean(1, rho, m) (each series' sample variance misses the spread of its own mean).
+    One series: `log_ar1`. (0, 0) with fewer than 2 degrees of freedom or no spread."""
+    ys = [np.log(np.asarray(x, dtype=np.float64)) for x in series if len(x) > 0]
+    ys = [y - y.mean() for y in ys]
+    n, k = sum(len(y) for y in ys), len(ys)
+    ss = sum(float(y @ y) for y in ys)
+    if n - k < 2 or ss <= 0:
         return 0.0, 0.0
-    rho = float(y[1:] @ y[:-1] / (y @ y))
-    rho = min(max(rho + (1 + 4 * rho) / n, 0.0), 0.95)
-    var = float(y.var(ddof=1)) / max(1 - var_of_mean(1.0, rho, n), 0.2)
+    rho = sum(float(y[1:] @ y[:-1]) for y in ys) / ss
+    rho = min(max(rho + k * (1 + 4 * rho) / n, 0.0), 0.95)
+    own = sum(len(y) * var_of_mean(1.0, rho, len(y)) for y in ys) / n
+    var = ss / (n - k) / max(1 - own, 0.2)
     return var, rho
 
 
@@ -314,7 +337,7 @@ def forecast(
     rel_var = var_of_mean(var, rho, n) + var_of_mean(var, rho, left)
     rel_var += var_of_level_change(log_drift(x), n, left)
     rel_sd = math.sqrt(rel_var) if left else 0.0
-    q = t95(len(x) - 2) * rel_sd
+    q = interval_quantile([n]) * rel_sd
     steps_part = left * step_s
     fixed = evals_left(step, total_steps, eval_every, eval_in_wall) * evaluation + left * overhead
     fixed += ckpts_left * ckpt_cost(rows, ckpt_every, eval_every)
@@ -405,10 +428,12 @@ def plan_forecast(
 ) -> Forecast:
     """Before a run (`slipstream plan`): its duration for `run_steps` steps under `cfg`, with
     a 90 % interval. The simulator's own spread (step times over `seeds` length draws from
-    `cfg.seed` on (`slipstream plan --seed`), log AR(1) as in `forecast`): the relative
-    variance of the run's mean step is that of the simulated mean, estimated from the
-    `seeds` independent series (its error does not shrink with the run's length), plus that
-    of the mean of the run's `run_steps` steps (their own noise). Widened by the model's
+    `cfg.seed` on (`slipstream plan --seed`), log AR(1) as in `forecast`, fitted within each
+    seed's series: `log_ar1_within`): the relative variance of the run's mean step is that of
+    the simulated mean, estimated from the `seeds` independent series (its error does not
+    shrink with the run's length), plus that of the mean of the run's `run_steps` steps (their
+    own noise), taken as log-normal with the in-run forecast's Student-t quantile
+    (`interval_quantile`). Widened by the model's
     error: the interval is [lo / (1 + model_error), hi x (1 + model_error)], where
     `model_error` is what the simulator was measured to miss out of sample
     (bench/sim_calibration.py)."""
@@ -416,12 +441,12 @@ def plan_forecast(
     for seed in range(cfg.seed, cfg.seed + seeds):
         c = replace(cfg, steps=min(run_steps, sim_steps) + cfg.warmup_steps, seed=seed)
         times.append(simulate(c).step_times_s)
-    x = np.concatenate(times)
-    var, rho = log_ar1(x)
-    step_s = float(x.mean())
-    rel_var = var_of_pooled_mean(var, rho, [len(t) for t in times])
+    lengths = [len(t) for t in times]
+    var, rho = log_ar1_within(times)
+    step_s = float(np.concatenate(times).mean())
+    rel_var = var_of_pooled_mean(var, rho, lengths)
     rel_var += var_of_mean(var, rho, run_steps)
-    q = Z95 * math.sqrt(rel_var)
+    q = interval_quantile(lengths) * math.sqrt(rel_var)
     total = step_s * run_steps
     band = 1 + model_error
     lo, hi = total * math.exp(-q) / band, total * math.exp(q) * band
