@@ -45,6 +45,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slipstream.files import write_atomic
+
 if TYPE_CHECKING:
     from slipstream.config import Config
 
@@ -204,7 +206,7 @@ def part_watchdog(args: argparse.Namespace, extra: list[str], done: dict) -> dic
 
 
 def save(args: argparse.Namespace, done: dict) -> None:
-    (Path(args.out) / "results.json").write_text(json.dumps(done, indent=1))
+    write_atomic(Path(args.out) / "results.json", json.dumps(done, indent=1))
 
 
 def auto_table(res: dict[str, list[dict]], target: float | str) -> tuple[str, dict[str, Any]]:

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from slipstream.files import write_atomic
+
 DEFAULTS = [
     'schedule.name="pipeline"',
     "runtime.num_samplers=2",
@@ -125,7 +127,7 @@ def main(argv: list[str]) -> int:
         "wall_s": chaos.get("wall_s"),
         "wall_s_undisturbed": results.get("undisturbed", {}).get("wall_s"),
     }
-    (out / "chaos.json").write_text(json.dumps({**line, "runs": results}, indent=2, default=str))
+    write_atomic(out / "chaos.json", json.dumps({**line, "runs": results}, indent=2, default=str))
     print(json.dumps(line))
     return 0 if line["completed"] and line["ledger_ok"] and line["groups_trained_twice"] == 0 else 1
 

@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from slipstream.files import write_atomic
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import beyond  # bench/beyond.py: run_one, paired
 
@@ -79,7 +81,7 @@ def main(argv: list[str]) -> int:
                 flush=True,
             )
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "results.json").write_text(json.dumps(res) + "\n")
+    write_atomic(Path(args.out) / "results.json", json.dumps(res) + "\n")
     summary = summarize(res)
     print(f"| K={args.lag} policy | final acc (median) | time to target (median, s) | reached |")
     print("| --- | --- | --- | --- |")

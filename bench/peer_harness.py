@@ -62,7 +62,7 @@ def write_tokenizer(folder: Path) -> None:
         "pad_token": "<pad>",
         "model_max_length": 64,
     }
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+    write_atomic(folder / "tokenizer_config.json", json.dumps(cfg, indent=1))
 
 
 def new_model(seed: int):  # -> transformers.LlamaForCausalLM
@@ -173,5 +173,5 @@ def write_data(out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = out / "train.jsonl", out / "heldout.jsonl"
     for path, ps in zip(paths, (train, held)):
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows(ps)))
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows(ps)))
     return paths

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slipstream.files import write_atomic
 from slipstream.observe.means import lag_tokens, weighted_mean
 
 if TYPE_CHECKING:
@@ -178,9 +179,8 @@ def main(argv: list[str]) -> int:
                     f"(start {r['acc_start']:.3f}), {r['wall_s']:.0f}s",
                     flush=True,
                 )
-                (out / "results.json").write_text(
-                    json.dumps({f"{k}/{m}": v for (k, m), v in res.items()}, indent=1)
-                )
+                done = {f"{k}/{m}": v for (k, m), v in res.items()}
+                write_atomic(out / "results.json", json.dumps(done, indent=1))
     print(table(res))
     plot(res, out / "staleness.png")
     print(f"plot: {out / 'staleness.png'}")
