@@ -304,3 +304,29 @@ def test_a_partial_rotary_factor_is_refused(tmp_path, arch, where):
     raw.pop("partial_rotary_factor", None)
     raw.pop("rope_scaling", None)
     config_from_dict(raw)  # 1.0 is the whole head
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_pad_rows_lookup_gradient_is_zero_as_in_transformers(tmp_path, tied):
+    """transformers builds the embedding with `padding_idx=pad_token_id`: the lookup gives the
+    pad row no gradient (a tied head still does). slipstream's trained that row: its
+    embedding gradient differed from transformers' on a batch holding the pad id."""
+    pad = 3
+    hf = _hf_model("llama", pad_token_id=pad, tie_word_embeddings=tied)
+    ours = load_pretrained(_save(hf, tmp_path / "hf"))
+    ids = _ids()
+    ids[:, -4:] = pad  # right padding
+    w = torch.randn(*ids.shape, 97, generator=torch.Generator().manual_seed(2))
+    (hf(ids).logits * w).sum().backward()
+    (ours(ids) * w).sum().backward()
+    want, got = hf.model.embed_tokens.weight.grad, ours.model.embed_tokens.weight.grad
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert got[pad].any() == tied  # a tied head's gradient reaches the row
+    ours.zero_grad()
+    ours.hidden(ids).sum().backward()  # the lookup alone
+    assert not ours.model.embed_tokens.weight.grad[pad].any()
+
+    save_pretrained(ours, tmp_path / "ours")
+    again = load_pretrained(tmp_path / "ours")
+    assert again.model.embed_tokens.padding_idx == pad
+    assert torch.equal(again.model.embed_tokens.weight, ours.model.embed_tokens.weight)

@@ -178,6 +178,15 @@ class ModelConfig:
     def qk_norm(self) -> bool:
         return self.model_type == "qwen3"
 
+    @property
+    def padding_idx(self) -> int | None:
+        """The embedding row of `pad_token_id` when it names one, else None. transformers'
+        Llama/Qwen2/Qwen3 build their embedding with it as `padding_idx`: the lookup gives that
+        row no gradient (a tied LM head still does)."""
+        pad = self.pad_token_id
+        valid = isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < self.vocab_size
+        return pad if valid else None
+
     def num_params(self) -> int:
         h, i, n = self.hidden_size, self.intermediate_size, self.num_hidden_layers
         q = self.num_attention_heads * self.head_dim  # type: ignore[operator]
@@ -342,7 +351,9 @@ class Backbone(nn.Module):
         weight = torch.empty(cfg.vocab_size, cfg.hidden_size)
         if not weight.is_meta:
             nn.init.normal_(weight)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=weight)
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.padding_idx, _weight=weight
+        )
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
