@@ -330,3 +330,29 @@ def test_the_pad_rows_lookup_gradient_is_zero_as_in_transformers(tmp_path, tied)
     again = load_pretrained(tmp_path / "ours")
     assert again.model.embed_tokens.padding_idx == pad
     assert torch.equal(again.model.embed_tokens.weight, ours.model.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("edit", ["use_sliding_window false", "sliding_window null"])
+def test_a_sliding_layer_without_a_window_is_refused(tmp_path, arch, edit):
+    """With `use_sliding_window` false (or a null `sliding_window`) transformers reads no
+    window, and a layer that `layer_types` marks `sliding_attention` fails its every forward
+    pass. slipstream loaded such a config with full attention on every layer."""
+    import json
+
+    from slipstream.model.hf import config_from_dict
+
+    types = ["full_attention", "sliding_attention"]
+    window = {"use_sliding_window": True, "sliding_window": 16, "layer_types": types}
+    _hf_model(arch, **window).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    raw = json.loads(path.read_text())
+    key, value = ("use_sliding_window", False) if "use" in edit else ("sliding_window", None)
+    path.write_text(json.dumps({**raw, key: value}))
+    hf = type(_hf_model(arch)).from_pretrained(tmp_path / "hf")
+    with pytest.raises((TypeError, ValueError)):
+        hf(_ids())  # transformers' own failure
+    said = f"layer_types marks layers 'sliding_attention' but {key} is {json.dumps(value)}"
+    with pytest.raises(ValueError, match=said):
+        load_pretrained(tmp_path / "hf")
+    config_from_dict({**raw, key: value, "layer_types": ["full_attention"] * 2})  # no sliding

@@ -14,6 +14,7 @@ same call. Continuous batching (engine/) relies on exactly that.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,8 +83,8 @@ def sliding_window(extra: dict[str, Any], num_layers: int) -> int | None:
     layers `max_window_layers` and above (default 28). A query then sees its last
     `sliding_window` keys only, so a sequence of at most that many tokens is unaffected; this
     decoder attends to the whole sequence, so longer ones would differ."""
-    window = extra.get("sliding_window", 4096)  # left out: transformers' Qwen2/3 default
-    if not extra.get("use_sliding_window") or not isinstance(window, int):
+    window = window_setting(extra)
+    if window is None:
         return None
     types = extra.get("layer_types")
     if isinstance(types, list):
@@ -92,6 +93,36 @@ def sliding_window(extra: dict[str, Any], num_layers: int) -> int | None:
         first = extra.get("max_window_layers", 28)
         windowed = isinstance(first, int) and first < num_layers
     return window if windowed else None
+
+
+def window_setting(extra: dict[str, Any]) -> int | None:
+    """A Qwen2/Qwen3 config.json's `sliding_window` as transformers keeps it: None unless
+    `use_sliding_window` (left out, the window is its default 4096)."""
+    window = extra.get("sliding_window", 4096)
+    return window if extra.get("use_sliding_window") and isinstance(window, int) else None
+
+
+def check_layer_types(model_type: str, extra: dict[str, Any], num_layers: int) -> None:
+    """A ValueError naming the fields when a Qwen2/Qwen3 config.json's `layer_types` marks a
+    layer `sliding_attention` that has no window (`use_sliding_window` false, or a null
+    `sliding_window`). transformers reads no window there and fails on every forward pass of
+    such a model (it cannot build that layer's mask or cache); full attention would be a
+    model of slipstream's own making."""
+    types = extra.get("layer_types")
+    if model_type == "llama" or not isinstance(types, list):
+        return  # transformers' Llama has no layer types
+    if "sliding_attention" not in types[:num_layers] or window_setting(extra) is not None:
+        return
+    why = (
+        "use_sliding_window is false"
+        if not extra.get("use_sliding_window")
+        else f"sliding_window is {json.dumps(extra.get('sliding_window'))}"
+    )
+    raise ValueError(
+        f"layer_types marks layers 'sliding_attention' but {why}, so they have no window "
+        "(transformers fails on such a model): mark them 'full_attention', or set "
+        "use_sliding_window and a sliding_window"
+    )
 
 
 def window_error(
@@ -161,6 +192,7 @@ class ModelConfig:
             )
         rope_kind(self.rope_scaling)  # an unsupported scaling fails here, at the config check
         check_rotary_fraction(self.extra, self.rope_scaling)
+        check_layer_types(self.model_type, self.extra, self.num_hidden_layers)
 
     @property
     def qkv_bias(self) -> bool:
