@@ -356,3 +356,29 @@ def test_a_sliding_layer_without_a_window_is_refused(tmp_path, arch, edit):
     with pytest.raises(ValueError, match=said):
         load_pretrained(tmp_path / "hf")
     config_from_dict({**raw, key: value, "layer_types": ["full_attention"] * 2})  # no sliding
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_attention_dropout_is_not_applied_and_said_once(tmp_path, arch):
+    """transformers drops attention weights in training with `attention_dropout`; the samplers
+    never do, and the trainer's log-probs must be theirs. slipstream ignored the field
+    without a word; it now trains without dropout and says so in one warning a load."""
+    import warnings
+
+    hf = _hf_model(arch, attention_dropout=0.25)
+    _save(hf, tmp_path / "hf")
+    with pytest.warns(UserWarning) as said:
+        ours = load_pretrained(tmp_path / "hf")
+    assert [str(w.message) for w in said] == [
+        "config.json: attention_dropout = 0.25 is not applied: slipstream trains without "
+        "dropout, so that the trainer's log-probs are the sampler's"
+    ]
+    ours.train()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(_ids()), hf(_ids()).logits, atol=1e-5, rtol=0)
+    save_pretrained(ours, tmp_path / "ours")  # the field is kept
+    assert type(hf).from_pretrained(tmp_path / "ours").config.attention_dropout == 0.25
+    _save(_hf_model(arch), tmp_path / "none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_pretrained(tmp_path / "none")  # 0.0: nothing to say

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -59,6 +60,25 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**known, extra=extra)
 
 
+# the dropout transformers' Llama/Qwen2/Qwen3 apply in training (on the attention weights)
+DROPOUT_FIELDS = ("attention_dropout",)
+
+
+def dropout_notice(cfg: ModelConfig) -> str | None:
+    """One line when `cfg` asks for dropout in training, which slipstream never applies; None
+    when it does not (every released Llama and Qwen has 0.0). The samplers score a completion
+    without dropout, and the policy-gradient ratio and KL terms hold only while the trainer's
+    log-probs are theirs (TRL's GRPOConfig has `disable_dropout` for the same reason)."""
+    for key in DROPOUT_FIELDS:
+        p = cfg.extra.get(key)
+        if isinstance(p, int | float) and not isinstance(p, bool) and p > 0:
+            return (
+                f"config.json: {key} = {p} is not applied: slipstream trains without dropout, "
+                "so that the trainer's log-probs are the sampler's"
+            )
+    return None
+
+
 def check_rope_fields(raw: dict[str, Any]) -> None:
     """A ValueError naming the field unless config.json's `rope_scaling` and `rope_parameters`
     are each absent, null or a JSON object (a string or a list is not a rotary setting)."""
@@ -107,12 +127,16 @@ def load_pretrained(
 
     The model is built on the meta device (no random initialisation) and its parameters are
     the checkpoint's tensors, read by safetensors straight onto `device` and cast to `dtype`.
+    A config's dropout is not applied, with a warning (`dropout_notice`).
     """
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path}: no config.json (expected a Hugging Face model folder)")
     cfg = config_from_dict(json.loads(cfg_file.read_text()))
+    notice = dropout_notice(cfg)
+    if notice:  # (attributed to this line, so that a process says it once)
+        warnings.warn(notice, UserWarning, stacklevel=1)
     with torch.device("meta"):
         model = CausalLM(cfg)
     state: dict[str, torch.Tensor] = {}
