@@ -64,6 +64,22 @@ class CompletionText(str):
         return CompletionText, (str(self), self.token_ids, self.trainer_state)
 
 
+class TurnTokens(list[int]):
+    """A model turn's token ids (a `list`, what `Env.step` gets) that carry the `TrainerState`
+    the turn ended at (`trainer_state`: the version of the weights its engine held then, as a
+    single-turn sample's is the version that scores it; None where unknown). `ToolEnv` gives
+    it to the episode's reward; it pickles with it to an environment worker process."""
+
+    trainer_state: TrainerState | None
+
+    def __init__(self, ids: list[int], trainer_state: TrainerState | None = None) -> None:
+        super().__init__(ids)
+        self.trainer_state = trainer_state
+
+    def __reduce__(self) -> tuple[type[TurnTokens], tuple[list[int], TrainerState | None]]:
+        return TurnTokens, (list(self), self.trainer_state)
+
+
 @dataclass
 class Prompt:
     """One task item: the text the model sees and what the verifier needs to score it."""

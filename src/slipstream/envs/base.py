@@ -1,7 +1,8 @@
 """The token-level environment protocol: one `Env` per sample, built by a factory from its row.
 
 An episode is: the prompt is `initial_observation().tokens`; the model generates a turn (up to
-its end-of-sequence token, or a budget); `step(action_tokens)` gets that turn's tokens and
+its end-of-sequence token, or a budget); `step(action_tokens)` gets that turn's tokens (a
+`types.TurnTokens` list, whose `trainer_state` is the `TrainerState` the turn ended at) and
 returns a `StepResult`; unless `done`, `next_observation.tokens` are appended to the sequence
 as environment tokens and the model generates the next turn. Token in, token out: the
 sequence is never re-tokenized, so what is trained is exactly what the model saw.

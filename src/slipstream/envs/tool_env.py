@@ -4,7 +4,13 @@ The first observation is the row's prompt rendered with the tools (its conversat
 chat template). Each model turn is decoded and searched for tool calls (envs.parse). A turn
 without any is the answer: the episode ends, rewarded by the class's `reward(completion=...)` if it has one
 (`reset`, `reward` and the tools may be `async def`: each is awaited, envs.tools),
-else by the `reward` function given (the task's verifier), else 0. A turn with calls gets
+else by the `reward` function given (the task's verifier), else 0. The completion is the
+answer's text; the reward also gets, as TRL's tool-calling GRPO passes them, `completion_ids`
+(the episode's tokens after its prompt: every model turn and every tool reply between them, as
+TRL's tool loop builds its `completion_ids`, tool tokens included) and `trainer_state` (the
+`TrainerState` the last turn ended at, carried on its `TurnTokens`): the class's `reward`
+where it takes them (by name, or `**kwargs`), a TRL-shaped reward function of the task on the
+completion (a `CompletionText`, tasks.rewards). A turn with calls gets
 every call's reply (errors included) rendered by the `Renderer` and appended as tokens; after
 a turn that does not end with a chat renderer's `end_of_turn` token (cut by its token budget,
 or stopped by another stop), that token closes the turn first.
@@ -12,6 +18,7 @@ or stopped by another stop), that token closes the turn first.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +28,7 @@ from slipstream.envs.render import Codec, PlainRenderer, Renderer, encode_tail
 from slipstream.envs.tools import ToolReply, call_tool, tool_specs
 from slipstream.tasks.guard import as_reward
 from slipstream.text import short_repr
-from slipstream.types import Prompt
+from slipstream.types import CompletionText, Prompt, TrainerState
 
 RewardFn = Callable[[Prompt, str], float]
 
@@ -60,6 +67,7 @@ class ToolEnv:
         self.reward_fn = reward
         self.max_calls, self.max_reply_chars = max_calls_per_turn, max_reply_chars
         self.specs = tool_specs(tools)
+        self.history: list[int] = []  # the episode's tokens after the prompt, so far
 
     def initial_observation(self) -> Observation:
         text = self.row.text
@@ -80,7 +88,9 @@ class ToolEnv:
         text = self.tok.decode(action_tokens)
         calls = parse_tool_calls(self._call_text(action_tokens), self.fmt)
         if not calls:
-            return StepResult(reward=self._reward(text), done=True)
+            ids = [*self.history, *action_tokens]
+            state = getattr(action_tokens, "trainer_state", None)  # (TurnTokens)
+            return StepResult(reward=self._reward(CompletionText(text, ids, state)), done=True)
         replies = [self._truncate(call_tool(self.specs, c)) for c in calls[: self.max_calls]]
         refused = max(len(calls) - self.max_calls, 0)  # never run: one error reply for them
         if refused:
@@ -96,6 +106,7 @@ class ToolEnv:
         }
         obs = _unicode(obs)
         ids = encode_tail(self.tok, obs, self.renderer.templated)
+        self.history += [*action_tokens, *ids]
         return StepResult(0.0, False, Observation(ids, obs), metrics)
 
     def _call_text(self, action_tokens: list[int]) -> str:
@@ -110,12 +121,13 @@ class ToolEnv:
         end = encode_tail(self.tok, end_of_turn, templated=True)
         return bool(end) and action_tokens[-len(end) :] != end
 
-    def _reward(self, completion: str) -> float:
+    def _reward(self, completion: CompletionText) -> float:
         """The episode's reward; one that is not a finite number (None, NaN, text) raises
         a ValueError naming what returned it, which ends the episode `error`."""
         own = getattr(self.tools, "reward", None)
         if callable(own):
-            value = resolve(own(completion=completion))
+            extra = _accepted(own, _episode_kwargs(completion))
+            value = resolve(own(completion=str(completion), **extra))
             source = f"{type(self.tools).__name__}.reward"
         elif self.reward_fn is not None:
             value = self.reward_fn(self.row, completion)
@@ -135,6 +147,23 @@ class ToolEnv:
             return r
         head, tail = text[: n // 2], text[len(text) - (n - n // 2) :]
         return ToolReply(r.name, f"{head}\n... [{len(text) - n} chars cut] ...\n{tail}", r.error)
+
+
+def _episode_kwargs(completion: CompletionText) -> dict[str, list[int] | TrainerState | None]:
+    """What a tool class's `reward` may take besides `completion` (module docstring)."""
+    return {"completion_ids": list(completion.token_ids), "trainer_state": completion.trainer_state}
+
+
+def _accepted(fn: Callable[..., object], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The items of `kwargs` that `fn` takes: by their name, or all with a `**kwargs`."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: none of them
+        return {}
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return dict(kwargs)
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in kwargs.items() if k in names}
 
 
 def _unicode(text: str) -> str:

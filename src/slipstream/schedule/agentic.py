@@ -18,7 +18,7 @@ from slipstream.envs.base import EnvFactory
 from slipstream.envs.workers import Workers
 from slipstream.model.tokenizer import Tokenizer
 from slipstream.schedule.episodes import Episode, EpisodeRunner
-from slipstream.types import Group, Prompt
+from slipstream.types import Group, Prompt, TrainerState
 
 END_REASONS = (
     "done", "max_turns", "max_tokens", "length", "timeout", "error", "crash", "aborted",
@@ -33,10 +33,15 @@ def make_runner(
     workers: Workers | None = None,
 ) -> EpisodeRunner:
     """An episode runner on `engine`, which gets a KV park of `env.park_kv_tokens`; `workers`
-    shared with other runners (None: its own, closed with it)."""
+    shared with other runners (None: its own, closed with it). A turn ends at the version
+    `engine` holds then (`TrainerState`, with `run.steps`), as a single-turn group is scored."""
     engine.park = KVPark(cfg.env.park_kv_tokens)
+
+    def state() -> TrainerState:
+        return TrainerState(engine.version, cfg.run.steps)
+
     return EpisodeRunner(
-        factory, params, cfg.env, engine.max_len, on_end=engine.park.discard, workers=workers
+        factory, params, cfg.env, engine.max_len, engine.park.discard, workers, state
     )
 
 

@@ -35,7 +35,7 @@ from slipstream.envs.base import EnvFactory, Observation, StepResult
 from slipstream.envs.workers import EnvError, Outcome, WorkerDied, Workers, make_workers
 from slipstream.tasks.guard import as_reward
 from slipstream.text import short_repr
-from slipstream.types import EpisodeStats, FinishReason, Prompt, Sample
+from slipstream.types import EpisodeStats, FinishReason, Prompt, Sample, TrainerState, TurnTokens
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # a turn's sampling seed: the member's seed + turn * stride
 
@@ -121,8 +121,10 @@ class EpisodeRunner:
 
     `max_len` is the engine's context; `on_end(key)` is called once per ended episode (the
     sampler drops its parked KV there). `workers` runs the environments (envs.workers; None:
-    its own, of `env.workers` and `env.isolation`, closed by `close`). Not thread-safe: one
-    sampler loop drives it.
+    its own, of `env.workers` and `env.isolation`, closed by `close`). `state()` is the
+    `TrainerState` a turn ends at, which its step gets on its tokens (`TurnTokens`: what a
+    `ToolEnv`'s reward gets as `trainer_state`; None: unknown). Not thread-safe: one sampler
+    loop drives it.
     """
 
     def __init__(
@@ -133,9 +135,10 @@ class EpisodeRunner:
         max_len: int,
         on_end: Callable[[Hashable], None] | None = None,
         workers: Workers | None = None,
+        state: Callable[[], TrainerState] | None = None,
     ) -> None:
         self.factory, self.params, self.cfg, self.max_len = factory, params, cfg, max_len
-        self.on_end = on_end
+        self.on_end, self.state = on_end, state
         self.owns_workers = workers is None
         self.workers = workers or make_workers(factory, cfg.workers, cfg.isolation)
         self.episodes: dict[Hashable, Episode] = {}
@@ -168,7 +171,8 @@ class EpisodeRunner:
         if c.finish_reason == FinishReason.ABORTED:
             self._end(ep, "aborted", FinishReason.ABORTED)
             return
-        self.pending[ep.key] = _Pending(self.workers.step(ep.key, list(c.tokens)), first=False)
+        tokens = TurnTokens(list(c.tokens), self.state() if self.state is not None else None)
+        self.pending[ep.key] = _Pending(self.workers.step(ep.key, tokens), first=False)
 
     def poll(self) -> tuple[list[Request], list[Episode]]:
         """Collect finished environment steps: the model turns to generate next, and the

@@ -9,8 +9,9 @@
   sample per call keeps the reward guard's per-sample timeout (a hang costs one sample).
   `completion_ids=[ids]` and `trainer_state` (a `slipstream.types.TrainerState`: the policy
   version scoring the sample as `global_step`, `run.steps` as `max_steps`) are passed where
-  they are known (every single-turn sample and evaluation: `CompletionText`); an episode's
-  reward gets neither.
+  they are known (every single-turn sample and evaluation, every `ToolEnv` episode:
+  `CompletionText`; an episode's ids are its tokens after the prompt, tool replies included,
+  and its state the one its last turn ended at, envs.tool_env).
 - verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
   by keyword as verl's reward manager calls it; a dict's `score` is the reward, its other
   numbers are logged. `data_source` and `extra_info` are the row's columns of those names

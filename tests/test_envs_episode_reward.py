@@ -1,0 +1,122 @@
+"""An episode's reward gets `completion_ids` and `trainer_state`, as a single-turn reward does."""
+
+from __future__ import annotations
+
+import pickle
+import string
+from typing import Any
+
+from slipstream.config.env import EnvConfig
+from slipstream.engine import Completion, SamplingParams
+from slipstream.envs import PlainRenderer, ToolEnv
+from slipstream.model.tokenizer import char_tokenizer
+from slipstream.schedule.episodes import Episode, EpisodeRunner
+from slipstream.tasks.rewards import adapt
+from slipstream.types import FinishReason, Prompt, TrainerState, TurnTokens
+
+TOK = char_tokenizer(string.printable)
+ROW = Prompt("p0", "What is 1+2?", answer="3.0")
+
+
+class Adder:
+    seen: list[dict[str, Any]]
+
+    def add(self, a: float, b: float) -> float:
+        """Add two numbers."""
+        return a + b
+
+    def reward(self, completion: str, **kwargs: Any) -> float:
+        self.seen.append({"completion": completion, **kwargs})
+        return float(completion.strip() == "3.0")
+
+
+class Named(Adder):
+    def reward(self, completion: str, completion_ids: list[int]) -> float:  # type: ignore[override]
+        self.seen.append({"completion": completion, "completion_ids": completion_ids})
+        return 1.0
+
+
+def _episode(env: ToolEnv, state: TrainerState) -> Episode:
+    """The episode of `env` for two model turns, a call then the answer, ended at `state`."""
+    runner = EpisodeRunner(
+        lambda p: env, SamplingParams(1.0, max_new_tokens=64),
+        EnvConfig(isolation="thread"), 512, state=lambda: state,
+    )  # fmt: skip
+    turns = [TOK.encode('CALL add {"a": 1, "b": 2}', add_special_tokens=False),
+             TOK.encode("3.0", add_special_tokens=False)]  # fmt: skip
+    runner.start(ROW, "k", 0)
+    ended: list[Episode] = []
+    try:
+        while not ended:
+            runner.wait(0.05)
+            requests, ended = runner.poll()
+            for r in requests:
+                out = turns.pop(0)
+                n = len(out)
+                runner.turn(Completion(r, out, [0.0] * n, [0] * n, FinishReason.STOP, 0, 0))
+    finally:
+        runner.close()
+    return ended[0]
+
+
+def test_an_episode_reward_gets_the_episode_ids_and_the_trainer_state() -> None:
+    """Before, a tool class's `reward` got only `completion=` and the task's reward function a
+    plain str: a TRL-shaped reward reading `completion_ids` or `trainer_state` (TRL passes both,
+    in its tool-calling loop too) got neither. Now both get the episode's tokens after its
+    prompt (model turns and tool replies, TRL's multi-turn `completion_ids`) and the state the
+    last turn ended at; a `reward` taking only some of them by name gets those."""
+    state = TrainerState(5, 20)
+    tools = Adder()
+    tools.seen = []
+    ep = _episode(ToolEnv(tools, ROW, TOK, "plain", PlainRenderer()), state)
+    assert ep.stats.end == "done" and ep.reward == 1.0
+    [got] = tools.seen
+    assert got == {"completion": "3.0", "completion_ids": ep.tokens, "trainer_state": state}
+    assert type(got["completion"]) is str  # the text, as before
+    assert TOK.decode(ep.tokens).endswith("RESULT add: 3.0\n3.0")
+
+    named = Named()
+    named.seen = []
+    ep = _episode(ToolEnv(named, ROW, TOK, "plain", PlainRenderer()), state)
+    assert named.seen == [{"completion": "3.0", "completion_ids": ep.tokens}]
+
+    class NoReward:  # the task's reward function: TRL-shaped, on the completion
+        def add(self, a: float, b: float) -> float:
+            """Add two numbers."""
+            return a + b
+
+    seen: list[dict[str, Any]] = []
+
+    def trl(prompts: list[str], completions: list[str], **kw: Any) -> list[float]:
+        seen.append({"completions": completions, **kw})
+        return [1.0]
+
+    env = ToolEnv(NoReward(), ROW, TOK, "plain", PlainRenderer(), reward=adapt(trl, "trl"))
+    ep = _episode(env, state)
+    assert ep.reward == 1.0
+    assert seen[0]["completions"] == ["3.0"]
+    assert seen[0]["completion_ids"] == [ep.tokens] and seen[0]["trainer_state"] == state
+
+
+def test_turn_tokens_are_a_list_that_keeps_its_state_through_pickling() -> None:
+    t = TurnTokens([1, 2], TrainerState(3, 4))
+    back = pickle.loads(pickle.dumps(t))
+    assert back == [1, 2] and back.trainer_state == TrainerState(3, 4)
+    assert isinstance(back, list) and TurnTokens([7]).trainer_state is None
+
+
+def test_a_run_s_episode_turns_end_at_the_engine_s_version() -> None:
+    from types import SimpleNamespace
+
+    from slipstream.config import Config
+    from slipstream.envs.workers import ThreadWorkers
+    from slipstream.schedule.agentic import make_runner
+
+    cfg = Config()
+    engine = SimpleNamespace(version=3, max_len=64, park=None)
+    workers = ThreadWorkers(lambda p: ToolEnv(Adder(), p, TOK), 1)
+    runner = make_runner(cfg, workers.factory, engine, SamplingParams(1.0), workers)  # type: ignore[arg-type]
+    assert runner.state is not None and runner.state() == TrainerState(3, cfg.run.steps)
+    engine.version = 4
+    assert runner.state() == TrainerState(4, cfg.run.steps)
+    workers.close()
