@@ -195,3 +195,26 @@ def test_decoded_text_is_transformers_decode_under_clean_up_tokenization_spaces(
 
     group = episode_group(tok, Prompt("p", "", None), [Episode()])  # type: ignore[list-item]
     assert group.samples == [want]
+
+
+def test_every_named_special_token_reaches_the_template_as_transformers_passes_them(tmp_path):
+    """transformers renders a template with every named special token of the tokenizer
+    (`special_tokens_map`: bos, eos, unk, sep, pad, cls and mask); `mask_token` was missing
+    from slipstream's, so a template writing `{{ mask_token }}` rendered it as nothing, and
+    slipstream passed `additional_special_tokens`, which transformers 5 does not."""
+    from chat_model import _write, byte_bpe
+
+    names = ["<s>", "</s>", "<unk>", "<sep>", "<pad>", "<cls>", "<mask>"]
+    keys = ["bos", "eos", "unk", "sep", "pad", "cls", "mask"]
+    shown = "".join(f"{k}=[{{{{ {k}_token }}}}] " for k in keys)
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast",
+           **{f"{k}_token": n for k, n in zip(keys, names)}, "additional_special_tokens": ["<x>"],
+           "chat_template": shown + "{{ additional_special_tokens }}{% for m in messages %}{{ m['content'] }}{% endfor %}"}  # fmt: skip
+    folder = _write(tmp_path, byte_bpe([*names, "<x>"]), cfg)
+    hf = transformers.AutoTokenizer.from_pretrained(str(folder))
+    conv = [{"role": "user", "content": "hi"}]
+    chat = load_chat_template("auto", str(folder))
+    assert chat is not None
+    want = hf.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    assert "mask=[<mask>]" in want
+    assert chat.render(conv) == want

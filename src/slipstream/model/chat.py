@@ -23,7 +23,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
+# the named special tokens transformers renders a template with (its tokenizers'
+# `SPECIAL_TOKENS_ATTRIBUTES`, which `apply_chat_template` passes as `special_tokens_map`)
+SPECIAL_KEYS = (
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+)  # fmt: skip
 
 
 class ChatTemplateError(ValueError):
@@ -154,7 +158,9 @@ class _TemplateDict:
 
 
 def _special_tokens(folder: Path) -> dict[str, Any]:
-    """Special tokens as strings, from tokenizer_config.json and special_tokens_map.json."""
+    """The named special tokens as strings, from tokenizer_config.json and
+    special_tokens_map.json: what transformers 5 renders a template with (its
+    `special_tokens_map`; the additional special tokens are not among them)."""
     out: dict[str, Any] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the config wins
         f = folder / name
@@ -168,9 +174,6 @@ def _special_tokens(folder: Path) -> dict[str, Any]:
             text = _token_text(data.get(key)) if isinstance(data, dict) else None
             if text is not None:
                 out[key] = text
-        extra = data.get("additional_special_tokens") if isinstance(data, dict) else None
-        if isinstance(extra, list):
-            out["additional_special_tokens"] = [t for t in map(_token_text, extra) if t]
     return out
 
 
