@@ -537,3 +537,18 @@ def test_an_integer_past_ints_digit_limit_is_a_bad_call_or_an_answer_never_an_ex
     r = env.step(TOK.encode(calls["plain"]))
     assert not r.done and r.next_observation is not None
     assert "RESULT add: error: arguments are not valid JSON" in r.next_observation.text
+
+
+def test_a_plain_argument_that_starts_with_a_brace_is_json_and_the_error_says_how_to_send_text() -> (
+    None
+):
+    """The docs said any plain argument that is not a JSON object is the tool's text; the
+    parser reads every argument starting with `{` as JSON (a bad call if it is not), so code
+    such as `{1: 2}` was a format error whose reply did not say how to send it. Now the docs
+    say what the parser does, and the error reply says it."""
+    [bad] = parse_tool_calls("CALL python {1: 2}", "plain")
+    assert bad.name == "python" and bad.text is None
+    assert bad.error.startswith("arguments are not valid JSON")
+    assert 'goes as a JSON object: {"<argument>": "<text>"}' in bad.error
+    [ok] = parse_tool_calls('CALL python {"code": "{1: 2}"}', "plain")
+    assert ok == ToolCall("python", {"code": "{1: 2}"})

@@ -25,6 +25,10 @@ and is not one (bad JSON, or a turn cut by its token budget): a bad call.
     CALL calc 7+9                  any other text: the tool's only (first) argument
     CALL now                       no arguments
 
+An argument that starts with `{` is always read as the JSON object of arguments, and is a bad
+call if it is not one: text that starts with `{` (code such as `{1: 2}`) goes inside one,
+`CALL python {"code": "{1: 2}"}` (the error reply says so).
+
 A call that cannot be parsed (bad JSON, no name, a `<tool_call>` never closed, as in a turn cut
 by its token budget) is still returned, with `error` set: the tool layer replies with that
 error instead of calling anything, so the model learns the format.
@@ -45,6 +49,7 @@ _SPACE = re.compile(r"\s*")
 _JSON = json.JSONDecoder()
 _ARGS = {"arguments", "parameters"}
 _JSON_CALL = re.compile(r'\{\s*"name"\s*:')  # how a `json` call opens
+_BRACE = 'text that starts with "{" goes as a JSON object: {"<argument>": "<text>"}'
 _PLAIN = re.compile(r"^[ \t]*CALL[ \t]+([A-Za-z_][A-Za-z0-9_]*)[ \t]*(.*?)[ \t]*$", re.MULTILINE)
 
 
@@ -144,7 +149,9 @@ def _plain_call(name: str, rest: str) -> ToolCall:
         try:
             args = json.loads(rest)
         except ValueError as e:
-            return ToolCall(name, error=f"arguments are not valid JSON ({_why(e)})")
+            why = f"arguments are not valid JSON ({_why(e)})"
+            hint = isinstance(e, json.JSONDecodeError)  # (not JSON at all: it may be text)
+            return ToolCall(name, error=f"{why}; {_BRACE}" if hint else why)
         if isinstance(args, dict):
             return ToolCall(name, args)
     return ToolCall(name, text=rest)
