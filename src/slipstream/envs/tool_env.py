@@ -70,10 +70,15 @@ class ToolEnv:
         self.history: list[int] = []  # the episode's tokens after the prompt, so far
 
     def initial_observation(self) -> Observation:
-        text = self.row.text
-        messages = [dict(m) for m in self.row.messages] if self.row.messages else None
         reset = getattr(self.tools, "reset", None)
         extra = resolve(reset(**row_kwargs(self.row))) if callable(reset) else None
+        return self.first_observation(self.row, extra)
+
+    def first_observation(self, row: Prompt, extra: str | None = None) -> Observation:
+        """The first observation of `row` with these tools, `extra` (what `reset` returned)
+        appended: rendering only, no `reset` (run.agentic.env_max_len measures every row)."""
+        text = row.text
+        messages = [dict(m) for m in row.messages] if row.messages else None
         if extra:
             text = f"{text}\n{extra}"
             if messages:  # the row's conversation: the text joins its last turn

@@ -235,11 +235,22 @@ def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | N
 
 
 def env_max_len(cfg: Config, factory: EnvFactory, prompts: Sequence[Prompt], tok: Tokenizer) -> int:
-    """Context an episode can need: the longest rendered first observation + `env.max_tokens`
-    (the rendering's overhead measured on the first prompt, the same for every row)."""
-    first = resolve(factory(prompts[0]).initial_observation())
-    extra = len(first.tokens) - len(tok.encode(prompts[0].text))
-    longest = max(len(tok.encode(p.text)) for p in prompts)
+    """Context an episode can need: the longest first observation + `env.max_tokens` + 1.
+
+    Of a `ToolEnv` (`env.tools`, the built-in task), every row's first observation is rendered
+    (its system prompt, conversation and the tools, as the template writes them for that row),
+    the rendering only: the text the tool class's `reset` appends is measured on the first row
+    and counted for every row (`reset` is the class's code, once per episode; it may start what
+    its episode needs). Another `Env` (`env.factory`) is built for the first row only, for the
+    same reason: its overhead over the row's text is counted for every row."""
+    env = factory(prompts[0])
+    first = resolve(env.initial_observation())
+    if isinstance(env, ToolEnv):
+        extra = len(first.tokens) - len(env.first_observation(prompts[0]).tokens)
+        longest = max(len(env.first_observation(p).tokens) for p in prompts)
+    else:
+        extra = len(first.tokens) - len(tok.encode(prompts[0].text))
+        longest = max(len(tok.encode(p.text)) for p in prompts)
     return longest + max(extra, 0) + cfg.env.max_tokens + 1
 
 
