@@ -30,7 +30,9 @@ def trained(monkeypatch) -> list[Any]:
 
     calls: list[Any] = []
     monkeypatch.setattr(
-        slipstream.run.sync, "train_sync", lambda cfg, resume=False: calls.append(cfg)
+        slipstream.run.sync,
+        "train_sync",
+        lambda cfg, resume=False, checked=False: calls.append(cfg),
     )
     return calls
 
@@ -242,7 +244,9 @@ def test_a_resume_under_another_queue_is_refused_before_anything_is_written(
     real = {name: getattr(module, name) for module, name in loops}
     calls: list[Any] = []
     for module, name in loops:  # stubbed for `main`
-        monkeypatch.setattr(module, name, lambda cfg, resume=False: calls.append(cfg))
+        monkeypatch.setattr(
+            module, name, lambda cfg, resume=False, checked=False: calls.append(cfg)
+        )
     run = _run_folder(tmp_path / "run", 'runtime.kind="local"', ran)
     before = _files(run)
     assert main(["train", "--resume", str(run), change]) == 2 and calls == []

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import traceback
-import warnings
 from pathlib import Path
 
 # Before torch loads its OpenMP runtime (the imports below), which reads this once: waiting
@@ -77,19 +76,16 @@ def _train(argv: list[str]) -> int:
     # a missing model folder or library, a run.dir holding another run: one line, exit 2,
     # before any work
     preflight(cfg, resume=bool(args.resume))
-    from slipstream.run.resume import ResumeWarning
-
+    resume = bool(args.resume)  # checked, and what it changes said, above (`_warn_changed`)
     try:
-        with warnings.catch_warnings():  # what a resume changes was said above, in one line
-            warnings.simplefilter("ignore", ResumeWarning)
-            if cfg.runtime_kind == "inprocess":
-                from slipstream.run.sync import train_sync
+        if cfg.runtime_kind == "inprocess":
+            from slipstream.run.sync import train_sync
 
-                train_sync(cfg, resume=bool(args.resume))
-            else:  # every other schedule runs samplers and the trainer in separate processes
-                from slipstream.run.launch import train_async
+            train_sync(cfg, resume=resume, checked=True)
+        else:  # every other schedule runs samplers and the trainer in separate processes
+            from slipstream.run.launch import train_async
 
-                train_async(cfg, resume=bool(args.resume))
+            train_async(cfg, resume=resume, checked=True)
     except ConfigError:
         raise
     except TaskError as e:  # a bad row, a reward failing under task.reward_errors = 'fail'
@@ -120,8 +116,9 @@ def _in_started_folder(run_dir: Path) -> str:
 
 
 def _warn_changed(run_dir: str, cfg: Config) -> None:
-    """A resume with settings other than the run's own (`run.resume.resume_changes`) goes on
-    with them, but says so in one line: the run is then not the unbroken one."""
+    """The checks of a resume (`run.resume.check_resume`, which the run then skips): one with
+    settings other than the run's own (`run.resume.resume_changes`) goes on with them, but
+    says so in one line: the run is then not the unbroken one."""
     from slipstream.run.resume import changed_settings_notice, resume_changes
 
     changed = resume_changes(Path(run_dir), cfg)

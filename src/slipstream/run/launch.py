@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # imported where they are used: building them starts torch wo
 
 
 def train_async(
-    cfg: Config, signals: Interrupts | None = None, resume: bool = False
+    cfg: Config, signals: Interrupts | None = None, resume: bool = False, *, checked: bool = False
 ) -> dict[str, Any]:
     """Train with `cfg.schedule` on the local or the Ray runtime (`runtime.kind`); the run
     folder is `run.sync.train_sync`'s: config.toml, metrics.jsonl, ledger.json, summary.json,
@@ -39,11 +39,13 @@ def train_async(
     cluster and (`runtime.trainer_actor`) runs the rest of this function in a trainer actor,
     whose stop flag is `signals`. With `resume`, continue from the newest checkpoint in
     `cfg.run.dir`: weights, optimizer, run state and the orchestrator's queued work, and
-    `run.record_schedule` off (`_no_record`)."""
+    `run.record_schedule` off (`_no_record`); `checked`: the caller made `check_resume`'s
+    checks already (the CLI, in its own words)."""
     from slipstream.run.resume import check_resume
     from slipstream.runtime.local import Interrupts
 
-    if resume and signals is None:  # (given: the Ray trainer actor's call, checked before it)
+    # (signals given: the Ray trainer actor's call, checked before it)
+    if resume and signals is None and not checked:
         check_resume(cfg)
     if resume and cfg.run.record_schedule:
         _no_record(cfg)

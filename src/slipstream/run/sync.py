@@ -24,10 +24,11 @@ from slipstream.schedule.sync import train_steps
 from slipstream.train.checkpoint import checkpoint_step
 
 
-def train_sync(cfg: Config, resume: bool = False) -> dict[str, Any]:
+def train_sync(cfg: Config, resume: bool = False, *, checked: bool = False) -> dict[str, Any]:
     """Train `cfg.run.steps` steps; with `resume`, continue the run in `cfg.run.dir` from its
-    newest complete checkpoint (the same trajectory as an unbroken run, bit for bit)."""
-    if resume:
+    newest complete checkpoint (the same trajectory as an unbroken run, bit for bit).
+    `checked`: the caller made `check_resume`'s checks already (the CLI, in its own words)."""
+    if resume and not checked:
         check_resume(cfg)
     ckpt = resume_from(cfg) if resume else None
     run = setup(cfg, checkpoint_step(ckpt) if ckpt is not None else None)
