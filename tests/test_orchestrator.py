@@ -334,6 +334,21 @@ def test_checkpointed_state_round_trips_through_json(name):
     ]
 
 
+def test_discard_counts_groups_in_the_ledger_and_their_tokens_in_the_step():
+    """`step_stats.discard`: the one count of groups a rollback's undoing drops (on arrival,
+    waiting in a window, in a replay): one ledger entry and its tokens each."""
+    from slipstream.schedule.step_stats import StepStats, discard
+
+    def group(pid: str, n: int) -> Group:
+        s = Sample(pid, [1], [2] * n, [0.0] * n, [0] * n, FinishReason.STOP)
+        return Group(Prompt(pid, "x", None), [s, s])
+
+    led, st = Ledger(), StepStats()
+    discard(led, st, [group("a", 3), group("b", 1)])
+    discard(led, st, [])
+    assert (led.discarded, st.discarded_tokens) == (2, 8)
+
+
 def test_a_group_trained_twice_is_counted_by_prompt_and_seeds():
     from slipstream.schedule.step_stats import StepStats
 

@@ -49,7 +49,7 @@ from slipstream.schedule.replay_sampler import (
     WeightStore,
     read_jsonl,
 )
-from slipstream.schedule.step_stats import StepStats, group_lag
+from slipstream.schedule.step_stats import StepStats, discard, group_lag
 from slipstream.types import Group, Prompt
 
 # Wall-clock measurements: a replay measures its own, so they are not compared
@@ -303,8 +303,7 @@ class TrainerReplay:
         rejected = self.undone.rejects(group)  # of a version a rollback undid
         self._check(f"group {e['g']} discarded", verdict == "discarded", rejected)
         if verdict == "discarded":
-            led.discarded += 1
-            self.stats.discarded_tokens += group.num_tokens
+            discard(led, self.stats, [group])
             return
         if verdict == "stale":
             led.stale += 1
@@ -323,9 +322,7 @@ class TrainerReplay:
         if self.undone.undo(self.run, ckpt, last_bad):
             self.store.publish(self.learner.version, dict(self.run.model.named_parameters()))
         self.rolled_back = [g for g, group in self.window.items() if self.undone.rejects(group)]
-        for g in self.rolled_back:
-            self.stats.discarded_tokens += self.window.pop(g).num_tokens
-        self.learner.ledger.discarded += len(self.rolled_back)
+        discard(self.learner.ledger, self.stats, [self.window.pop(g) for g in self.rolled_back])
 
     def _tighten(self, windows: int, record: dict[str, Any]) -> None:
         """The watchdog's `tighten` in the step `record` still open, as `LagControl.tighten`:

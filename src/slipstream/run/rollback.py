@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slipstream.run.setup import Run
+from slipstream.schedule.step_stats import discard
 from slipstream.schedule.watchdog import Watchdog, checkpoint_step, undone
 from slipstream.train.checkpoint import load_trainer_state, load_weights
 from slipstream.types import Group
@@ -118,8 +119,7 @@ def orchestrated_rollback(
         st.window = keep(st.window)
         for b in st.batches:
             st.batches[b] = keep(st.batches[b])
-        run.ledger.discarded += len(gone)
-        orch.stats.discarded_tokens += sum(g.num_tokens for g in gone)  # tokens/wasted
+        discard(run.ledger, orch.stats, gone)
         if orch.recorder is not None:
             orch.recorder.rollback(checkpoint_step(ckpt), last_bad, gone)
         if not orch.fixed:

@@ -56,7 +56,7 @@ from slipstream.schedule.ledger import Ledger
 from slipstream.schedule.pipeline_state import OrchestratorState
 from slipstream.schedule.presets import ScheduleSpec
 from slipstream.schedule.record import ScheduleRecorder
-from slipstream.schedule.step_stats import StepStats, group_lag
+from slipstream.schedule.step_stats import StepStats, discard, group_lag
 from slipstream.schedule.tail import LengthModel
 from slipstream.types import Group, Prompt
 
@@ -311,8 +311,7 @@ class Orchestrator:
         group = msg.group
         self.lengths.update(group.prompt, [s.num_tokens for s in group.samples])
         if self.reject is not None and self.reject(group):
-            self.learner.ledger.discarded += 1
-            self.stats.discarded_tokens += group.num_tokens
+            discard(self.learner.ledger, self.stats, [group])
             self._out_of_bound(req)
             self._record(msg, "discarded")
             return

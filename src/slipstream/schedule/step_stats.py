@@ -18,6 +18,7 @@ never delivered are `lost_tokens` (as of its last report: a lower bound).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,6 +28,7 @@ from slipstream.algo.staleness import lag_stats
 from slipstream.engine.stats import PASS_SUMS
 from slipstream.runtime.channels import SamplerReport
 from slipstream.schedule.agentic import episode_metrics
+from slipstream.schedule.ledger import Ledger
 from slipstream.tasks.rewards import part_means
 from slipstream.types import Group, Sample
 
@@ -332,6 +334,15 @@ class StepStats:
             "restart_downtime_s": t["restart_downtime_s"],
             **{k: int(t[k]) for k in ints},
         }
+
+
+def discard(ledger: Ledger, stats: StepStats, groups: Sequence[Group]) -> None:
+    """Count `groups`, of policy versions a watchdog rollback undid, as dropped: in the ledger
+    (`discarded`) and in the open step's tokens (`tokens/discarded`, part of `tokens/wasted`).
+    The one place they are counted: a group rejected on arrival or waiting in a window when
+    the rollback comes, in a run (`schedule.orchestrator`, `run.rollback`) or its replay."""
+    ledger.discarded += len(groups)
+    stats.discarded_tokens += sum(g.num_tokens for g in groups)
 
 
 def goodput(
