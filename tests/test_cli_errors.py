@@ -345,3 +345,93 @@ def test_the_readmes_chat_model_script_without_its_folder_says_its_usage():
         "usage: python tests/chat_model.py OUT  (writes OUT/model, OUT/train.parquet, "
         "OUT/rewards.py)"
     )
+
+
+@pytest.fixture
+def ray_init(monkeypatch) -> list[object]:
+    """`ray.init` stubbed: the addresses a run tried to join (none, if preflight stopped it)."""
+    ray = pytest.importorskip("ray")
+    calls: list[object] = []
+
+    def init(*args: object, **kwargs: object) -> None:
+        calls.append(kwargs.get("address"))
+        raise RuntimeError("ray.init reached")
+
+    monkeypatch.setattr(ray, "init", init)
+    return calls
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "address, said",
+    [
+        ("nonsense", "is not a Ray cluster address (expected auto, HOST:PORT"),
+        ("10.0.0.1:notaport", "is not a Ray cluster address"),
+        ("http://127.0.0.1:6379", "is not a Ray cluster address"),
+        ("127.0.0.1:CLOSED", "no Ray cluster at '127.0.0.1:CLOSED' (cannot connect to 127"),
+        ("ray://127.0.0.1:CLOSED", "'ray://127.0.0.1:CLOSED' (cannot connect to 127.0.0.1:"),
+    ],
+)
+def test_a_malformed_or_unreachable_ray_address_names_the_setting(
+    capsys, tmp_path, ray_init, address, said
+):
+    """A malformed `runtime.address` was Ray's ValueError, a traceback and exit 1; one where
+    nothing answers made `ray.init` wait minutes (measured here: killed after 60 s on
+    127.0.0.1:1). Now preflight says either in one line, exit 2, and Ray is never started."""
+    port = str(_closed_port())
+    address, said = address.replace("CLOSED", port), said.replace("CLOSED", port)
+    rc, err = _train(capsys, tmp_path, 'runtime.kind="ray"', f'runtime.address="{address}"')
+    assert (rc, ray_init) == (2, [])
+    _one_line(err, "runtime.address", said)
+
+
+def test_a_ray_address_probe_is_bounded_and_knows_a_gcs(monkeypatch):
+    """A server that accepts the connection but never answers is refused after the probe's
+    timeout; one that is not a Ray GCS (another gRPC service) is refused at once; a GCS that
+    gives its cluster id passes."""
+    import socket
+    import time
+    from concurrent import futures
+
+    grpc = pytest.importorskip("grpc")
+    pytest.importorskip("ray")
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    from slipstream.config import ConfigError
+    from slipstream.run.preflight import check_ray_address
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        t0 = time.monotonic()
+        with pytest.raises(ConfigError, match=r"no answer from 127\.0\.0\.1:\d+ in 0\.5 s"):
+            check_ray_address(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.5)
+        assert time.monotonic() - t0 < 3
+
+    class Gcs(gcs_service_pb2_grpc.NodeInfoGcsServiceServicer):
+        def GetClusterId(self, request, context):
+            return gcs_service_pb2.GetClusterIdReply()
+
+    for servicer, ok in ((None, False), (Gcs(), True)):
+        server = grpc.server(futures.ThreadPoolExecutor(1))
+        if servicer is not None:
+            gcs_service_pb2_grpc.add_NodeInfoGcsServiceServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            if ok:
+                check_ray_address(f"127.0.0.1:{port}", timeout_s=5)
+                check_ray_address(f"ray://127.0.0.1:{port}", timeout_s=5)
+            else:
+                with pytest.raises(ConfigError, match="is not a Ray head's GCS"):
+                    check_ray_address(f"127.0.0.1:{port}", timeout_s=5)
+                check_ray_address(f"ray://127.0.0.1:{port}", timeout_s=5)  # a Ray Client server
+        finally:
+            server.stop(None)

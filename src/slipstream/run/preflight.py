@@ -1,11 +1,12 @@
 """Checks of a config against this machine before any work starts: a model folder that is
-missing or malformed, an optional library a setting needs but that is not installed, and a
-`run.dir` that cannot be made or already holds another run, are a `ConfigError` naming the
-setting (and the install command), not a traceback minutes in.
+missing or malformed, an optional library a setting needs but that is not installed, a
+`run.dir` that cannot be made or already holds another run, and a Ray cluster address that is
+malformed or where nothing answers, are a `ConfigError` naming the setting (and the install
+command), not a traceback minutes in.
 
 Only what is cheap is checked (files, JSON, the tokenizer, the weights' safetensors headers,
-whether a package can be found, whether a dataset path exists); the weights themselves are
-read when the run loads them.
+whether a package can be found, whether a dataset path exists, one call to a Ray cluster); the
+weights themselves are read when the run loads them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +27,10 @@ if TYPE_CHECKING:
 # setting -> (package to find, what to install)
 EXTRAS = {"ray": "ray", "tensorboard": "tensorboard", "wandb": "wandb"}
 FOLDER = "expected a Hugging Face model folder: config.json, *.safetensors, tokenizer.json"
+# `runtime.address` to join: HOST:PORT (the head's GCS) or ray://HOST:PORT (Ray Client); an
+# IPv6 host in brackets
+RAY_ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]@]+):([0-9]{1,5})")
+RAY_PROBE_S = 5.0  # the longest wait for a TCP connection to `runtime.address`
 
 
 def preflight(cfg: Config, resume: bool = False) -> None:
@@ -40,6 +46,55 @@ def preflight(cfg: Config, resume: bool = False) -> None:
         model = check_model_folder(Path(cfg.model.path))
         check_window(cfg, model)
     check_data_paths(cfg)
+    if cfg.runtime.kind == "ray":  # last: the one check that can wait (`RAY_PROBE_S`)
+        check_ray_address(cfg.runtime.address)
+
+
+def check_ray_address(address: str | None, timeout_s: float = RAY_PROBE_S) -> None:
+    """`runtime.address` is unset (a private Ray), `auto` or `local` (Ray's own discovery:
+    `runtime.ray.session` names the setting when it finds none), or `[ray://]HOST:PORT` where
+    a server answers, within `timeout_s`, the call for the cluster id that `ray.init` makes
+    first: a Ray head's GCS at `HOST:PORT`; any gRPC server at `ray://` (a Ray Client server
+    does not serve that call). Ray itself takes a malformed address for a traceback, and
+    waits minutes on one where nothing answers."""
+    if address is None or address in ("auto", "local"):
+        return
+    host, port = ray_host_port(address)
+    import grpc  # type: ignore[import-untyped]  # (installed with ray)
+    from ray.core.generated.gcs_service_pb2 import GetClusterIdRequest  # type: ignore[attr-defined]
+    from ray.core.generated.gcs_service_pb2_grpc import NodeInfoGcsServiceStub
+
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    with grpc.insecure_channel(target) as ch:
+        try:
+            NodeInfoGcsServiceStub(ch).GetClusterId(GetClusterIdRequest(), timeout=timeout_s)
+            return
+        except grpc.RpcError as e:
+            code = e.code() if isinstance(e, grpc.Call) else None
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        why = f"no answer from {target} in {timeout_s:g} s"
+    elif code == grpc.StatusCode.UNAVAILABLE:
+        why = f"cannot connect to {target}"
+    elif code == grpc.StatusCode.UNIMPLEMENTED and not address.startswith("ray://"):
+        why = f"what answers at {target} is not a Ray head's GCS"
+    else:  # the server answered (a Ray Client server serves no GCS calls); `ray.init` goes on
+        return
+    raise ConfigError(
+        f"runtime.address: no Ray cluster at {address!r} ({why}); start one there with "
+        "`ray start --head`, or leave runtime.address unset for a private Ray on this machine"
+    )
+
+
+def ray_host_port(address: str) -> tuple[str, int]:
+    """The host and port of a Ray address `[ray://]HOST:PORT` (`RAY_ADDRESS`); a `ConfigError`
+    naming `runtime.address` for anything else."""
+    m = RAY_ADDRESS.fullmatch(address)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise ConfigError(
+            f"runtime.address: {address!r} is not a Ray cluster address (expected auto, "
+            "HOST:PORT such as 10.0.0.5:6379, or ray://HOST:PORT for Ray Client)"
+        )
+    return m.group(1).strip("[]"), int(m.group(2))
 
 
 def check_data_paths(cfg: Config) -> None:
