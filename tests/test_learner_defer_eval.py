@@ -26,12 +26,17 @@ def test_deferred_evaluations_score_each_steps_weights_and_hold_none(tmp_path):
     model = torch.nn.Linear(3, 1, bias=False)
     with torch.no_grad():
         model.weight.zero_()
+    versions: list[int | None] = []  # the version each evaluation scored as (trainer_state)
+
+    def evaluate(version: int | None = None) -> float:
+        versions.append(version)
+        return float(model.weight.detach().sum())  # "accuracy": a function of the weights
+
+    engine = SimpleNamespace(version=7)
     run = SimpleNamespace(
         model=model,
-        eval_engine=SimpleNamespace(version=0),  # the version a reward's trainer_state reads
-        evaluate=lambda: float(
-            model.weight.detach().sum()
-        ),  # "accuracy": a function of the weights
+        eval_engine=engine,
+        evaluate=evaluate,
         ledger=Ledger(),
         counters=Counter(),
         dir=tmp_path,
@@ -47,6 +52,8 @@ def test_deferred_evaluations_score_each_steps_weights_and_hold_none(tmp_path):
     learner.evaluate_deferred()
     assert [(c["step"], c["heldout_acc"]) for c in learner.curve] == [(1, 3.0), (2, 6.0), (3, 9.0)]
     assert torch.equal(model.weight, torch.full((1, 3), -1.0))  # back to the final weights
+    # each snapshot scored as its step's version, told to `evaluate`: the engine is not changed
+    assert versions == [1, 2, 3] and engine.version == 7
     learner.drop_snapshots()  # once the summary is written
     assert not (tmp_path / "eval_snapshots").exists()
 
@@ -62,7 +69,7 @@ def test_a_resumed_learner_keeps_the_curve_and_the_snapshots_up_to_its_checkpoin
         run = SimpleNamespace(
             model=model,
             eval_engine=SimpleNamespace(version=0),
-            evaluate=lambda: float(model.weight.detach().sum()),
+            evaluate=lambda version=None: float(model.weight.detach().sum()),
             ledger=Ledger(),
             counters=Counter(),
             dir=tmp_path,

@@ -171,14 +171,11 @@ class RunLearner:
         if not self._snapshots:
             return
         final = {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
-        engine, version = self.run.eval_engine, self.run.eval_engine.version
-        for step, wall, path in self._snapshots:
+        for step, wall, path in self._snapshots:  # (the engine's packed copies follow the loads)
             self.run.model.load_state_dict(torch.load(path, weights_only=True))
-            engine.version = step  # the version evaluated (a TRL reward's trainer_state)
-            self.acc = self.run.evaluate()
+            self.acc = self.run.evaluate(step)  # scored as version `step` (trainer_state)
             self.curve.append({"step": step, "wall_s": wall, "heldout_acc": self.acc})
         self.run.model.load_state_dict(final)
-        engine.version = version
 
     def drop_snapshots(self) -> None:
         """Delete the scored snapshots' files (and their folder, if nothing else is in it)."""

@@ -110,23 +110,23 @@ class Run:
         s = self.cfg.sampling
         return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens)
 
-    def evaluate(self) -> float:
-        """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1); every metric
-        of the evaluation, of each `eval.sets` set too, lands in `eval_metrics`. Multi-turn runs:
-        the mean reward of greedy episodes of the held-out split. A prompt too long (`fits`) is
-        skipped, as in training, and counted (`heldout/skipped_too_long`, `heldout/<set>/...`):
-        the metrics are over the prompts evaluated (`check_too_long`). `eval_engine` is the run's
+    def evaluate(self, version: int | None = None) -> float:
+        """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1) of the weights,
+        as policy `version` (a reward's `trainer_state`; default: the eval engine's); every
+        metric, of each `eval.sets` set too, lands in `eval_metrics`. Multi-turn runs: the mean
+        reward of greedy episodes of the held-out split. A prompt too long (`fits`) is skipped,
+        as in training, and counted (`heldout/skipped_too_long`, `heldout/<set>/...`): the
+        metrics are over the prompts evaluated (`check_too_long`). `eval_engine` is the run's
         engine: the trainer's own weights (one packed copy, one KV cache in the trainer process,
-        never a second model); its counters are set aside meanwhile, so evaluation never counts
-        as rollout."""
+        never a second model); its counters are set aside, so evaluation never counts as rollout."""
         engine = self.eval_engine
         saved, engine.stats = engine.stats, EngineStats()
         try:
-            return self._evaluate()
+            return self._evaluate(engine.version if version is None else version)
         finally:
             engine.stats = saved
 
-    def _evaluate(self) -> float:
+    def _evaluate(self, version: int) -> float:
         e, s = self.cfg.eval, self.cfg.sampling
         params = SamplingParams(
             e.temperature, s.top_p if e.temperature else 1.0, s.top_k, s.max_new_tokens
@@ -141,7 +141,7 @@ class Run:
             return acc
         out: dict[str, float] = {}
         acc = 0.0
-        at = TrainerState(self.eval_engine.version, self.cfg.run.steps)  # TRL's trainer_state
+        at = TrainerState(version, self.cfg.run.steps)  # TRL's trainer_state
         for name, prompts in {"": self.heldout, **self.eval_sets}.items():
             kept = [p for p in prompts if self.fits(p)]  # the rest skipped, as `draw` skips them
             rewards = rewards_of(
