@@ -302,3 +302,13 @@ def test_math_verify_scores_in_the_ray_actors_threads(assets, tmp_path):
     assert all(r.get("reward/errors_raised", 0) == 0 for r in records), [
         {k: v for k, v in r.items() if "reward" in k} for r in records
     ]
+
+
+def test_preflight_finds_a_real_ray_head_at_its_gcs_address():
+    """`runtime.address` as a user gives it (HOST:PORT of a running head's GCS) passes the
+    preflight probe, which calls Ray's own generated GCS service: a change of Ray's internals
+    that broke the probe would refuse every cluster, and this test would say so."""
+    from slipstream.run.preflight import check_ray_address
+
+    address = ray.get_runtime_context().gcs_address
+    check_ray_address(address, timeout_s=10)  # raises ConfigError if not found

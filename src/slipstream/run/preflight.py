@@ -60,9 +60,14 @@ def check_ray_address(address: str | None, timeout_s: float = RAY_PROBE_S) -> No
     if address is None or address in ("auto", "local"):
         return
     host, port = ray_host_port(address)
-    import grpc  # type: ignore[import-untyped]  # (installed with ray)
-    from ray.core.generated.gcs_service_pb2 import GetClusterIdRequest  # type: ignore[attr-defined]
-    from ray.core.generated.gcs_service_pb2_grpc import NodeInfoGcsServiceStub
+    try:  # Ray's generated service code (checked on ray 2.60 against a `ray start --head`)
+        import grpc  # type: ignore[import-untyped]  # (installed with ray)
+        from ray.core.generated.gcs_service_pb2 import (  # type: ignore[attr-defined]
+            GetClusterIdRequest,
+        )
+        from ray.core.generated.gcs_service_pb2_grpc import NodeInfoGcsServiceStub
+    except (ImportError, AttributeError):  # another Ray's layout: `ray.init` says what it finds
+        return
 
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     with grpc.insecure_channel(target) as ch:
