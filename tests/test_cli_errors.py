@@ -307,6 +307,17 @@ def test_a_sliding_window_left_out_is_transformers_default_4096():
     assert "sliding_window = 4096" in (window_error(cfg, 4097, "x") or "")
 
 
+def test_a_llama_config_s_window_settings_are_none_as_in_transformers():
+    """transformers' Llama has no sliding attention: `use_sliding_window` in a Llama
+    config.json changes nothing there, so it must not refuse long sequences here."""
+    from slipstream.model.hf import config_from_dict
+    from slipstream.model.llama import window_error
+
+    raw = {**TINY_QWEN, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}
+    assert window_error(config_from_dict({**raw, "model_type": "llama"}), 4096, "x") is None
+    assert "sliding_window = 16" in (window_error(config_from_dict(raw), 4096, "x") or "")
+
+
 def test_a_tokenizer_that_cannot_tell_its_end_token_is_refused_before_any_work(capsys, tmp_path):
     d = _sharded(tmp_path)
     cfg = json.loads((d / "tokenizer_config.json").read_text())

@@ -130,7 +130,10 @@ def window_error(
 ) -> str | None:
     """One line when `cfg`'s sliding window (`sliding_window`) could change sequences of
     `max_len` tokens, which this decoder does not implement; None when it cannot matter.
-    `advice`: how to bring the length down (None: engine.max_len)."""
+    `advice`: how to bring the length down (None: engine.max_len). A Llama config's window
+    settings are none: transformers' Llama attends to the whole sequence whatever they say."""
+    if cfg.model_type == "llama":
+        return None
     window = sliding_window(cfg.extra, cfg.num_hidden_layers)
     if window is None or max_len <= window:
         return None
