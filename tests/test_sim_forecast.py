@@ -56,8 +56,9 @@ def test_log_ar1_corrects_a_short_series() -> None:
     assert log_ar1(np.ones(10)) == (0.0, 0.0)
     x = np.exp(np.array([0.1, -0.1] * 10))  # alternating: negative correlation, clipped to 0
     var, rho = log_ar1(x)
-    # rho 0 -> var_of_mean(1, 0, 20) = 1/20: var = 0.01 x 20/19 / (1 - 1/20)
-    assert rho == 0.0 and var == pytest.approx(0.01 * 20 / 19 / 0.95)
+    # rho 0 -> var_of_mean(1, 0, 20) = 1/20: var = 0.2 / 20 / (1 - 1/20) = 0.2 / 19, the
+    # unbiased sample variance (dividing by n - 1 and by 1 - 1/n counted the mean twice)
+    assert rho == 0.0 and var == pytest.approx(0.2 / 19)
 
 
 def test_eval_cost_separates_evaluations_from_overhead() -> None:
@@ -368,10 +369,10 @@ def test_var_of_pooled_mean_by_hand() -> None:
 
 # 3 seeds of 12 simulated steps, log step times alternating +-0.2, fitted within each seed's
 # series: each about its own mean 0, the lag-1 correlation -33/36 (clipped to 0), the variance
-# 0.04 x 36/33 (3 means: 33 degrees of freedom) / (1 - 1/12), the 90 % quantile Student's t on
-# 36 - 3 - 1 = 32 degrees of freedom (t95(32), the tabled 30: 1.697)
+# 0.04 x 36/36 / (1 - 1/12) (3 means: 36 x 11/12 = 33 degrees of freedom), the 90 % quantile
+# Student's t on 36 - 3 - 1 = 32 degrees of freedom (t95(32), the tabled 30: 1.697)
 A = 0.2
-VAR = A**2 * (12 / 11) ** 2
+VAR = A**2 * 12 / 11
 FAKE_TIMES = np.exp(A * np.array([1.0, -1.0] * 6))
 
 
@@ -386,11 +387,11 @@ def _plan(run_steps: int, seeds: int = 3, times=lambda seed: FAKE_TIMES):
 def test_plan_interval_holds_the_error_of_the_simulated_mean() -> None:
     """The run's mean step is estimated from 36 simulated steps: its relative variance is that
     estimate's, VAR / 36, plus the run's own noise, VAR / N. Without the first term the
-    interval of a long run narrowed to nothing (rel_sd 0.0218 at N = 100, not 0.0424)."""
+    interval of a long run narrowed to nothing (rel_sd 0.0209 at N = 100, not 0.0406)."""
     f = _plan(100)
     rel_sd = math.sqrt(VAR * (1 / 36 + 1 / 100))
     assert f.step_s == pytest.approx(math.cosh(A))
-    assert f.rel_sd == pytest.approx(rel_sd) == pytest.approx(0.0424069, abs=1e-6)
+    assert f.rel_sd == pytest.approx(rel_sd) == pytest.approx(0.0406015, abs=1e-6)
     total = 100 * math.cosh(A)
     assert f.remaining_s == pytest.approx(total)
     assert f.lo_s == pytest.approx(total * math.exp(-1.697 * rel_sd))
@@ -423,7 +424,7 @@ def test_plan_fits_the_correlation_within_each_seeds_series() -> None:
     level step between them read as a strongly correlated, wide spread (rel_sd 0.39 at N = 100,
     not 0.050)."""
     f = _plan(100, seeds=2, times=lambda seed: FAKE_TIMES * (3.0 if seed % 2 else 1.0))
-    # 24 steps, 2 means: 0.04 x 24/22 / (1 - 1/12) = VAR; the pooled mean's VAR / 24
+    # 24 steps, 2 means: 0.04 x 24/24 / (1 - 1/12) = VAR; the pooled mean's VAR / 24
     assert f.rel_sd == pytest.approx(math.sqrt(VAR * (1 / 24 + 1 / 100)))
 
 

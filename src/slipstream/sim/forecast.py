@@ -126,9 +126,9 @@ def var_of_pooled_mean(var: float, rho: float, lengths: list[int]) -> float:
 
 def log_ar1(x: np.ndarray) -> tuple[float, float]:
     """(variance, lag-1 correlation) of log x [n], both corrected for a short series: the
-    correlation's bias (1 + 4 rho) / n (Kendall), clipped to [0, 0.95]; the variance divided
-    by 1 - var_of_mean(1, rho, n) (a correlated series' sample variance misses the spread of
-    its own mean)."""
+    correlation's bias (1 + 4 rho) / n (Kendall), clipped to [0, 0.95]; the variance, the sum
+    of squares about the mean over n, divided by 1 - var_of_mean(1, rho, n) (a correlated
+    series' squares miss the spread of its own mean: ss / (n - 1) when uncorrelated)."""
     return log_ar1_within([x])
 
 
@@ -138,8 +138,9 @@ def log_ar1_within(series: Sequence[np.ndarray]) -> tuple[float, float]:
     the joins between them, which pair the end of one series with the start of the next).
     Corrected as `log_ar1`, for k series of n steps in all: the pooled correlation's bias
     k (1 + 4 rho) / n (each series' own, (1 + 4 rho) / m, weighted by its m / n); the variance
-    (k means fitted: n - k degrees of freedom) divided by 1 - the steps' mean of
-    var_of_mean(1, rho, m) (each series' sample variance misses the spread of its own mean).
+    the sum of squares over n, divided by 1 - the steps' mean of var_of_mean(1, rho, m) (a
+    series' squares about its own mean miss that mean's spread: their expectation is
+    m var (1 - var_of_mean(1, rho, m)); uncorrelated, the familiar n - k of k fitted means).
     One series: `log_ar1`. (0, 0) with fewer than 2 degrees of freedom or no spread."""
     ys = [np.log(np.asarray(x, dtype=np.float64)) for x in series if len(x) > 0]
     ys = [y - y.mean() for y in ys]
@@ -150,7 +151,7 @@ def log_ar1_within(series: Sequence[np.ndarray]) -> tuple[float, float]:
     rho = sum(float(y[1:] @ y[:-1]) for y in ys) / ss
     rho = min(max(rho + k * (1 + 4 * rho) / n, 0.0), 0.95)
     own = sum(len(y) * var_of_mean(1.0, rho, len(y)) for y in ys) / n
-    var = ss / (n - k) / max(1 - own, 0.2)
+    var = ss / n / max(1 - own, 0.2)
     return var, rho
 
 
