@@ -221,9 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             r["s_per_step"] = {n: steady(r["ends"], r["skip"], n) for n in (a.snapshot, a.steps)}
             res[name].append(r)
             keep = {k: v for k, v in r.items() if k not in ("folders", "skip", "info")}
-            (out / "results.jsonl").open("a").write(
-                json.dumps({"name": name, "seed": seed, **keep}) + "\n"
-            )
+            with (out / "results.jsonl").open("a") as f:
+                f.write(json.dumps({"name": name, "seed": seed, **keep}) + "\n")
             print(
                 f"   seed {seed} {name:10s} {r['s_per_step'][a.steps]:.4f} s/step, held-out "
                 f"{acc0:.3f} -> {r['acc'][a.snapshot]:.3f} ({a.snapshot}) -> "
