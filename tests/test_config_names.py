@@ -31,6 +31,29 @@ def test_an_unknown_key_names_the_setting_it_maps_to(override, said):
     assert said in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "override, meant",
+    [
+        # TRL's epsilon and verl's clip_ratio set both bounds: eps_low alone left eps_high at
+        # the loss's 0.2, so epsilon=0.1 trained with the clip [0.9, 1.2] instead of [0.9, 1.1]
+        ("trainer.epsilon=0.1", "trainer.eps_low and trainer.eps_high"),
+        ("actor.clip_ratio=0.1", "trainer.eps_low and trainer.eps_high"),  # was lr_min_ratio
+        ("importance_sampling_level='sequence'", "trainer.loss = 'gspo'"),  # was packing
+        ("norm_adv_by_std_in_grpo=false", "trainer.advantage (true: grpo, false: dr_grpo)"),
+        ("loss_type='dr_grpo'", "'dr_grpo' agg=token-sum-norm"),
+        ("loss_agg_mode='seq-mean-token-sum-norm'", "seq-mean-token-sum-norm is token-sum-norm"),
+        ("trainer.delta=4.0", "no cap on the unclipped ratio"),  # was trainer.betas
+        ("actor.clip_ratio_c=3.0", "no dual clip"),  # was trainer.lr_min_ratio
+    ],
+)
+def test_trl_and_verl_loss_settings_name_what_they_map_to(override, meant):
+    """Each of TRL's and verl's loss and advantage settings is answered with slipstream's
+    (or with why there is none), not with the nearest spelling of another setting."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert meant in str(e.value), str(e.value)
+
+
 def test_every_mapped_setting_exists():
     keys = _all_keys(Config)
     for name, target in SETTING_FOR.items():

@@ -28,13 +28,19 @@ SETTING_FOR: dict[str, str] = {
     "temperature": "sampling.temperature",
     "top_p": "sampling.top_p",
     "top_k": "sampling.top_k",
-    "epsilon": "trainer.eps_low",
+    "epsilon": "trainer.eps_low and trainer.eps_high (TRL's epsilon alone sets both bounds)",
+    "clip_ratio": "trainer.eps_low and trainer.eps_high (verl's clip_ratio sets both bounds)",
     "clip_ratio_low": "trainer.eps_low",
     "epsilon_high": "trainer.eps_high",
     "clip_ratio_high": "trainer.eps_high",
-    "loss_type": "trainer.loss and trainer.agg (TRL's 'dapo' is loss=ppo agg=token-mean)",
-    "loss_agg_mode": "trainer.agg",
-    "scale_rewards": "trainer.advantage (grpo scales by the group's std, dr_grpo does not)",
+    "loss_type": "trainer.loss and trainer.agg (TRL's 'dapo' and 'bnpo' are loss=ppo "
+    "agg=token-mean, 'grpo' agg=seq-mean-token-mean, 'dr_grpo' agg=token-sum-norm)",
+    "loss_agg_mode": "trainer.agg (verl's seq-mean-token-sum-norm is token-sum-norm)",
+    "scale_rewards": "trainer.advantage (grpo scales by the group's std, dr_grpo does not; "
+    "TRL's 'batch' std has no equivalent)",
+    "norm_adv_by_std_in_grpo": "trainer.advantage (true: grpo, false: dr_grpo)",
+    "importance_sampling_level": "trainer.loss = 'gspo' for 'sequence' (eps 3e-4 / 4e-4); "
+    "'token' is ppo or dapo",
     "adv_estimator": "trainer.advantage",
     "per_device_train_batch_size": "trainer.batch_prompts (prompts a step; x group_size samples)",
     "train_batch_size": "trainer.batch_prompts (prompts a step; x group_size samples)",
@@ -65,6 +71,9 @@ NO_SETTING: dict[str, str] = {
     "beta": "slipstream has no KL-to-reference penalty: TRL's default beta = 0",
     "kl_coef": "slipstream has no KL-to-reference penalty",
     "use_kl_loss": "slipstream has no KL-to-reference penalty",
+    "delta": "slipstream has no cap on the unclipped ratio (TRL's two-sided delta)",
+    "clip_ratio_c": "slipstream's config has no dual clip (verl's clip_ratio_c); "
+    "losses.compute takes dual_clip",
     "num_iterations": "slipstream has no such setting: one optimizer update a batch",
     "ppo_epochs": "slipstream has no such setting: one optimizer update a batch",
 }
