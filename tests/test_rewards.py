@@ -428,3 +428,31 @@ def test_trainer_state_is_the_version_that_scores(tmp_path, loop):
         assert all(0.0 <= r["reward_mean"] <= r["step"] - 1 for r in records), records
         curve = {c["step"]: c["heldout_acc"] for c in summary["heldout_curve"]}
         assert curve == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}, curve
+
+
+def test_verl_ground_truth_is_reward_model_ground_truth_as_stored():
+    # verl passes `reward_model.ground_truth` as the row stores it, whatever other columns the
+    # row keeps: a MATH row's worked `solution` was the answer, and an int 4 arrived as "4"
+    from slipstream.tasks import RowFormat
+    from slipstream.tasks.datasets import Row
+
+    seen = []
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(ground_truth)
+        return float(ground_truth == 4)
+
+    row = {
+        "data_source": "math",
+        "prompt": "2+2?",
+        "solution": "Adding, 2+2 = \\boxed{4}.",
+        "reward_model": {"style": "rule", "ground_truth": 4},
+    }
+    for need_answer in (True, False):  # with a built-in reward beside it, or only your own
+        p = RowFormat(need_answer=need_answer).prompt(Row("v.jsonl:1", row), "0")
+        assert p.answer == "4"  # the built-ins compare text
+        assert adapt(compute_score, "auto")(p, "4") == 1.0
+        assert seen[-1] == 4 and type(seen[-1]) is int
+    # a mapped answer column is still the built-ins' answer
+    mapped = RowFormat(columns={"answer": "solution"}).prompt(Row("v.jsonl:1", row), "0")
+    assert mapped.answer == row["solution"]

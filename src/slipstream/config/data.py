@@ -73,8 +73,9 @@ class TaskConfig(_Section):
     columns: dict[str, str] = Field(default_factory=dict)
     """Your file's column names for `prompt`, `messages`, `answer` and `id`, e.g.
     `{prompt = "problem", answer = "solution"}`. Defaults: `messages`, else `prompt` (a string,
-    or a list of messages as verl's files have it); `answer`, else `ground_truth`, `solution`
-    or `reward_model.ground_truth`. Every other column travels with the prompt to the reward."""
+    or a list of messages as verl's files have it); verl's `reward_model.ground_truth`, else
+    `answer`, `ground_truth` or `solution`. Every other column travels with the prompt to the
+    reward."""
     chat_template: str = "auto"
     """`auto`: render prompts with the model's own chat template when it has one (as
     `apply_chat_template(..., add_generation_prompt=True)`), plain text otherwise. `none`: plain

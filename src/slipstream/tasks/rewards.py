@@ -14,8 +14,9 @@
   and its state the one its last turn ended at, envs.tool_env).
 - verl: `compute_score(data_source, solution_str, ground_truth, extra_info) -> float | dict`,
   by keyword as verl's reward manager calls it; a dict's `score` is the reward, its other
-  numbers are logged. `data_source` and `extra_info` are the row's columns of those names
-  (`extra_info` defaults to the whole row).
+  numbers are logged. `ground_truth` is the row's `reward_model.ground_truth` as stored (an
+  int stays an int, as verl passes it), else the prompt's answer; `data_source` and
+  `extra_info` are the row's columns of those names (`extra_info` defaults to the whole row).
 
 An `async def` function of any shape is awaited (TRL awaits them), on one event loop per process.
 
@@ -39,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from slipstream.tasks.jsonl import BUILTIN_REWARDS, TaskError, load_reward
+from slipstream.tasks.rows import MISSING, verl_ground_truth
 from slipstream.types import Group, Prompt
 
 Shape = Literal["auto", "slipstream", "trl", "verl"]
@@ -86,11 +88,18 @@ def adapt(fn: Callable[..., Any], shape: Shape) -> Scorer:
             fn(
                 data_source=prompt.meta.get("data_source", ""),
                 solution_str=completion,
-                ground_truth=prompt.answer,
+                ground_truth=_ground_truth(prompt),
                 extra_info=prompt.meta.get("extra_info", prompt.meta),
             )
         )
     return lambda prompt, completion: awaited(fn(prompt, completion))
+
+
+def _ground_truth(prompt: Prompt) -> object:
+    """What verl passes as `ground_truth`: the row's `reward_model.ground_truth` as stored
+    (`prompt.answer` is its text where a built-in reward compares with it), else the answer."""
+    truth = verl_ground_truth(prompt.meta)
+    return prompt.answer if truth is MISSING else truth
 
 
 _loop: tuple[int, asyncio.AbstractEventLoop] | None = None  # (its process id, the loop)

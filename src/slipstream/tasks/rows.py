@@ -2,9 +2,10 @@
 
 A row's prompt is its `messages` column (a list of `{"role", "content"}`) or its `prompt`
 column (a string, or a list of messages as verl's datasets have it); `task.columns` maps a
-file's own names onto `prompt`, `messages`, `answer` and `id`. The answer is the `answer`
-column, else `ground_truth`, `solution` or verl's `reward_model.ground_truth`. Every column
-but the prompt's travels with the `Prompt` (`meta`) to the reward functions.
+file's own names onto `prompt`, `messages`, `answer` and `id`. The answer is verl's
+`reward_model.ground_truth`, where verl reads it, else the `answer` column, `ground_truth` or
+`solution` (a mapped `answer` column comes first). Every column but the prompt's travels with
+the `Prompt` (`meta`) to the reward functions.
 
 With a chat template (`task.chat_template`), a conversation, or a plain prompt as the one user
 turn, is rendered with the generation prompt opened, after `task.system_prompt` as its first
@@ -118,13 +119,12 @@ class RowFormat:
     def _answer(self, row: Row) -> object:
         data = row.data
         names = [self.columns["answer"]] if "answer" in self.columns else list(ANSWER_COLUMNS)
+        truth = verl_ground_truth(data)
+        if "answer" not in self.columns and truth is not MISSING:  # where verl reads it, first
+            return _answer_text(truth, row.where, "reward_model.ground_truth", self.need_answer)
         for name in names:
             if name in data:
                 return _answer_text(data[name], row.where, name, self.need_answer)
-        verl = data.get("reward_model")
-        if "answer" not in self.columns and isinstance(verl, dict) and "ground_truth" in verl:
-            truth = verl["ground_truth"]
-            return _answer_text(truth, row.where, "reward_model.ground_truth", self.need_answer)
         if not self.need_answer:
             return None
         have = ", ".join(map(repr, data)) or "none"
@@ -132,6 +132,16 @@ class RowFormat:
             f"{row.where}: missing column {' or '.join(map(repr, names))} (columns here: {have}; "
             "map yours with task.columns)"
         )
+
+
+MISSING = object()
+
+
+def verl_ground_truth(row: dict[str, Any]) -> object:
+    """A verl row's ground truth, `reward_model.ground_truth`, as stored; `MISSING` if none.
+    verl reads it there whatever other columns the row has (a MATH row's worked `solution`)."""
+    verl = row.get("reward_model")
+    return verl["ground_truth"] if isinstance(verl, dict) and "ground_truth" in verl else MISSING
 
 
 def _answer_text(value: object, where: str, col: str, strict: bool = True) -> object:
