@@ -103,6 +103,32 @@ def test_a_downloaded_hub_dataset_folder_reads_the_config_it_is_told(tmp_path):
     assert [p.text for p in task.heldout_prompts()] == ["main test"]
 
 
+def test_a_hub_shards_name_is_its_split_as_datasets_reads_it(tmp_path):
+    """The hub names a shard `data/{split}-00000-of-00001.*`: `datasets` reads
+    `train_sft-...` as split `train_sft`. Its words made it a `train` file, so task.split=train
+    mixed train_sft and train_gen rows, train_sft was no split at all, and shards of no usual
+    split name (OpenMathReasoning's cot, tir) were all read as `train`."""
+    (tmp_path / "data").mkdir()
+    for split in ("train_sft", "train_gen", "test_sft"):
+        (tmp_path / "data" / f"{split}-00000-of-00001-3f2a.jsonl").write_text(
+            json.dumps({"prompt": split, "answer": "1"}) + "\n"
+        )
+    assert [r.data["prompt"] for r in read_table(tmp_path, "train_sft")] == ["train_sft"]
+    with pytest.raises(
+        TaskError, match=r"no file of split 'train' .*test_sft, train_gen, train_sft"
+    ):
+        read_table(tmp_path, "train")
+    other = tmp_path / "other"
+    (other / "data").mkdir(parents=True)
+    for split in ("cot", "tir"):
+        (other / "data" / f"{split}-00000-of-00002.jsonl").write_text(
+            json.dumps({"prompt": split, "answer": "1"}) + "\n"
+        )
+    with pytest.raises(TaskError, match=r"no file of split 'train' .*splits here: cot, tir"):
+        read_table(other, "train")
+    assert [r.data["prompt"] for r in read_table(other, "tir")] == ["tir"]
+
+
 def test_a_save_to_disk_folder_is_its_arrow_shards(tmp_path):
     # DatasetDict.save_to_disk's layout: the JSON files beside the shards are metadata, which
     # were read as rows ("dataset_info.json: row 0: missing column 'messages' or 'prompt'")

@@ -7,8 +7,9 @@ hub dataset ids go through the `datasets` library (`pip install 'slipstream[data
 
 A folder holds files of one or several splits (a `save_to_disk` folder of `datasets` too, its
 metadata JSON files left out): files whose path names the split (`train.jsonl`,
-`data/train-00000-of-00001.parquet`, `test/part0.csv`) are that split's; with no file naming
-any split, every file is the `train` split. A hub dataset downloaded as a folder keeps each
+`test/part0.csv`) are that split's, and a hub shard `data/{split}-00000-of-00001.parquet` is
+exactly split `{split}`'s (`train_sft`'s shards are not `train`'s), as `datasets` reads them;
+with no file naming any split, every file is the `train` split. A hub dataset downloaded as a folder keeps each
 config in a folder of its name (openai/gsm8k: `main/`, `socratic/`): `task.dataset_config`
 picks it, and a split whose files lie in several such folders without it is an error (their
 rows would be mixed).
@@ -31,6 +32,9 @@ SUFFIXES = (*JSON_SUFFIXES, *ARROW_SUFFIXES)
 SPLIT_NAMES = ("train", "test", "validation", "valid", "dev", "eval")
 # what `datasets`' save_to_disk writes beside its .arrow shards: metadata, not rows
 SAVE_TO_DISK_META = ("dataset_info.json", "state.json", "dataset_dict.json")
+SHARD = re.compile(
+    r"(.+?)-[0-9]{5}-of-[0-9]{5}[^/]*\.[^/]+"
+)  # the hub's {split}-00000-of-00001.ext
 INSTALL = "pip install 'slipstream[data]'"
 
 
@@ -81,11 +85,11 @@ def split_files(folder: Path, split: str | Split) -> list[Path]:
         files = config_files(folder, files, sp.config)
 
     def names(f: Path) -> set[str]:
-        parts = f.relative_to(folder).with_suffix("").parts
-        return {w for part in parts for w in re.split(r"[-_.]", part.lower())}
+        return file_splits(f.relative_to(folder))
 
     named = [f for f in files if sp.name in names(f)]
-    if not named and sp.name == sp.unnamed and not any(names(f) & set(SPLIT_NAMES) for f in files):
+    named_any = any(names(f) & set(SPLIT_NAMES) or shard_split(f.name) for f in files)
+    if not named and sp.name == sp.unnamed and not named_any:
         named = files
     if named:
         configs = sorted(folders(folder, named) - set(SPLIT_NAMES)) if sp.config is None else []
@@ -95,11 +99,28 @@ def split_files(folder: Path, split: str | Split) -> list[Path]:
                 "as a hub dataset's configs do: name one with task.dataset_config"
             )
         return named
-    found = sorted({w for f in files for w in names(f) & set(SPLIT_NAMES)})
+    found = sorted({w for f in files for w in names(f) & {*SPLIT_NAMES, shard_split(f.name)}})
     raise TaskError(
         f"{folder}: no file of split {sp.name!r} ({sp.setting}); splits here: "
         f"{', '.join(found) or f'none (all of it is {sp.unnamed})'}"
     )
+
+
+def shard_split(name: str) -> str:
+    """The split a hub shard's file name gives, `{split}-00000-of-00001.*` (the hub's
+    `data/train_sft-00000-of-00001.parquet` is split `train_sft`, as `datasets` reads it, not
+    `train`); "" for any other name, and for save_to_disk's own `data-00000-of-00001.arrow`,
+    whose split is its folder's."""
+    m = SHARD.fullmatch(name)
+    return m.group(1).lower() if m and m.group(1) != "data" else ""
+
+
+def file_splits(rel: Path) -> set[str]:
+    """The split names a data file's path (relative to its folder) carries: every word of its
+    folders, and of its name (`train.jsonl`, `part_test_0.csv`), or a hub shard's one split."""
+    words = {w for part in rel.parts[:-1] for w in re.split(r"[-_.]", part.lower())}
+    shard = shard_split(rel.name)
+    return words | ({shard} if shard else set(re.split(r"[-_.]", rel.stem.lower())))
 
 
 def folders(folder: Path, files: list[Path]) -> set[str]:
