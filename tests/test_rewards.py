@@ -48,6 +48,9 @@ def trl_wrong_length(prompts, completions, **kw):
 def nan_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": float("nan")}
 
+def trl_nan(prompts, completions, **kwargs):
+    return [float("nan") for _ in completions]
+
 def len_reward(completion_ids, **kwargs):  # TRL's documentation's first example
     return [float(len(ids)) for ids in completion_ids]
 """
@@ -456,3 +459,17 @@ def test_verl_ground_truth_is_reward_model_ground_truth_as_stored():
     # a mapped answer column is still the built-ins' answer
     mapped = RowFormat(columns={"answer": "solution"}).prompt(Row("v.jsonl:1", row), "0")
     assert mapped.answer == row["solution"]
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_a_trl_nan_is_a_function_that_does_not_apply_as_in_trls_nansum(rewards_py, isolation):
+    # TRL turns None into NaN and sums the functions with nansum: a NaN from one TRL function
+    # leaves the others' sum. It made the whole sample invalid (scored 0, an error counted).
+    parts = (RewardPart(f"{rewards_py}:trl_nan", 2.0), RewardPart(f"{rewards_py}:slip"))
+    guard = RewardGuard(CombinedReward(parts), isolation, timeout_s=10.0)
+    try:
+        [v] = guard.score(CHAT, ["42"])
+    finally:
+        guard.close()
+    assert (v.reward, v.error) == (1.0, "") and v.parts == {"reward/slip": 1.0}
+    assert not guard.errors

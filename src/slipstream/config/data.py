@@ -39,7 +39,7 @@ class RewardEntry(_Section):
     """`math_verify`, `exact`, `module:function` or `path/to/file.py:function`."""
     weight: float = 1.0
     """Its weight in the total reward: the sum of weight x value over the functions that apply
-    to the sample (a TRL-style function returns None where it does not)."""
+    to the sample (a TRL-style function returns None, or NaN, where it does not)."""
     name: str | None = None
     """Its metric name, `reward/<name>`; default the function's name."""
     shape: Literal["auto", "slipstream", "trl", "verl"] = "auto"

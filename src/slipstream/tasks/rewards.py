@@ -2,7 +2,8 @@
 
 - slipstream: `score(prompt: Prompt, completion: str) -> float`;
 - TRL: `fn(prompts, completions, **columns) -> list[float | None]`, batched, None where the
-  function does not apply (TRL's GRPOTrainer convention). Called here with one sample at a
+  function does not apply (TRL's GRPOTrainer convention; a NaN counts as None, since TRL turns
+  None into NaN and sums with nansum). Called here with one sample at a
   time, by keyword as TRL calls it: `prompts=[messages]` and
   `completions=[[{"role": "assistant", "content": text}]]` for a row whose prompt is a
   conversation, plain strings for a string prompt (even one a chat template renders), and every other column of the row as a one-element list under its own name. One
@@ -150,7 +151,8 @@ def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
         out = tolist()  # a numpy array or a tensor, which TRL iterates as a list
     if not isinstance(out, list | tuple) or len(out) != 1:
         raise TypeError(f"returned {_short(out)}; a TRL reward returns one value per completion")
-    return out[0]
+    x = _number(out[0])
+    return None if x is not None and math.isnan(x) else out[0]  # TRL: NaN is None (nansum)
 
 
 def _short(value: Any) -> str:
