@@ -9,8 +9,9 @@ A folder holds files of one or several splits (a `save_to_disk` folder of `datas
 metadata JSON files left out): files whose path names the split (`train.jsonl`,
 `test/part0.csv`) are that split's, and a hub shard `data/{split}-00000-of-00001.parquet` is
 exactly split `{split}`'s (`train_sft`'s shards are not `train`'s), as `datasets` reads them;
-with no file naming any split, every file is the `train` split. A hub dataset downloaded as a folder keeps each
-config in a folder of its name (openai/gsm8k: `main/`, `socratic/`): `task.dataset_config`
+with no file naming any split, every file is the `train` split. A hub dataset downloaded as a
+folder keeps each config in a folder of its name (openai/gsm8k: `main/`, `socratic/`):
+`task.dataset_config`
 picks it, and a split whose files lie in several such folders without it is an error (their
 rows would be mixed).
 """
@@ -32,9 +33,7 @@ SUFFIXES = (*JSON_SUFFIXES, *ARROW_SUFFIXES)
 SPLIT_NAMES = ("train", "test", "validation", "valid", "dev", "eval")
 # what `datasets`' save_to_disk writes beside its .arrow shards: metadata, not rows
 SAVE_TO_DISK_META = ("dataset_info.json", "state.json", "dataset_dict.json")
-SHARD = re.compile(
-    r"(.+?)-[0-9]{5}-of-[0-9]{5}[^/]*\.[^/]+"
-)  # the hub's {split}-00000-of-00001.ext
+SHARD = re.compile(r"(.+?)-[0-9]{5}-of-[0-9]{5}[^/]*\.[^/]+")  # {split}-00000-of-00001.ext
 INSTALL = "pip install 'slipstream[data]'"
 
 
