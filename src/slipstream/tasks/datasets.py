@@ -11,9 +11,8 @@ metadata JSON files left out): files whose path names the split (`train.jsonl`,
 exactly split `{split}`'s (`train_sft`'s shards are not `train`'s), as `datasets` reads them;
 with no file naming any split, every file is the `train` split. A hub dataset downloaded as a
 folder keeps each config in a folder of its name (openai/gsm8k: `main/`, `socratic/`):
-`task.dataset_config`
-picks it, and a split whose files lie in several such folders without it is an error (their
-rows would be mixed).
+`task.dataset_config` picks it, and a split whose files lie in several such folders without
+it is an error (their rows would be mixed).
 """
 
 from __future__ import annotations
