@@ -90,3 +90,20 @@ def test_a_process_killed_during_a_write_leaves_the_previous_checkpoint(tmp_path
     assert ck.list_checkpoints(tmp_path) == [first, third]
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
     assert os.path.isdir(third / "model")
+
+
+def test_trainer_state_written_on_a_gpu_loads_onto_the_cpu(tmp_path, monkeypatch):
+    """A trainer.pt whose optimizer lived on cuda:1 (a run resumed on another machine, or
+    under another GPU placement) loads with its tensors on the CPU, and into an optimizer."""
+    (tmp_path / "ckpt").mkdir()
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([param])
+    param.grad = torch.ones(2)
+    opt.step()
+    state = {"optimizer": opt.state_dict(), "version": 1}
+    monkeypatch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:1")
+    torch.save(state, tmp_path / "ckpt" / "trainer.pt")  # as a trainer on cuda:1 writes it
+    monkeypatch.undo()
+    loaded = ck.load_trainer_state(tmp_path / "ckpt")
+    assert loaded["optimizer"]["state"][0]["exp_avg"].device == torch.device("cpu")
+    torch.optim.AdamW([param]).load_state_dict(loaded["optimizer"])

@@ -99,7 +99,10 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
-    return torch.load(Path(ckpt) / "trainer.pt", weights_only=True)
+    """trainer.pt of a checkpoint, its tensors on the CPU whatever device wrote them (a
+    resume on another machine or GPU placement); `Optimizer.load_state_dict` moves the
+    optimizer's state to its parameters' device."""
+    return torch.load(Path(ckpt) / "trainer.pt", weights_only=True, map_location="cpu")
 
 
 def load_weights(model: CausalLM, folder: str | Path) -> None:
