@@ -107,3 +107,29 @@ def test_trainer_state_written_on_a_gpu_loads_onto_the_cpu(tmp_path, monkeypatch
     loaded = ck.load_trainer_state(tmp_path / "ckpt")
     assert loaded["optimizer"]["state"][0]["exp_avg"].device == torch.device("cpu")
     torch.optim.AdamW([param]).load_state_dict(loaded["optimizer"])
+
+
+@pytest.mark.parametrize("deleting", ["pruned", "overwritten"])
+def test_a_process_stopped_while_deleting_a_checkpoint_leaves_none_partial(
+    tmp_path, model, monkeypatch, deleting
+):
+    """SIGTERM (KeyboardInterrupt) in the middle of deleting a checkpoint folder, after its
+    weights are gone: no folder without weights is listed as a checkpoint."""
+    for step in (1, 2):
+        _save(tmp_path, step, model)
+
+    def stopped(path, *args, **kwargs):
+        for f in Path(path).rglob("*.safetensors"):
+            f.unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ck.shutil, "rmtree", stopped)
+    with pytest.raises(KeyboardInterrupt):  # keep = 2: step 1 is pruned, or step 2 rewritten
+        _save(tmp_path, 3 if deleting == "pruned" else 2, model)
+    monkeypatch.undo()
+    listed = ck.list_checkpoints(tmp_path)
+    assert listed
+    for ckpt in listed:
+        _assert_loadable(ckpt, ck.checkpoint_step(ckpt), model)
+    _save(tmp_path, 4, model)  # the next write removes what was left
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))

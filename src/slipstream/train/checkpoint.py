@@ -7,6 +7,7 @@ weights only through safetensors.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -34,6 +35,15 @@ def _fsync_tree(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _delete(ckpt: Path) -> None:
+    """Delete a checkpoint folder, first renamed (atomically) into a temporary folder, so that
+    a process stopped in the middle of the deletion (SIGTERM, Ctrl-C) leaves no folder that
+    `list_checkpoints` takes for a complete checkpoint; the next write removes the rest."""
+    aside = Path(tempfile.mkdtemp(dir=ckpt.parent, prefix=".tmp-"))
+    os.replace(ckpt, aside / ckpt.name)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -72,14 +82,15 @@ def save_checkpoint(
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         _fsync_tree(tmp)
         if final.exists():
-            shutil.rmtree(final)
+            _delete(final)
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(run_dir)[:-keep]:
         if checkpoint_step(old) not in protect:
-            shutil.rmtree(old, ignore_errors=True)
+            with contextlib.suppress(OSError):  # as before: a folder left is pruned next time
+                _delete(old)
     return final
 
 
