@@ -133,3 +133,21 @@ def test_a_process_stopped_while_deleting_a_checkpoint_leaves_none_partial(
         _assert_loadable(ckpt, ck.checkpoint_step(ckpt), model)
     _save(tmp_path, 4, model)  # the next write removes what was left
     assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd")
+def test_a_checkpoint_makes_its_folders_and_its_rename_durable(tmp_path, model, monkeypatch):
+    """fsync reaches the `model/` folder's entries and, after the rename, the checkpoints
+    folder's, so that a power loss leaves neither an empty model folder nor a lost rename."""
+    synced: list[Path] = []
+    fsync = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    monkeypatch.setattr(ck.os, "fsync", record)
+    _save(tmp_path, 1, model)
+    monkeypatch.undo()
+    assert any(p.name == "model" and p.parent.name.startswith(".tmp-") for p in synced)
+    assert synced[-1] == (tmp_path / "checkpoints").resolve()

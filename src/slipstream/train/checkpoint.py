@@ -25,16 +25,24 @@ PREFIX = "step_"
 MASTER = "master.safetensors"  # float32 master weights, when the model folder is narrower
 
 
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with p.open("rb") as f:
-                os.fsync(f.fileno())
+def _fsync_dir(path: Path) -> None:
+    """Make the entries of the folder `path` (files created or renamed in it) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """Make every file under `path` and every folder's entries (`model/` too) durable."""
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+        elif p.is_dir():
+            _fsync_dir(p)
+    _fsync_dir(path)
 
 
 def _delete(ckpt: Path) -> None:
@@ -84,6 +92,7 @@ def save_checkpoint(
         if final.exists():
             _delete(final)
         os.replace(tmp, final)
+        _fsync_dir(root)  # the rename itself, before any older checkpoint is deleted
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
