@@ -151,3 +151,17 @@ def test_a_checkpoint_makes_its_folders_and_its_rename_durable(tmp_path, model, 
     monkeypatch.undo()
     assert any(p.name == "model" and p.parent.name.startswith(".tmp-") for p in synced)
     assert synced[-1] == (tmp_path / "checkpoints").resolve()
+
+
+def test_checkpoints_are_listed_by_step_past_a_million(tmp_path):
+    """`step_1000000` is newer than `step_999999` though its name sorts first: resume takes
+    the newest by step, and pruning deletes the oldest by step. Folders are made by hand (a
+    `state.json` is what makes one complete)."""
+    root = tmp_path / "checkpoints"
+    for step in (999_998, 999_999, 1_000_000, 1_000_001):
+        (root / f"{ck.PREFIX}{step:06d}").mkdir(parents=True)
+        (root / f"{ck.PREFIX}{step:06d}" / "state.json").write_text("{}")
+    (root / f"{ck.PREFIX}notes").mkdir()  # not a step: never listed
+    (root / f"{ck.PREFIX}notes" / "state.json").write_text("{}")
+    steps = [ck.checkpoint_step(p) for p in ck.list_checkpoints(tmp_path)]
+    assert steps == [999_998, 999_999, 1_000_000, 1_000_001]

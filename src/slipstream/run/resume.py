@@ -272,8 +272,8 @@ def restore(run: Run, ckpt: Path) -> dict[str, Any]:
         run.rng.setstate((version, tuple(internal), gauss))
     if "rng_torch" in trainer_state:
         torch.set_rng_state(trainer_state["rng_torch"])
-    if "rng_cuda" in trainer_state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(trainer_state["rng_cuda"])
+    if "rng_cuda" in trainer_state and torch.cuda.is_available():  # the GPUs there are now
+        torch.cuda.set_rng_state_all(trainer_state["rng_cuda"][: torch.cuda.device_count()])
     write_config(run.dir, run.cfg)  # restored: the resumed run's settings are the run's now
     run.view.log(f"resumed from {ckpt} (step {run.trainer.version})")
     return state

@@ -109,13 +109,18 @@ def checkpoint_step(ckpt: str | Path) -> int:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary folders of interrupted writes excluded)."""
+    """Complete checkpoints, oldest first by step (temporary folders of interrupted writes
+    excluded; `step_1000000` after `step_999999`, which their names sort before)."""
     root = Path(run_dir) / "checkpoints"
     if not root.exists():
         return []
-    return sorted(
-        p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / "state.json").exists()
-    )
+    found = [
+        p
+        for p in root.iterdir()
+        if p.name.removeprefix(PREFIX).isdigit() and p.name.startswith(PREFIX)
+        and (p / "state.json").exists()
+    ]  # fmt: skip
+    return sorted(found, key=checkpoint_step)
 
 
 def load_trainer_state(ckpt: str | Path) -> dict[str, Any]:
