@@ -237,3 +237,27 @@ def test_a_row_samples_the_same_bits_alone_as_in_any_batch(V: int, batches: int)
                 alone = sample(logits[i].clone(), temp[i], top_k[i], top_p[i], seeds[i], steps[i],
                                one_chunk=one_chunk)  # fmt: skip
                 assert (alone.tokens[0], alone.logp[0]) == (batch.tokens[r], batch.logp[r])
+
+
+def test_requests_without_a_seed_sample_independently_and_follow_pythons_random_seed() -> None:
+    """A request that names no seed gets a fresh one, as vLLM's `seed=None` and `transformers`'
+    `generate` draw fresh noise: n unseeded requests for one prompt are n samples, not n
+    copies of one. The seed is the next draw of Python's `random`, so a program that seeds it
+    samples the same again (a fixed seed still fixes a request's tokens)."""
+    import random
+
+    from slipstream.engine import Engine, Request, SamplingParams
+    from test_engine import EOS, _model
+
+    model = _model()
+    params = SamplingParams(1.0, max_new_tokens=8)
+
+    def completions() -> list[tuple[int, ...]]:
+        engine = Engine(model, EOS, num_slots=4, max_len=24)
+        return [tuple(c.tokens) for c in engine.generate(Request([2, 3, 4], params) for _ in range(6))]  # fmt: skip
+
+    random.seed(7)
+    first = completions()
+    assert len(set(first)) > 1  # six samples, not one sample six times
+    random.seed(7)
+    assert completions() == first

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slipstream.types import FinishReason
 
@@ -51,13 +52,21 @@ def _f32(x: float) -> float:
     return float(struct.unpack("f", struct.pack("f", x))[0])
 
 
+def fresh_seed() -> int:
+    """The seed of a request that names none: the next draw of Python's `random` (63 bits, as
+    an episode's turn seeds), so a program that seeds `random` draws the same seeds again."""
+    return random.getrandbits(63)
+
+
 @dataclass
 class Request:
-    """One sequence to generate. `seed` fixes its sampling noise (see engine.sampling)."""
+    """One sequence to generate. `seed` fixes its sampling noise (see engine.sampling); a
+    request without one gets a fresh seed (`fresh_seed`), as vLLM's `seed=None` draws fresh
+    noise: n requests for one prompt are then n samples, not n copies of one."""
 
     prompt_tokens: list[int]
     params: SamplingParams
-    seed: int = 0
+    seed: int = field(default_factory=fresh_seed)
     key: Hashable = None  # the caller's handle (a dict key), returned with the completion
     park: bool = False  # a turn of an episode: keep its KV when it stops (engine.parking)
 
