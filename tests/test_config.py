@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+import torch
 
 from slipstream.cli import main
 from slipstream.config import Config, ConfigError, dump_config, load_config, parse_value
@@ -206,6 +207,29 @@ def test_a_ppo_clip_on_a_loss_without_one_is_refused_before_the_run(loss):
     assert "its settings" not in str(e.value)
     for ok in ("ppo", "dapo", "gspo"):
         assert load_config(None, [f"trainer.loss={ok}", "trainer.eps_high=0.3"]).trainer.eps_high
+    with pytest.raises(ConfigError, match=rf"trainer.dual_clip: loss '{loss}' takes no PPO clip"):
+        load_config(None, [f"trainer.loss={loss}", "trainer.dual_clip=3"])
+
+
+def test_the_dual_clip_reaches_the_loss():
+    """`trainer.dual_clip` (verl's clip_ratio_c) is the PPO loss's `dual_clip`: a token with
+    a negative advantage whose ratio is far above 1 has its loss floored at -adv x c."""
+    from slipstream.algo import losses
+    from slipstream.train.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="greater than 1"):
+        load_config(None, ["trainer.dual_clip=1"])
+    cfg = load_config(None, ["trainer.loss=ppo", "trainer.dual_clip=3"]).trainer
+    hp = Trainer.loss_settings(cfg)
+    assert hp == {"dual_clip": 3.0}
+    # ratio e^2 = 7.39 on a token of advantage -1: clipped PPO gives 7.39, the dual clip 3
+    logp, old = torch.tensor([[2.0]]), torch.tensor([[0.0]])
+    adv, mask = torch.tensor([[-1.0]]), torch.ones(1, 1)
+    with_clip = losses.compute("ppo", logp, old, adv, mask, **hp).loss
+    without = losses.compute("ppo", logp, old, adv, mask).loss
+    assert with_clip.item() == pytest.approx(3.0) and without.item() == pytest.approx(
+        7.389, abs=1e-3
+    )
 
 
 @pytest.mark.parametrize(

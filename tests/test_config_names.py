@@ -43,7 +43,7 @@ def test_an_unknown_key_names_the_setting_it_maps_to(override, said):
         ("loss_type='dr_grpo'", "'dr_grpo' agg=token-sum-norm"),
         ("loss_agg_mode='seq-mean-token-sum-norm'", "seq-mean-token-sum-norm is token-sum-norm"),
         ("trainer.delta=4.0", "no cap on the unclipped ratio"),  # was trainer.betas
-        ("actor.clip_ratio_c=3.0", "no dual clip"),  # was trainer.lr_min_ratio
+        ("actor.clip_ratio_c=3.0", "trainer.dual_clip"),  # was trainer.lr_min_ratio
     ],
 )
 def test_trl_and_verl_loss_settings_name_what_they_map_to(override, meant):

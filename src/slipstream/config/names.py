@@ -33,6 +33,7 @@ SETTING_FOR: dict[str, str] = {
     "clip_ratio_low": "trainer.eps_low",
     "epsilon_high": "trainer.eps_high",
     "clip_ratio_high": "trainer.eps_high",
+    "clip_ratio_c": "trainer.dual_clip (verl's dual clip; off unless set here)",
     "loss_type": "trainer.loss and trainer.agg (TRL's 'dapo' and 'bnpo' are loss=ppo "
     "agg=token-mean, 'grpo' agg=seq-mean-token-mean, 'dr_grpo' agg=token-sum-norm)",
     "loss_agg_mode": "trainer.agg (verl's seq-mean-token-sum-norm is token-sum-norm)",
@@ -72,8 +73,6 @@ NO_SETTING: dict[str, str] = {
     "kl_coef": "slipstream has no KL-to-reference penalty",
     "use_kl_loss": "slipstream has no KL-to-reference penalty",
     "delta": "slipstream has no cap on the unclipped ratio (TRL's two-sided delta)",
-    "clip_ratio_c": "slipstream's config has no dual clip (verl's clip_ratio_c); "
-    "losses.compute takes dual_clip",
     "num_iterations": "slipstream has no such setting: one optimizer update a batch",
     "ppo_epochs": "slipstream has no such setting: one optimizer update a batch",
 }

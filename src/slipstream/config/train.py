@@ -9,6 +9,9 @@ from pydantic import Field, field_validator, model_validator
 from slipstream.algo import advantages, losses
 from slipstream.config.base import _check_name, _Section, check_device_name
 
+CLIP_SETTINGS = ("eps_low", "eps_high", "dual_clip")
+"""The trainer's settings that are PPO-family loss settings of the same name (algo.losses)."""
+
 
 class TrainerConfig(_Section):
     batch_prompts: int = Field(64, ge=1)
@@ -85,6 +88,10 @@ class TrainerConfig(_Section):
     """PPO-family lower clip; None uses the loss's default."""
     eps_high: float | None = Field(None, ge=0.0)
     """PPO-family upper clip (clip-higher, DAPO); None uses the loss's default."""
+    dual_clip: float | None = Field(None, gt=1.0)
+    """PPO-family dual clip c (Ye et al. 2020; verl's `clip_ratio_c`, 3.0 there): a
+    negative-advantage token's loss is at most `-adv x c`, however far its ratio is above 1.
+    None: off."""
     vcpo: bool = False
     """Scale each step's learning rate by the ESS of its sequence weights (VCPO)."""
 
@@ -105,7 +112,7 @@ class TrainerConfig(_Section):
         _check_name("trainer.advantage", self.advantage, advantages.METHODS)
         _check_name("trainer.loss", self.loss, losses.METHODS)
         takes = losses.METHODS[self.loss].defaults
-        clips = [k for k in ("eps_low", "eps_high") if getattr(self, k) is not None]
+        clips = [k for k in CLIP_SETTINGS if getattr(self, k) is not None]
         if any(k not in takes for k in clips):  # else the first step raises, after setup
             raise ValueError(
                 f"trainer.{' and trainer.'.join(clips)}: loss {self.loss!r} takes no PPO clip "

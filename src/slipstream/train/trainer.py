@@ -31,6 +31,7 @@ import torch
 from slipstream.algo import correction, losses, staleness
 from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import TrainerConfig
+from slipstream.config.train import CLIP_SETTINGS
 from slipstream.model.llama import CausalLM
 from slipstream.train import precision
 from slipstream.train.batch import collate, loss_width
@@ -107,9 +108,12 @@ class Trainer:
         self.lr_scale = 1.0  # the watchdog's multiplier of the learning rate (schedule.watchdog)
         self.measure_step_kl = False  # train/step_kl: one no-grad forward after the update
         self.opt = precision.make_adamw(model, cfg.lr, cfg.weight_decay, betas=cfg.betas)
-        self._hp: dict[str, Any] = {
-            k: v for k, v in (("eps_low", cfg.eps_low), ("eps_high", cfg.eps_high)) if v is not None
-        }
+        self._hp = self.loss_settings(cfg)
+
+    @staticmethod
+    def loss_settings(cfg: TrainerConfig) -> dict[str, Any]:
+        """The loss's settings `cfg` gives (`CLIP_SETTINGS`); the loss's defaults for the rest."""
+        return {k: getattr(cfg, k) for k in CLIP_SETTINGS if getattr(cfg, k) is not None}
 
     def batch(self, groups: Sequence[Group]) -> Batch:
         """All samples of `groups`, sorted by the width a micro-batch holding them keeps
