@@ -151,9 +151,9 @@ def test_stop_token_is_trained_on_and_the_prompt_never(tmp_path):
     assert batch.targets[0, len(prompt) - 1].item() == outs[0].tokens[0]
 
 
-def test_a_stop_sequence_ends_generation_and_is_cut_from_the_text(tmp_path):
-    """`sampling.stop` strings of several tokens: the engine stops at the end of the match
-    (the sequence's tokens stay in the completion), the decoded text ends before it."""
+def test_a_stop_string_ends_generation_and_is_cut_from_the_text(tmp_path):
+    """`sampling.stop` strings: the engine stops at the token whose text completes the match
+    (its tokens stay in the completion), the decoded text ends before it."""
     from slipstream.engine import Request, SamplingParams
 
     model_dir = chat_model(tmp_path / "model")
@@ -163,8 +163,13 @@ def test_a_stop_sequence_ends_generation_and_is_cut_from_the_text(tmp_path):
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     free = make_engine(model, tok, 1, 64).generate([Request(prompt, greedy)])[0].tokens
     assert len(free) == 12
-    tok.stop_sequences = ((free[3], free[4]),)  # a two-token stop string
-    first = next(i for i in range(1, len(free)) if tuple(free[i - 1 : i + 1]) == (free[3], free[4]))
+    stop = tok.inner.decode(free[3:5])  # the text of two tokens, as a stop string
+    assert stop.strip() and "\ufffd" not in stop
+    tok = tok.with_stop_strings([stop])
+    tok.stop_ids = frozenset()  # the string alone ends it
+    # the first token at which the completion's text holds the string
+    first = next(i for i in range(1, len(free) + 1) if stop in tok.inner.decode(free[:i]))
     out = make_engine(model, tok, 1, 64).generate([Request(prompt, greedy)])[0]
-    assert out.tokens == free[: first + 1] and out.finish_reason == FinishReason.STOP
-    assert tok.completion_ids(out.tokens) == free[: first - 1]
+    assert out.tokens == free[:first] and out.finish_reason == FinishReason.STOP
+    raw = tok.inner.decode(free[:first])
+    assert tok.decode(out.tokens) == raw[: raw.index(stop)]

@@ -80,9 +80,25 @@ def test_stop_strings_and_decoding_up_to_the_first_stop(tmp_path):
     body = tok.encode("The answer is 5", add_special_tokens=False)
     assert tok.decode([*body, im_end, *tok.encode("junk")]) == "The answer is 5"
     double = tok.encode("\n\n", add_special_tokens=False)
-    if len(double) > 1:  # a multi-token stop string is a stop sequence
-        assert tuple(double) in tok.stop_sequences
-        assert tok.decode([*body, *double, *body]) == "The answer is 5"
+    assert tok.stop_strings == ("\n\n",)  # not an added token: matched on the text
+    assert tok.decode([*body, *double, *body]) == "The answer is 5"
+
+
+def test_a_stop_string_is_found_however_the_tokens_split_it(tmp_path):
+    """vLLM matches stop strings on the text: a model that writes the string in other tokens
+    than its own encoding (in a sentence, byte-level BPE gives `answer` its leading space:
+    `Ganswer`, and merges `>` with what follows) still stops there. Before, only the string's
+    own token sequence matched, and generation ran on past it."""
+    tok = load_tokenizer(qwen2_tokenizer(tmp_path)).with_stop_strings(["answer is"])
+    own = tok.encode("answer is", add_special_tokens=False)
+    ids = tok.encode("The answer is 5. Add 12 and 30.", add_special_tokens=False)
+    assert not any(tuple(ids[i : i + len(own)]) == tuple(own) for i in range(len(ids)))
+    ends = [i for i in range(1, len(ids) + 1) if tok.ends_with_stop_string(ids[:i])]
+    first = next(i for i in range(1, len(ids) + 1) if "answer is" in tok.inner.decode(ids[:i]))
+    assert ends[0] == first  # the token that completes it, not later, not earlier
+    assert tok.decode(ids[:first]) == "The "
+    assert tok.decode_with_stop(ids[:first]) == "The answer is"
+    assert tok.decode(ids) == "The "  # the first stop wins, whatever follows
 
 
 def test_add_bos_token_without_a_post_processor(tmp_path):

@@ -211,8 +211,9 @@ class SamplingConfig(_Section):
     """Strings that end a completion besides the model's own stop tokens (every
     `eos_token_id` of generation_config.json and config.json, tokenizer_config.json's
     `eos_token`). Like a stop token, the string's tokens stay in the trained completion (so the
-    model learns to stop) and are cut from the text the reward sees. A string of several
-    tokens matches its own tokenization only."""
+    model learns to stop) and are cut from the text the reward sees. An added token
+    (`<|im_start|>`) is a stop token; any other string is matched on the text, as vLLM does:
+    the completion ends at the token that completes it, however the tokens split it."""
     adaptive_group_size: bool = False
     """Vary G per prompt within the same budget of B x `group_size` samples: prompts with a low
     running pass rate get more samples than easy ones, so that hard prompts still get a group

@@ -47,7 +47,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -134,7 +134,8 @@ class Engine:
             raise ValueError(f"need num_slots >= 1 and max_len >= 2, got {num_slots}, {max_len}")
         self.model = model.eval()
         self.stop_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)  # any ends it
-        self.stop_sequences: tuple[tuple[int, ...], ...] = ()  # multi-token stops (sampling.stop)
+        # a stop string's check on a sequence's tokens (Tokenizer.ends_with_stop_string)
+        self.stop_text: Callable[[Sequence[int]], bool] | None = None
         self.num_slots, self.max_len = num_slots, max_len
         p = model.lm_head.weight
         # the KV cache and the packed weights are built at first use (see `cache`)
@@ -483,7 +484,7 @@ class Engine:
         tokens, logp = got.tokens.tolist(), got.logp.tolist()
         mass = got.kept_logmass.tolist() if got.kept_logmass is not None else None
         done, freed = [], []
-        now, version, stop_seqs = time.time(), self.version, self.stop_sequences
+        now, version, stop_text = time.time(), self.version, self.stop_text
         n = 0
         for r, i in enumerate(order):
             if i is None:
@@ -497,9 +498,7 @@ class Engine:
             if s.kept_logmass is not None and mass is not None:  # not None when it filters
                 s.kept_logmass.append(mass[r])
             end = None
-            if tok in self.stop_ids or (
-                stop_seqs and any(tuple(s.tokens[-len(q) :]) == q for q in stop_seqs)
-            ):
+            if tok in self.stop_ids or (stop_text is not None and stop_text(s.tokens)):
                 end = FinishReason.STOP
             elif len(s.tokens) >= s.request.params.max_new_tokens:
                 end = FinishReason.LENGTH

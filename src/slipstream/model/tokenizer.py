@@ -11,7 +11,9 @@ What `transformers` does with the same folder is the reference (tests/test_token
   (`encode(text, add_special_tokens=False)`), as `apply_chat_template(tokenize=True)` does.
 - Generation stops at any of `stop_ids`: every `eos_token_id` of generation_config.json and
   config.json, the `eos_token` of tokenizer_config.json, and `sampling.stop` strings that are
-  one token; longer stop strings are `stop_sequences` of ids.
+  added tokens (`<|im_start|>`). Other stop strings (`stop_strings`) are matched on the text,
+  as vLLM matches them: the completion ends at the token whose text completes one, however the
+  model's tokens split it (`"</answer>"` then `">\n"` as one byte-level BPE token).
 - Text is `decode(ids, skip_special_tokens=True)` of transformers, which TRL gives reward
   functions: with tokenizer_config.json's `clean_up_tokenization_spaces` it drops the spaces
   a word-level decoder leaves before punctuation ("5 ." -> "5."), except on a BPE model
@@ -76,7 +78,7 @@ class Tokenizer:
     """Text <-> token ids, plus the special ids generation needs.
 
     `eos_id` is the primary end-of-sequence id (appended by supervised warm start);
-    `stop_ids` every id that ends a completion; `stop_sequences` multi-token stop strings;
+    `stop_ids` every id that ends a completion; `stop_strings` stop texts (module docstring);
     `clean_up_spaces`: decoded text goes through `clean_up_tokenization` (module docstring).
     """
 
@@ -90,7 +92,7 @@ class Tokenizer:
         prepend_bos: bool = False,
         append_eos: bool = False,
         files: dict[str, str] | None = None,
-        stop_sequences: Sequence[tuple[int, ...]] = (),
+        stop_strings: Sequence[str] = (),
         clean_up_spaces: bool = False,
     ):
         self.inner = inner
@@ -98,7 +100,13 @@ class Tokenizer:
         self.pad_id = pad_id
         self.bos_id = bos_id
         self.stop_ids = frozenset([eos_id, *stop_ids])
-        self.stop_sequences = tuple(tuple(s) for s in stop_sequences)
+        self.stop_strings = tuple(dict.fromkeys(s for s in stop_strings if s))
+        # tokens decoded at a completion's tail to find a stop string its newest token ends:
+        # every token of the string (at least a byte each) and two more, so that the string's
+        # first token is never the window's first (decoders drop a first token's space)
+        self._stop_window = max((len(s.encode("utf-8")) for s in self.stop_strings), default=0) + 2
+        self._stop_ends = frozenset(s[-1] for s in self.stop_strings)
+        self._may_end: dict[int, bool] = {}  # token id -> its text alone may end a stop string
         self.prepend_bos, self.append_eos = prepend_bos, append_eos
         self.files = dict(files or {})
         self.clean_up_spaces = clean_up_spaces
@@ -130,43 +138,80 @@ class Tokenizer:
         return self.encode(prompt.text, add_special_tokens=prompt.messages is None)
 
     def completion_ids(self, ids: Sequence[int]) -> list[int]:
-        """`ids` up to, not including, the first stop id or the end of a stop sequence's match."""
+        """`ids` up to, not including, the first stop id (stop strings end the text: `decode`)."""
         for i, t in enumerate(ids):
             if t in self.stop_ids:
                 return list(ids[:i])
-            for seq in self.stop_sequences:
-                if i + 1 >= len(seq) and tuple(ids[i + 1 - len(seq) : i + 1]) == seq:
-                    return list(ids[: i + 1 - len(seq)])
         return list(ids)
 
     def text(self, ids: Sequence[int]) -> str:
         """The text of `ids`, special tokens skipped: transformers'
         `decode(ids, skip_special_tokens=True)` (module docstring)."""
-        text = self.inner.decode(list(ids), skip_special_tokens=True)
+        return self._clean(self.inner.decode(list(ids), skip_special_tokens=True))
+
+    def _clean(self, text: str) -> str:
         return clean_up_tokenization(text) if self.clean_up_spaces else text
 
+    def first_stop_string(self, text: str) -> tuple[int, int] | None:
+        """(start, end) in `text` of the first stop string it holds (the longest where several
+        start there); None if none."""
+        hits = [(i, -len(s)) for s in self.stop_strings if (i := text.find(s)) >= 0]
+        if not hits:
+            return None
+        start, neg = min(hits)
+        return start, start - neg
+
+    def ends_with_stop_string(self, ids: Sequence[int]) -> bool:
+        """Whether the text of a completion's tokens `ids` holds a stop string that its newest
+        token completed, read off its last few tokens (the engine asks after every token, so
+        an earlier one would have ended it). A token whose text alone holds no stop string's
+        last character (nor a partial character, nor anything where a stop string ends in
+        whitespace, which a decoder may put between tokens) cannot complete one: it is not
+        decoded, which keeps the check off most tokens."""
+        if not self.stop_strings or not ids:
+            return False
+        last = ids[-1]
+        may = self._may_end.get(last)
+        if may is None:
+            piece = self.inner.decode([last], skip_special_tokens=True)
+            may = (
+                "\ufffd" in piece
+                or any(c in piece for c in self._stop_ends)
+                or any(c.isspace() for c in self._stop_ends)
+            )
+            self._may_end[last] = may
+        if not may:
+            return False
+        tail = self.inner.decode(list(ids[-self._stop_window :]), skip_special_tokens=True)
+        return any(s in tail for s in self.stop_strings)
+
     def decode(self, ids: Sequence[int]) -> str:
-        """The text of a completion: up to its first stop, special tokens skipped."""
-        return self.text(self.completion_ids(ids))
+        """The text of a completion: up to its first stop (a stop id, or where the text's first
+        stop string starts), special tokens skipped."""
+        raw = self.inner.decode(self.completion_ids(ids), skip_special_tokens=True)
+        hit = self.first_stop_string(raw)
+        return self._clean(raw[: hit[0]] if hit else raw)
 
     def decode_with_stop(self, ids: Sequence[int]) -> str:
         """`decode`, with the stop that ended the completion kept (a stop string the model
-        wrote, as `</tool_call>`; a special token is skipped as in `decode`)."""
+        wrote, as `</tool_call>`, up to its end; a special token is skipped as in `decode`)."""
         n = len(self.completion_ids(ids))
-        stop = [len(s) for s in self.stop_sequences if tuple(ids[n : n + len(s)]) == s]
-        end = n + (1 if n < len(ids) and ids[n] in self.stop_ids else min(stop, default=0))
-        return self.text(ids[:end])
+        raw = self.inner.decode(list(ids[:n]), skip_special_tokens=True)
+        hit = self.first_stop_string(raw)
+        if hit:
+            return self._clean(raw[: hit[1]])
+        return self.text(ids[: n + 1])  # the stop id, if there is one
 
     def with_stop_strings(self, stops: Sequence[str]) -> Tokenizer:
-        """A copy that also stops at each string of `stops` (`sampling.stop`)."""
-        ids, seqs = set(self.stop_ids), list(self.stop_sequences)
+        """A copy that also stops at each string of `stops` (`sampling.stop`): an added token
+        (`<|im_start|>`) as a stop id, any other string on the text (module docstring)."""
+        added = {t.content: i for i, t in self.inner.get_added_tokens_decoder().items()}
+        ids, strings = set(self.stop_ids), list(self.stop_strings)
         for s in stops:
-            tid = self.inner.token_to_id(s)
-            enc = [tid] if tid is not None else self.inner.encode(s, add_special_tokens=False).ids
-            if len(enc) == 1:
-                ids.add(enc[0])
-            elif enc and tuple(enc) not in seqs:
-                seqs.append(tuple(enc))
+            if s in added:
+                ids.add(added[s])
+            elif s and s not in strings:
+                strings.append(s)
         return Tokenizer(
             self.inner,
             self.eos_id,
@@ -176,7 +221,7 @@ class Tokenizer:
             self.prepend_bos,
             self.append_eos,
             self.files,
-            seqs,
+            strings,
             self.clean_up_spaces,
         )
 

@@ -513,7 +513,7 @@ def build_model(
 def make_engine(model: CausalLM, tok: Tokenizer, num_slots: int, max_len: int, **kw: Any) -> Engine:
     """An engine that stops at every stop id and stop sequence of `tok`."""
     engine = Engine(model, tok.stop_ids, num_slots=num_slots, max_len=max_len, **kw)
-    engine.stop_sequences = tok.stop_sequences
+    engine.stop_text = tok.ends_with_stop_string if tok.stop_strings else None
     return engine
 
 
