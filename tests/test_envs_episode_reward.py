@@ -12,7 +12,7 @@ from slipstream.envs import PlainRenderer, ToolEnv
 from slipstream.model.tokenizer import char_tokenizer
 from slipstream.schedule.episodes import Episode, EpisodeRunner
 from slipstream.tasks.rewards import adapt
-from slipstream.types import FinishReason, Prompt, TrainerState, TurnTokens
+from slipstream.types import CompletionText, FinishReason, Prompt, TrainerState, TurnTokens
 
 TOK = char_tokenizer(string.printable)
 ROW = Prompt("p0", "What is 1+2?", answer="3.0")
@@ -36,15 +36,17 @@ class Named(Adder):
         return 1.0
 
 
-def _episode(env: ToolEnv, state: TrainerState) -> Episode:
-    """The episode of `env` for two model turns, a call then the answer, ended at `state`."""
+def _episode(
+    env: ToolEnv, state: TrainerState, said: tuple[str, ...] = ('CALL add {"a": 1, "b": 2}', "3.0")
+) -> Episode:
+    """The episode of `env` for the model turns `said` (a call, then the answer), ended at
+    `state`."""
     runner = EpisodeRunner(
         lambda p: env, SamplingParams(1.0, max_new_tokens=64),
         EnvConfig(isolation="thread"), 512, state=lambda: state,
     )  # fmt: skip
-    turns = [TOK.encode('CALL add {"a": 1, "b": 2}', add_special_tokens=False),
-             TOK.encode("3.0", add_special_tokens=False)]  # fmt: skip
-    runner.start(ROW, "k", 0)
+    turns = [TOK.encode(t, add_special_tokens=False) for t in said]
+    runner.start(env.row, "k", 0)
     ended: list[Episode] = []
     try:
         while not ended:
@@ -120,3 +122,55 @@ def test_a_run_s_episode_turns_end_at_the_engine_s_version() -> None:
     engine.version = 4
     assert runner.state() == TrainerState(4, cfg.run.steps)
     workers.close()
+
+
+def test_a_conversational_episode_s_trl_reward_gets_its_messages() -> None:
+    """Before, a TRL-shaped reward got a conversational episode's completion as one assistant
+    message holding the last turn's text, where TRL's tool loop passes every message after
+    the prompt: a reward reading the tool replies (or `completions[i][-1]`, which TRL's
+    appended turns put last) saw something else. Now it gets them as TRL builds them: each
+    turn with its parsed `tool_calls`, each reply a `tool` message; the verl- and
+    slipstream-shaped rewards still get the answer's text."""
+    row = Prompt(
+        "p1", "What is 1+2?", "3.0", messages=[{"role": "user", "content": "What is 1+2?"}]
+    )
+
+    class Tools:
+        def add(self, a: float, b: float) -> float:
+            """Add two numbers."""
+            return a + b
+
+        def echo(self, text: str) -> str:
+            """Say `text` back."""
+            return text
+
+    seen: list[Any] = []
+
+    def trl(prompts: list[Any], completions: list[Any], **kw: Any) -> list[float]:
+        seen.append((prompts, completions))
+        return [float(completions[0][-1]["content"] == "3.0")]
+
+    def verl(data_source: str, solution_str: str, ground_truth: str, extra_info: Any) -> float:
+        seen.append(solution_str)
+        return 1.0
+
+    first = 'Adding.\nCALL add {"a": 1, "b": 2}\nCALL echo hi there'
+    for fn, shape in ((trl, "trl"), (verl, "verl")):
+        env = ToolEnv(Tools(), row, TOK, "plain", PlainRenderer(), reward=adapt(fn, shape))
+        ep = _episode(env, TrainerState(1, 2), (first, "3.0"))
+        assert ep.stats.end == "done" and ep.reward == 1.0
+    assert seen[0] == (
+        [[{"role": "user", "content": "What is 1+2?"}]],
+        [[
+            {"role": "assistant", "content": first, "tool_calls": [
+                {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}},
+                {"type": "function", "function": {"name": "echo", "arguments": {"text": "hi there"}}},
+            ]},
+            {"role": "tool", "name": "add", "content": "3.0"},
+            {"role": "tool", "name": "echo", "content": "hi there"},
+            {"role": "assistant", "content": "3.0"},
+        ]],
+    )  # fmt: skip
+    assert seen[1] == "3.0" and type(seen[1]) is not list  # verl: the answer's text
+    text = CompletionText("3.0", [1], None, seen[0][1][0])  # to a reward worker process too
+    assert pickle.loads(pickle.dumps(text)).messages == tuple(seen[0][1][0])

@@ -41,27 +41,35 @@ class TrainerState:
 class CompletionText(str):
     """A completion's decoded text that carries its token ids (`token_ids`), what TRL passes
     a reward function as `completion_ids`, and the `TrainerState` it is scored at
-    (`trainer_state`, None where unknown). It is the text (a `str`) to everything else, and
-    pickles with both to a reward worker process."""
+    (`trainer_state`, None where unknown). A tool episode's also carries its messages after
+    the prompt (`messages`, None for a single turn): what TRL passes a reward function as a
+    conversational episode's completion (envs.tool_env). It is the text (a `str`) to
+    everything else, and pickles with all of them to a reward worker process."""
 
     token_ids: tuple[int, ...]
     trainer_state: TrainerState | None
+    messages: tuple[dict[str, Any], ...] | None
 
     def __new__(
         cls,
         text: str,
         token_ids: list[int] | tuple[int, ...],
         trainer_state: TrainerState | None = None,
+        messages: list[dict[str, Any]] | tuple[dict[str, Any], ...] | None = None,
     ) -> CompletionText:
         self = super().__new__(cls, text)
         self.token_ids = tuple(token_ids)
         self.trainer_state = trainer_state
+        self.messages = None if messages is None else tuple(messages)
         return self
 
     def __reduce__(
         self,
-    ) -> tuple[type[CompletionText], tuple[str, tuple[int, ...], TrainerState | None]]:
-        return CompletionText, (str(self), self.token_ids, self.trainer_state)
+    ) -> tuple[
+        type[CompletionText],
+        tuple[str, tuple[int, ...], TrainerState | None, tuple[dict[str, Any], ...] | None],
+    ]:
+        return CompletionText, (str(self), self.token_ids, self.trainer_state, self.messages)
 
 
 class TurnTokens(list[int]):

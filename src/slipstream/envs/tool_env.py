@@ -10,7 +10,13 @@ answer's text; the reward also gets, as TRL's tool-calling GRPO passes them, `co
 TRL's tool loop builds its `completion_ids`, tool tokens included) and `trainer_state` (the
 `TrainerState` the last turn ended at, carried on its `TurnTokens`): the class's `reward`
 where it takes them (by name, or `**kwargs`), a TRL-shaped reward function of the task on the
-completion (a `CompletionText`, tasks.rewards). A turn with calls gets
+completion (a `CompletionText`, tasks.rewards), which also carries the episode's messages
+after its prompt, as TRL's tool loop builds a conversational completion: each model turn as
+`{"role": "assistant", "content": text}` (its decoded text, calls included), with
+`"tool_calls"` (TRL/OpenAI-style `{"type": "function", "function": {"name", "arguments"}}`,
+as parsed) where it called tools, each followed by its replies as
+`{"role": "tool", "name": ..., "content": ...}` (the reply's text before rendering, cut as
+the model read it). A turn with calls gets
 every call's reply (errors included) rendered by the `Renderer` and appended as tokens; after
 a turn that does not end with a chat renderer's `end_of_turn` token (cut by its token budget,
 or stopped by another stop), that token closes the turn first.
@@ -23,9 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from slipstream.envs.base import Observation, StepResult, resolve
-from slipstream.envs.parse import ToolFormat, parse_tool_calls
+from slipstream.envs.parse import ToolCall, ToolFormat, parse_tool_calls
 from slipstream.envs.render import Codec, PlainRenderer, Renderer, encode_tail
-from slipstream.envs.tools import ToolReply, call_tool, tool_specs
+from slipstream.envs.tools import ToolReply, ToolSpec, call_tool, tool_specs
 from slipstream.tasks.guard import as_reward
 from slipstream.text import short_repr
 from slipstream.types import CompletionText, Prompt, TrainerState
@@ -68,6 +74,7 @@ class ToolEnv:
         self.max_calls, self.max_reply_chars = max_calls_per_turn, max_reply_chars
         self.specs = tool_specs(tools)
         self.history: list[int] = []  # the episode's tokens after the prompt, so far
+        self.messages: list[dict[str, Any]] = []  # and its messages (module docstring)
 
     def initial_observation(self) -> Observation:
         reset = getattr(self.tools, "reset", None)
@@ -95,7 +102,9 @@ class ToolEnv:
         if not calls:
             ids = [*self.history, *action_tokens]
             state = getattr(action_tokens, "trainer_state", None)  # (TurnTokens)
-            return StepResult(reward=self._reward(CompletionText(text, ids, state)), done=True)
+            messages = [*self.messages, {"role": "assistant", "content": text}]
+            completion = CompletionText(text, ids, state, messages)
+            return StepResult(reward=self._reward(completion), done=True)
         replies = [self._truncate(call_tool(self.specs, c)) for c in calls[: self.max_calls]]
         refused = max(len(calls) - self.max_calls, 0)  # never run: one error reply for them
         if refused:
@@ -112,6 +121,7 @@ class ToolEnv:
         obs = _unicode(obs)
         ids = encode_tail(self.tok, obs, self.renderer.templated)
         self.history += [*action_tokens, *ids]
+        self.messages += turn_messages(text, [tool_call(self.specs, c) for c in calls], replies)
         return StepResult(0.0, False, Observation(ids, obs), metrics)
 
     def _call_text(self, action_tokens: list[int]) -> str:
@@ -152,6 +162,27 @@ class ToolEnv:
             return r
         head, tail = text[: n // 2], text[len(text) - (n - n // 2) :]
         return ToolReply(r.name, f"{head}\n... [{len(text) - n} chars cut] ...\n{tail}", r.error)
+
+
+def tool_call(specs: list[ToolSpec], call: ToolCall) -> dict[str, Any]:
+    """`call` as TRL's parsed tool calls are: `{"type": "function", "function": {"name": ...,
+    "arguments": {...}}}`; a plain call's free text under its tool's first argument, as
+    `call_tool` passes it (where the tool has one)."""
+    args = dict(call.arguments)
+    spec = next((s for s in specs if s.name == call.name), None)
+    if call.text is not None and spec is not None:
+        first = next(iter(spec.parameters["properties"]), None)
+        args = {first: call.text} if first is not None else args
+    return {"type": "function", "function": {"name": call.name, "arguments": args}}
+
+
+def turn_messages(
+    text: str, calls: list[dict[str, Any]], replies: list[ToolReply]
+) -> list[dict[str, Any]]:
+    """A turn with tool calls and its replies as TRL's tool loop appends them to a
+    conversational completion: the assistant message, then one tool message a reply."""
+    turn = {"role": "assistant", "content": text, "tool_calls": calls}
+    return [turn, *({"role": "tool", "name": r.name, "content": r.text} for r in replies)]
 
 
 def _episode_kwargs(completion: CompletionText) -> dict[str, list[int] | TrainerState | None]:

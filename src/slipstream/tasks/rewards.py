@@ -6,7 +6,9 @@
   None into NaN and sums with nansum). Called here with one sample at a
   time, by keyword as TRL calls it: `prompts=[messages]` and
   `completions=[[{"role": "assistant", "content": text}]]` for a row whose prompt is a
-  conversation, plain strings for a string prompt (even one a chat template renders), and every other column of the row as a one-element list under its own name. One
+  conversation (a `ToolEnv` episode's: its messages after the prompt, assistant turns with
+  their `tool_calls` and the `tool` replies, as TRL's tool loop builds them; envs.tool_env),
+  plain strings for a string prompt (even one a chat template renders), and every other column of the row as a one-element list under its own name. One
   sample per call keeps the reward guard's per-sample timeout (a hang costs one sample).
   `completion_ids=[ids]` and `trainer_state` (a `slipstream.types.TrainerState`: the policy
   version scoring the sample as `global_step`, `run.steps` as `max_steps`) are passed where
@@ -30,6 +32,7 @@ only the functions' specs, so it pickles to a reward worker process, where `load
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import math
 import numbers
@@ -142,7 +145,7 @@ def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
     out = awaited(
         fn(
             prompts=[prompt.messages if chat else prompt.plain_prompt or prompt.text],
-            completions=[[{"role": "assistant", "content": text}] if chat else text],
+            completions=[_chat_completion(completion) if chat else text],
             **columns,
         )
     )
@@ -153,6 +156,15 @@ def _call_trl(fn: Callable[..., Any], prompt: Prompt, completion: str) -> Any:
         raise TypeError(f"returned {_short(out)}; a TRL reward returns one value per completion")
     x = _number(out[0])
     return None if x is not None and math.isnan(x) else out[0]  # TRL: NaN is None (nansum)
+
+
+def _chat_completion(completion: str) -> list[dict[str, Any]]:
+    """A conversational row's completion as TRL passes it: an episode's messages after its
+    prompt (a copy: a reward may change them), else the one assistant message."""
+    messages = getattr(completion, "messages", None)  # a tool episode's CompletionText's
+    if messages:
+        return copy.deepcopy(list(messages))
+    return [{"role": "assistant", "content": str(completion)}]
 
 
 def _short(value: Any) -> str:
