@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from slipstream.algo import losses
 from slipstream.config import ConfigError, load_config
 from slipstream.engine import Completion, Request
 from slipstream.run.components import make_pass_rate_tracker
@@ -22,6 +23,7 @@ from slipstream.run.sync import train_sync
 from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.replay import ReplayBuffer
 from slipstream.tasks import RunningSums
+from slipstream.train.batch import collate
 from slipstream.types import FinishReason, Group, Prompt
 from tiny import warm_cache
 
@@ -36,7 +38,7 @@ STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
     [
         (
             ['filters.overlong="clip"'],
-            "filters.overlong: Input should be 'off', 'mask' or 'penalty'",
+            "filters.overlong: Input should be 'off', 'mask', 'mask_loss' or 'penalty'",
         ),
         (
             ["filters.max_extra_draws=-1"],
@@ -407,6 +409,42 @@ def test_overlong_mask_takes_truncated_samples_out_and_counts_their_tokens():
     _assert_accounts(run, generated, kept)
 
 
+def test_overlong_mask_loss_keeps_truncated_rewards_in_the_group_as_trl_does():
+    """TRL's mask_truncated_completions: a truncated sample's reward is in its group's mean
+    and std, and only its loss mask is zero. Golden, grpo: p's rewards [1, 0, 0, 1] (the
+    third cut), mean 1/2, sample std sqrt(1/3): the others get +-(1/2) sqrt(3) = +-0.8660,
+    not `mask`'s [0.5774, -1.1547, 0.5774] of [1, 0, 1]. q: rewards [1, 0, 0, 0], three cut,
+    mean 1/4, std 1/2: its one finished sample gets -1/2 (`mask` drops q). r: all cut."""
+    p = _prompt("p", ("1", STOP), ("0", STOP), ("0xxxxxxxxx", LENGTH), ("1", STOP))
+    q = _prompt(
+        "q", ("1xxxxxxxxx", LENGTH), ("0xxxxxxxxx", LENGTH), ("0xxxxxxxxx", LENGTH), ("0", STOP)
+    )
+    r = _prompt("r", ("0xxxxxxxxx", LENGTH), ("1xxxxxxxxx", LENGTH))
+    run = _run([p, q, r], "sampling.max_new_tokens=10", 'filters.overlong="mask_loss"')
+    generated, kept = run.collect(3)
+    assert [[s.completion_text for s in g.samples] for g in kept] == [["1", "0", "1"], ["0"]]
+    half_sqrt3 = 0.5 / (3**-0.5 + 1e-6)  # grpo's eps 1e-6
+    assert kept[0].advantages_G == pytest.approx([half_sqrt3, -half_sqrt3, half_sqrt3])
+    assert kept[1].advantages_G == pytest.approx([-0.25 / (0.5 + 1e-6)])
+    assert [len(g.samples) for g in generated] == [4, 4, 4]  # the generated groups untouched
+    assert run.ledger.filtered == {"overlong": 1}  # r: nothing left to train
+    assert run.counters["filters/overlong_masked"] == 1 + 3 + 4  # as `mask` counts them
+    assert run.counters["tokens/wasted"] == 10 + 30 + 40  # every cut token, none trained
+    _assert_accounts(run, generated, kept)
+    # the cut sample's loss mask is all zero: a zero row is the row left out, in every agg
+    full = collate(generated[0].samples, [half_sqrt3, -half_sqrt3, 0.0, half_sqrt3], [0] * 4, 0)
+    full.loss_mask[2] = False
+    ours = collate(kept[0].samples, kept[0].advantages_G, [0] * 3, 0)
+    for agg in losses.AGGS:
+        got = [
+            losses.aggregate(
+                b.advantages[:, None] * b.loss_mask.cumsum(1), b.loss_mask, agg, max_len=10
+            )
+            for b in (full, ours)
+        ]
+        assert got[0] == pytest.approx(float(got[1])), agg
+
+
 # ---- end to end --------------------------------------------------------------------------------
 
 
@@ -432,7 +470,10 @@ def _tiny_cfg(tmp_path, name, *extra):
 
 
 @pytest.mark.slow
-def test_every_algorithm_knob_on_in_a_real_run_keeps_exact_accounts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("overlong", ["mask", "mask_loss"])
+def test_every_algorithm_knob_on_in_a_real_run_keeps_exact_accounts(
+    tmp_path, monkeypatch, overlong
+):
     # The barely warm-started model solves nothing; a parity reward gives groups variance, which
     # is all that accounting needs.
     monkeypatch.setattr(RunningSums, "reward", lambda self, prompt, text: float(len(text) % 2 == 0))
@@ -443,7 +484,7 @@ def test_every_algorithm_knob_on_in_a_real_run_keeps_exact_accounts(tmp_path, mo
         "filters.pass_rate_band=true",
         "filters.dynamic_sampling=true",
         "filters.max_extra_draws=8",
-        'filters.overlong="mask"',
+        f"filters.overlong={overlong}",
         "sampling.max_new_tokens=12",
         "sampling.adaptive_group_size=true",
         "sampling.group_size_max=8",

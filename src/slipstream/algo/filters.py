@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from slipstream.types import FinishReason, Group
+
 ZERO_VARIANCE = "zero_variance"
 PASS_RATE_BAND = "pass_rate_band"
 DYNAMIC_SAMPLING = "dynamic_sampling"
@@ -97,6 +99,22 @@ def overlong_mask(lengths: Tensor, max_len: int) -> Tensor:
     `max_len` (truncated; DAPO §3.4 overlong filtering masks them so an unfinished answer is
     not punished for its reasoning)."""
     return torch.as_tensor(lengths) < max_len
+
+
+def without_truncated(group: Group) -> Group:
+    """`group` (advantages set) less its truncated samples and their advantages: overlong
+    `mask_loss`, TRL's `mask_truncated_completions`, where a truncated completion's reward is
+    in the statistics of its group's advantages and its loss mask is all zero. A row whose
+    loss mask is all zero adds nothing to the loss nor to its normaliser (masked tokens, or
+    sequences with a masked token: `algo.losses.aggregate`), so leaving it out of the trained
+    group is that mask, without its forward pass. `group` itself when none is truncated."""
+    if group.advantages_G is None:
+        raise ValueError(f"group of prompt {group.prompt.id!r}: advantages not computed")
+    keep = [s.finish_reason != FinishReason.LENGTH for s in group.samples]
+    if all(keep):
+        return group
+    pairs = [(s, a) for s, a, k in zip(group.samples, group.advantages_G, keep) if k]
+    return Group(group.prompt, [s for s, _ in pairs], [a for _, a in pairs])
 
 
 def dynamic_sampling_done(

@@ -56,7 +56,7 @@ SETTING_FOR: dict[str, str] = {
     "eval_steps": "eval.every",
     "reward_weights": "task.rewards (a weight per function)",
     "reward_funcs": "task.reward or task.rewards",
-    "mask_truncated_completions": "filters.overlong = 'mask'",
+    "mask_truncated_completions": "filters.overlong = 'mask_loss'",
     "model_name_or_path": "model.path",
     "dataset_name": "task.path",
     "dataset_config": "task.dataset_config",

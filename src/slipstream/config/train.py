@@ -193,10 +193,14 @@ class FilterConfig(_Section):
     `zero_variance` (it refills what the filters drop)."""
     max_extra_draws: int = Field(32, ge=0)
     """Bound of dynamic sampling: prompts drawn in one step beyond the first B."""
-    overlong: Literal["off", "mask", "penalty"] = "off"
+    overlong: Literal["off", "mask", "mask_loss", "penalty"] = "off"
     """Truncated completions (DAPO §3.4). `mask`: a completion cut at max_new_tokens is taken
-    out of its group before advantages (its tokens count as tokens/wasted; a group left with
-    fewer than 2 samples is dropped, reason `overlong`). `penalty`: add the soft length
+    out of its group before advantages, so the others' advantages are computed without its
+    reward (a group left with fewer than 2 samples is dropped, reason `overlong`).
+    `mask_loss` (TRL's `mask_truncated_completions`): its reward stays in the group's mean and
+    std, and only its loss mask is zero (a group whose samples are all cut is dropped, reason
+    `overlong`). Both count it in `filters/overlong_masked` and its tokens as tokens/wasted.
+    `penalty`: add the soft length
     penalty, 0 up to max_new_tokens - overlong_cache, then linear down to -1, to the reward
     used for advantages (the verifier's reward is still what is logged and tracked); for one
     completion, not a multi-turn episode (an error with an environment)."""

@@ -303,7 +303,8 @@ class Run:
         Per group, in order: the pass-rate tracker and the replay buffer see the verifier's
         rewards; overlong `mask` takes truncated samples out; replay swaps stored successes
         into a group with none; overlong `penalty` shapes the rewards that advantages see;
-        zero-variance drops a group with equal (shaped) rewards; advantages are computed.
+        zero-variance drops a group with equal (shaped) rewards; advantages are computed;
+        overlong `mask_loss` then takes truncated samples out (their loss mask is zero).
         A kept group is the input object (advantages set) or, when its samples changed, a new
         `Group`: inputs keep exactly what was generated.
 
@@ -349,12 +350,13 @@ class Run:
     def _prepare(self, g: Group) -> tuple[Group, str | None]:
         """`(group to train on, None)` or `(group, reason to drop it)`; see `settle`."""
         f = self.cfg.filters
-        if f.overlong == "mask":
+        if f.overlong in ("mask", "mask_loss"):
             live = [s for s in g.samples if s.finish_reason != FinishReason.LENGTH]
             self.counters["filters/overlong_masked"] += len(g.samples) - len(live)
-            if len(live) < min(2, len(g.samples)):  # no group left to compare within
+            # mask: no group left to compare within; mask_loss: no sample left to train
+            if len(live) < min(2 if f.overlong == "mask" else 1, len(g.samples)):
                 return g, filters.OVERLONG
-            if len(live) < len(g.samples):
+            if f.overlong == "mask" and len(live) < len(g.samples):
                 g = Group(g.prompt, live)
         if self.replay is not None:
             samples, n = self.replay.mix_into(g, self.cfg.replay.per_group, self.rng)
@@ -367,10 +369,9 @@ class Run:
         )
         if reason:
             return g, reason
-        g.advantages_G = advantages.compute(torch.tensor([rewards_G]), self.cfg.trainer.advantage)[
-            0
-        ].tolist()
-        return g, None
+        adv = advantages.compute(torch.tensor([rewards_G]), self.cfg.trainer.advantage)
+        g.advantages_G = adv[0].tolist()
+        return (filters.without_truncated(g) if f.overlong == "mask_loss" else g), None
 
     def _shaped_rewards(self, g: Group) -> list[float]:
         """The rewards advantages see: the verifier's, plus DAPO's soft overlong penalty (§3.4)."""

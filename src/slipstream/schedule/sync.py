@@ -47,7 +47,7 @@ COUNTERS = (
     "tokens/wasted",  # generated tokens that never enter an optimizer step's loss mask
     "tokens/replayed",  # tokens of replayed samples trained on (generated in an earlier step)
     "replay/samples",  # stored successes mixed into groups with none
-    "filters/overlong_masked",  # truncated samples taken out of their group (overlong = mask)
+    "filters/overlong_masked",  # truncated samples out of the loss (overlong = mask, mask_loss)
     "filters/extra_draws",  # prompts drawn beyond B by dynamic sampling
     "filters/prompts_skipped",  # prompts the pass-rate band did not draw (nothing generated)
     "prompts/skipped_too_long",  # prompts longer than the engine holds with a whole completion
