@@ -353,3 +353,13 @@ def test_no_setting_takes_infinity_or_nan(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"^{key}: .*finite"):
         load_config(None, [override])
+
+
+def test_vllms_top_k_of_minus_one_keeps_all_as_0_does():
+    """vLLM's top_k = -1 (no limit) was refused (ge=0); it is read as 0, which keeps all."""
+    assert load_config(None, ["sampling.top_k=-1"]).sampling.top_k == 0
+    assert load_config(None, ["sampling.top_k=5"]).sampling.top_k == 5
+    with pytest.raises(
+        ConfigError, match=r"sampling\.top_k: Input should be greater than or equal to -1"
+    ):
+        load_config(None, ["sampling.top_k=-2"])

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from slipstream.config.base import _Section
 from slipstream.engine.request import MIN_TEMPERATURE
@@ -202,8 +202,9 @@ class SamplingConfig(_Section):
     optimises the policy that is sampled."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling; below 1 it biases the importance ratio (see engine.sampling)."""
-    top_k: int = Field(0, ge=0)
-    """Keep only the k most likely tokens; 0 keeps all."""
+    top_k: int = Field(0, ge=-1)
+    """Keep only the k most likely tokens; 0 keeps all, and so does -1 (vLLM's "no limit"),
+    which is read as 0."""
     max_new_tokens: int = Field(64, ge=1)
     """Longest completion; longer ones are cut and marked `length`. 64 for the built-in model;
     with a `model.path` the default is TRL's max_completion_length, 256."""
@@ -223,6 +224,11 @@ class SamplingConfig(_Section):
     """Smallest group with `adaptive_group_size` (at most `group_size`)."""
     group_size_max: int = Field(32, ge=1)
     """Largest group with `adaptive_group_size` (at least `group_size`)."""
+
+    @field_validator("top_k")
+    @classmethod
+    def _no_limit(cls, k: int) -> int:
+        return max(k, 0)  # vLLM's -1 is this sampler's 0: keep all
 
 
 class EvalConfig(_Section):
