@@ -10,7 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slipstream.config import ConfigError, load_config
+from slipstream.engine import Completion, Request
+from slipstream.engine.stats import EngineStats
 from slipstream.run.evaluate import pass_at_k, summarize
+from slipstream.types import FinishReason
 
 
 @pytest.mark.parametrize(
@@ -105,3 +108,33 @@ def test_eval_sets_read_their_test_split_or_a_folder_naming_none_whole(tmp_path)
     cfg = load_config(None, [f"task.path={tmp_path / 't.jsonl'}", sets, 'eval.split="dev"'])
     with pytest.raises(TaskError, match=r"no file of split 'dev' \(eval.split\)"):
         eval_sets(cfg)
+
+
+class _Recorder:
+    """An engine that answers '1' to every request and keeps the requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.stats, self.version = EngineStats(), 0
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        self.requests += requests
+        return [
+            Completion(r, [ord("1")], [0.0], [0], FinishReason.STOP, 0.0, 0.0) for r in requests
+        ]
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "top_k"), [(0.0, 1.0, 0), (1.0, 0.9, 20)])
+def test_greedy_evaluation_asks_for_no_top_k_or_top_p(temperature, top_p, top_k):
+    """Greedy evaluation set top_p to 1 but kept sampling.top_k, so its requests counted as
+    filtering: they recorded kept_logmass for nothing and could not use the CUDA sampling
+    graph. Sampled evaluation keeps both."""
+    from test_algo_integration import _prompt, _run
+
+    run = _run([_prompt("a")], "sampling.top_k=20", "sampling.top_p=0.9")
+    run.cfg.eval.temperature = temperature
+    run.eval_engine, run.heldout = _Recorder(), [_prompt("a")]
+    assert run.evaluate() == 1.0
+    (params,) = {r.params for r in run.eval_engine.requests}
+    assert (params.top_p, params.top_k) == (top_p, top_k)
+    assert params.filters == (top_k > 0)
