@@ -199,12 +199,15 @@ class SamplingConfig(_Section):
     temperature: float = Field(0.6, ge=MIN_TEMPERATURE)
     """Sampling temperature (at least 1e-4: the sampler scales logits in float32); log-probs
     are recorded, and the trainer evaluates, the temperature-scaled distribution, so RL
-    optimises the policy that is sampled."""
+    optimises the policy that is sampled. The sampling defaults of a model folder's
+    generation_config.json (temperature, top_p, top_k) are not read: `sampling.temperature`,
+    `top_p` and `top_k` apply, as TRL's own settings do."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling; below 1 it biases the importance ratio (see engine.sampling)."""
+    """Nucleus sampling; below 1 it biases the importance ratio (see engine.sampling). Not
+    generation_config.json's top_p, which is not read."""
     top_k: int = Field(0, ge=-1)
     """Keep only the k most likely tokens; 0 keeps all, and so does -1 (vLLM's "no limit"),
-    which is read as 0."""
+    which is read as 0. Not generation_config.json's top_k, which is not read."""
     max_new_tokens: int = Field(64, ge=1)
     """Longest completion; longer ones are cut and marked `length`. 64 for the built-in model;
     with a `model.path` the default is TRL's max_completion_length, 256."""
