@@ -87,4 +87,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    asked = {"-h", "--help"} & set(sys.argv[1:])
+    if asked or len(sys.argv) < 3:  # the usage above; exit 2 when arguments are missing
+        sys.exit(print(__doc__) or (0 if asked else 2))
     sys.exit(main(sys.argv[1:]))
