@@ -52,3 +52,25 @@ def test_every_row_s_first_observation_fits_the_context() -> None:
     extra = len(TOK.encode("\nthe first row's extra", add_special_tokens=False))
     want = max(need[0], need[1] + extra) + cfg.env.max_tokens + 1
     assert env_max_len(cfg, factory, rows, TOK) == want
+
+
+def test_first_observations_the_model_cannot_hold_are_refused_or_said() -> None:
+    """Before, a run whose episodes' first observations (prompt with the tools rendered) were
+    all longer than the model's context started, ended every episode `length` with no token
+    and skipped every step; now it is one error before the run, and a warning for some."""
+    import pytest
+
+    from slipstream.config import ConfigError
+    from slipstream.run.agentic import check_first_observations
+
+    with pytest.raises(ConfigError, match=r"no episode's first observation .* 512 tokens"):
+        check_first_observations([585, 600], 512)
+    with pytest.warns(UserWarning, match="1 of 2 episodes' first observations do not fit"):
+        check_first_observations([300, 600], 512)
+    check_first_observations([300, 511], 512)  # room for one token each: nothing said
+    chat = ChatTemplate(TEMPLATE, "t", {"eos_token": "</s>"})
+    m = [{"role": "user", "content": "hi"}]
+    row = Prompt("one", chat.render(m), None, messages=m)
+    env = ToolEnv(Tools(), row, TOK, "hermes", TemplateRenderer(chat))
+    with pytest.raises(ConfigError, match="context of 16 tokens"):
+        env_max_len(Config(), lambda r: env, [row], TOK, positions=16)

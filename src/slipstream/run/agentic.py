@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -234,8 +235,17 @@ def build_env_factory(cfg: Config, tok: Tokenizer, task: Task) -> EnvFactory | N
     return ToolClassFactory(cfg, tok, fmt, renderer)
 
 
-def env_max_len(cfg: Config, factory: EnvFactory, prompts: Sequence[Prompt], tok: Tokenizer) -> int:
+def env_max_len(
+    cfg: Config,
+    factory: EnvFactory,
+    prompts: Sequence[Prompt],
+    tok: Tokenizer,
+    positions: int | None = None,
+) -> int:
     """Context an episode can need: the longest first observation + `env.max_tokens` + 1.
+    With `positions` (the model's context), a `ConfigError` when no row's first observation
+    leaves room for one token of the model's (every episode would end `length` at once,
+    training nothing), and a warning naming how many rows do not.
 
     Of a `ToolEnv` (`env.tools`, the built-in task), every row's first observation is rendered
     (its system prompt, conversation and the tools, as the template writes them for that row),
@@ -247,11 +257,32 @@ def env_max_len(cfg: Config, factory: EnvFactory, prompts: Sequence[Prompt], tok
     first = resolve(env.initial_observation())
     if isinstance(env, ToolEnv):
         extra = len(first.tokens) - len(env.first_observation(prompts[0]).tokens)
-        longest = max(len(env.first_observation(p).tokens) for p in prompts)
+        sizes = [len(env.first_observation(p).tokens) for p in prompts]
     else:
         extra = len(first.tokens) - len(tok.encode(prompts[0].text))
-        longest = max(len(tok.encode(p.text)) for p in prompts)
-    return longest + max(extra, 0) + cfg.env.max_tokens + 1
+        sizes = [len(tok.encode(p.text)) for p in prompts]
+    sizes = [n + max(extra, 0) for n in sizes]
+    if positions is not None:
+        check_first_observations(sizes, positions)
+    return max(sizes) + cfg.env.max_tokens + 1
+
+
+def check_first_observations(sizes: Sequence[int], positions: int) -> None:
+    """A `ConfigError` when no first observation of `sizes` tokens leaves the model room for a
+    token within its `positions`; a warning when some do not (those episodes end `length`)."""
+    over = sum(n >= positions for n in sizes)
+    if over == len(sizes):
+        raise ConfigError(
+            f"model.path: no episode's first observation (the prompt with the tools rendered) "
+            f"fits the model's context of {positions} tokens (max_position_embeddings): the "
+            f"shortest is {min(sizes)} tokens; shorten the prompts or the tools' descriptions"
+        )
+    if over:
+        warnings.warn(
+            f"{over} of {len(sizes)} episodes' first observations do not fit the model's "
+            f"context of {positions} tokens: they end `length` before the model's first token",
+            stacklevel=2,
+        )
 
 
 def episode_accuracy(

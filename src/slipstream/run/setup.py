@@ -552,7 +552,8 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     every = [n for ns in lengths.values() for n in ns]
     factory = build_env_factory(cfg, tok, task)
     # an episode ends `length` at the model's context: the engine's, and its slots fit to it
-    context = env_max_len(cfg, factory, train + heldout, tok) if factory is not None else 0
+    pos, rows = model.config.max_position_embeddings, train + heldout
+    context = env_max_len(cfg, factory, rows, tok, pos) if factory is not None else 0
     slots, max_len = engine_shape(
         cfg, model, every, cfg.trainer.batch_prompts * cfg.sampling.group_size, context
     )
