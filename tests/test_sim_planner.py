@@ -189,7 +189,8 @@ def test_sim_default_split_is_near_the_best_of_a_scan(capsys: pytest.CaptureFixt
     [
         (sim_main, ["--model", "13q"], "unknown model '13q'"),
         (sim_main, ["--lengths", "gamma:k=2"], "kind must be"),
-        (sim_main, ["--schedule", "pipeline", "--samplers", "128"], "no trainer GPUs"),
+        # (the flag named: the simulator's own "no trainer GPUs: 128 GPUs, 128 sampling" did not)
+        (sim_main, ["--schedule", "pipeline", "--samplers", "128"], "--samplers must be from 1"),
         (sim_main, ["--predict", "/nonexistent"], "--predict needs --profile"),
         (sim_main, ["--calibrate", "/nonexistent"], "not a run folder"),
         (sim_main, ["--steps", "many"], "invalid int value"),

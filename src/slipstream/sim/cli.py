@@ -144,6 +144,40 @@ def _workload(args: argparse.Namespace, cal: Calibration | None) -> Workload:
     )
 
 
+def check_counts(args: argparse.Namespace, min_steps: int) -> None:
+    """The counts both commands take, each named with what it expects: a `ValueError` for
+    `--gpus` below 1, `--steps` below `min_steps`, a negative `--seed`, or (`sim`) a
+    `--samplers` that leaves no trainer GPU. The simulator's own checks name its fields
+    (`warmup_steps`, which is no flag) or report a misread state ("no trainer GPUs: 0 GPUs,
+    None sampling")."""
+    if args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+    if args.steps < min_steps:
+        raise ValueError(f"--steps must be >= {min_steps}, got {args.steps}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    samplers = getattr(args, "samplers", None)
+    if samplers is not None and not 1 <= samplers < args.gpus:
+        raise ValueError(
+            f"--samplers must be from 1 to {args.gpus - 1} (--gpus {args.gpus} less at least "
+            f"one trainer GPU), got {samplers}"
+        )
+
+
+def check_plot_path(path: str) -> None:
+    """`--plot` names a file matplotlib can write, in a folder that exists: checked before the
+    search, which otherwise ends in the OS's or matplotlib's message without the flag."""
+    from matplotlib.figure import Figure
+
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise ValueError(f"--plot {path}: the folder {target.parent} does not exist")
+    kinds = Figure().canvas.get_supported_filetypes()
+    kind = target.suffix.lower().lstrip(".")
+    if kind and kind not in kinds:
+        raise ValueError(f"--plot {path}: expected an image file ({', '.join(sorted(kinds))})")
+
+
 def _failures(args: argparse.Namespace) -> FailureModel | None:
     return FailureModel.from_source(args.failures, args.recovery) if args.failures else None
 
@@ -214,7 +248,12 @@ def _sim_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the simulator's default warm-up (`SimConfig.warmup_steps`): 2 steps left out of the statistics
+SIM_MIN_STEPS = 3
+
+
 def _sim(args: argparse.Namespace) -> int:
+    check_counts(args, SIM_MIN_STEPS)
     if args.calibrate:
         return _calibrate(args)
     if args.predict:
@@ -390,6 +429,9 @@ def _plan(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.model_error) and args.model_error >= 0):
         # the interval is [lo / (1 + e), hi x (1 + e)]: -1 divided by zero, below 0 it shrank
         raise ValueError(f"--model-error must be a number >= 0, got {args.model_error}")
+    check_counts(args, 1)  # steps measured after each candidate's warm-up
+    if args.plot:
+        check_plot_path(args.plot)
     cal = _calibration(args)
     req = PlanRequest(
         args.gpus,
