@@ -3,9 +3,13 @@ expects, exit 2, before any work (the house standard of tests/test_cli_errors.py
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from slipstream.cli import main
+
+DATA = Path(__file__).parent / "data"
 
 
 def _one_line(capsys, argv: list[str], *parts: str) -> None:
@@ -46,3 +50,14 @@ def test_plan_plot_in_a_missing_folder(capsys, tmp_path, monkeypatch):
     png = tmp_path / "no" / "plan.png"
     _one_line(capsys, ["plan", "--plot", str(png)], "--plot", "does not exist")
     _one_line(capsys, ["plan", "--plot", str(tmp_path / "plan.txt")], "--plot", "image file")
+
+
+def test_replay_out_is_a_file(capsys, tmp_path, monkeypatch):
+    # NotADirectoryError's traceback: the check looked only for a non-empty folder
+    monkeypatch.setattr("slipstream.run.replay_run.read_meta", lambda run_dir: {})  # a record
+    out = tmp_path / "out.json"
+    out.write_text("{}")
+    rc = main(["replay", str(DATA / "run_small"), "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err, err
+    assert f"--out {out} is a file" in err, err

@@ -453,6 +453,8 @@ def _weights_equal(original: Path, replayed: Path) -> dict[str, Any]:
 def _out_dir(run_dir: Path, out: str | None) -> Path:
     if out is not None:
         path = Path(out)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"replay: --out {path} is a file; expected a new or empty folder")
         if path.exists() and any(path.iterdir()):
             raise ConfigError(f"replay: --out {path} exists and is not empty")
         return path
