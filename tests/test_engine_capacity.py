@@ -184,3 +184,29 @@ def test_an_episode_runs_engine_fits_its_slots_to_the_episode_context(tmp_path):
     assert e.max_len > 104  # the single-turn length of the built-in task here
     assert (e.num_slots + 1) * e.max_len <= 2000
     assert e.cache.k[0].shape[0] * e.max_len <= 2000  # slots + the scratch row
+
+
+def test_the_in_process_engine_is_sized_in_its_model_s_dtype(monkeypatch):
+    """A bfloat16 run's in-process engine shares the trainer's float32 master weights, so its
+    KV cache and packed copies are float32: sized at bfloat16's 2 bytes an entry (what
+    `model.dtype` names), its slots took about twice `memory_fraction` of a GPU's free
+    memory. Free memory is what a GPU would report; the sizing is the same arithmetic."""
+    from slipstream.config import load_config
+    from slipstream.run.components import engine_shape
+
+    cfg = ModelConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = CausalLM(cfg)  # float32, as `setup` builds the trainer's model
+    free = 2_000_000
+    monkeypatch.setattr(capacity, "free_device_bytes", lambda device: free)
+    run_cfg = load_config(
+        None, ["model.dtype=bfloat16", "engine.memory_fraction=0.5", "sampling.max_new_tokens=8"]
+    )
+    slots, max_len = engine_shape(run_cfg, model, [8], 1000)
+    packed = PackedWeights(model, max_len)
+    kv = SlotKV(cfg, slots, max_len, model.lm_head.weight.dtype, "cpu")
+    cache_bytes = sum(t.numel() * t.element_size() for t in kv.k + kv.v)
+    assert cache_bytes <= 0.5 * (free - capacity.packed_bytes(cfg, torch.float32))
+    assert packed.lm_head.dtype == torch.float32  # what the engine packs, and pays for

@@ -71,10 +71,11 @@ def engine_shape(
     too_long = window_error(model.config, max_len, said, advice)
     if too_long:
         raise ConfigError(f"model.path {too_long}")
+    # the engine's cache and packed copies take the dtype of `model`'s own parameters (the
+    # in-process engine shares the trainer's float32 master weights whatever `model.dtype`)
     p = model.lm_head.weight
-    dtype = parse_dtype(cfg.model.dtype)
     free = capacity.free_device_bytes(p.device)
-    budget = capacity.cache_tokens(model.config, dtype, e.max_tokens, e.memory_fraction, free)
+    budget = capacity.cache_tokens(model.config, p.dtype, e.max_tokens, e.memory_fraction, free)
     try:
         return capacity.fit_slots(slots, max_len, budget), max_len
     except ValueError as err:
