@@ -100,3 +100,29 @@ def test_a_resumed_learner_keeps_the_curve_and_the_snapshots_up_to_its_checkpoin
         (2, 6.0),
         (4, 15.0),
     ]
+
+
+def test_snapshots_written_on_a_gpu_are_scored_where_that_gpu_is_not(tmp_path, monkeypatch):
+    """A snapshot holds the trainer's tensors on its GPU (`cuda:1` of the run that wrote it);
+    a run resumed with another placement (one GPU visible, or none) scored it with a plain
+    `torch.load`, which refuses a device the process does not see. The write on `cuda:1` is
+    made here by tagging the CPU tensors' storages as `torch.save` tags a GPU's."""
+    import torch.serialization
+
+    model = torch.nn.Linear(3, 1, bias=False)
+    run = SimpleNamespace(
+        model=model,
+        eval_engine=SimpleNamespace(version=0),
+        evaluate=lambda version=None: float(model.weight.detach().sum()),
+        ledger=Ledger(),
+        counters=Counter(),
+        dir=tmp_path,
+    )
+    learner = RunLearner(run, defer_eval=True)  # type: ignore[arg-type]
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    with monkeypatch.context() as m:
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:1")
+        learner.evaluate(1)
+    learner.evaluate_deferred()
+    assert [(c["step"], c["heldout_acc"]) for c in learner.curve] == [(1, 6.0)]

@@ -172,7 +172,10 @@ class RunLearner:
             return
         final = {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
         for step, wall, path in self._snapshots:  # (the engine's packed copies follow the loads)
-            self.run.model.load_state_dict(torch.load(path, weights_only=True))
+            # on the CPU, then copied where the model is: a snapshot names the GPU that wrote
+            # it, which a run resumed with another placement may not have
+            snapshot = torch.load(path, weights_only=True, map_location="cpu")
+            self.run.model.load_state_dict(snapshot)
             self.acc = self.run.evaluate(step)  # scored as version `step` (trainer_state)
             self.curve.append({"step": step, "wall_s": wall, "heldout_acc": self.acc})
         self.run.model.load_state_dict(final)
