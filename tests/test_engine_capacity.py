@@ -210,3 +210,31 @@ def test_the_in_process_engine_is_sized_in_its_model_s_dtype(monkeypatch):
     cache_bytes = sum(t.numel() * t.element_size() for t in kv.k + kv.v)
     assert cache_bytes <= 0.5 * (free - capacity.packed_bytes(cfg, torch.float32))
     assert packed.lm_head.dtype == torch.float32  # what the engine packs, and pays for
+
+
+def test_engines_on_one_gpu_split_the_memory_fraction(monkeypatch):
+    """Every engine of a local run measures the GPU's free memory before any of them allocates
+    its KV cache: on one GPU, the trainer's evaluation engine and a colocated sampler each took
+    the whole `memory_fraction` (0.4 + 0.4 of the free memory at the README's setting). Now the
+    engines on a GPU split it; on the in-process loop the one engine keeps it all."""
+    from slipstream.config import load_config
+    from slipstream.run.components import engine_shape
+    from slipstream.runtime import placement as pl
+
+    where = pl.Placement("cuda:0", ("cuda:0", "cuda:1", "cuda:1"))
+    assert [where.engines_on(d) for d in ("cuda:0", "cuda:1", "cuda:2", "cpu")] == [2, 2, 0, 1]
+    cfg = ModelConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = CausalLM(cfg)
+    monkeypatch.setattr(capacity, "free_device_bytes", lambda device: 2_000_000)
+    monkeypatch.setattr(pl, "cuda_device_count", lambda: 1)
+    base = ["engine.memory_fraction=0.5", "sampling.max_new_tokens=8", "trainer.device=cuda"]
+    alone = engine_shape(load_config(None, base), model, [8], 10_000)[0]
+    local = ["schedule.name=pipeline", "runtime.kind=local"]
+    shared = engine_shape(load_config(None, [*base, *local]), model, [8], 10_000)[0]
+    room = 2_000_000 - capacity.packed_bytes(cfg, torch.float32)
+    per_token = capacity.kv_bytes_per_token(cfg, torch.float32)
+    assert alone == int(0.5 * room) // per_token // 16 - 1  # max_len 16: prompt 8 + 8 new
+    assert shared == int(0.25 * room) // per_token // 16 - 1

@@ -75,7 +75,11 @@ def engine_shape(
     # in-process engine shares the trainer's float32 master weights whatever `model.dtype`)
     p = model.lm_head.weight
     free = capacity.free_device_bytes(p.device)
-    budget = capacity.cache_tokens(model.config, p.dtype, e.max_tokens, e.memory_fraction, free)
+    # a local run's samplers on this GPU measure the same free memory: the fraction is split
+    where = resolve_placement(cfg)
+    share = where.engines_on(where.trainer) if cfg.runtime_kind == "local" else 1
+    fraction = e.memory_fraction / share
+    budget = capacity.cache_tokens(model.config, p.dtype, e.max_tokens, fraction, free)
     try:
         return capacity.fit_slots(slots, max_len, budget), max_len
     except ValueError as err:

@@ -40,8 +40,10 @@ class SamplerFactory:
         e = spec.cfg.engine
         free = capacity.free_device_bytes(device)
         staging = capacity.tensor_bytes(model.parameters())  # the weight channel's, at 1st read
+        local = p is not None and spec.cfg.runtime_kind == "local"  # (a Ray actor: its own GPU)
+        share = p.engines_on(p.samplers[sampler_id]) if local and p is not None else 1
         budget = capacity.cache_tokens(
-            spec.model_config, spec.dtype, e.max_tokens, e.memory_fraction, free, staging
+            spec.model_config, spec.dtype, e.max_tokens, e.memory_fraction / share, free, staging
         )
         slots = capacity.fit_slots(spec.num_slots, spec.max_len, budget)
         engine = make_engine(model, spec.tokenizer, slots, spec.max_len, version=-1)

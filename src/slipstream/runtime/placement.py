@@ -8,7 +8,8 @@ CPU. Rules:
 - `runtime.sampler_devices = "auto"`: with the trainer on the CPU, every sampler too; with the
   trainer on GPU k, the samplers round-robin over the other GPUs, and on a one-GPU machine
   they share GPU k with it (colocated: the engine and the trainer split its memory,
-  `engine.memory_fraction`). A list names one device per sampler.
+  `engine.memory_fraction`, which the engines on one GPU split evenly: `engines_on`). A
+  list names one device per sampler.
 - A sampler process sees only its own GPU: it is started with `CUDA_VISIBLE_DEVICES` set to
   that GPU (the parent's own `CUDA_VISIBLE_DEVICES` numbering respected), so inside it the
   device is `cuda:0` and nothing it does can touch another GPU's memory.
@@ -48,6 +49,14 @@ class Placement:
         if visible:
             return {"CUDA_VISIBLE_DEVICES": visible.split(",")[index].strip(), **env}
         return {"CUDA_VISIBLE_DEVICES": str(index), **env}
+
+    def engines_on(self, device: str) -> int:
+        """Engines of a local run that share `device` (parent numbering): its samplers' and,
+        on the trainer's, the trainer's own (the run's evaluation engine); each takes its
+        share of `engine.memory_fraction` (1 on the CPU, which has no memory bound)."""
+        if device == "cpu":
+            return 1
+        return sum(d == device for d in self.samplers) + (device == self.trainer)
 
     def local_sampler_device(self, i: int) -> str:
         """Sampler `i`'s device as its own process names it (`cuda:0`: the only one it sees)."""
