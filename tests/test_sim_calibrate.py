@@ -230,9 +230,12 @@ def test_run_folder_errors_name_file_and_line(tmp_path: Path) -> None:
     (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(RunError, match=r"metrics.jsonl:1: missing time/train_s"):
         read_run(run)
-    (run / "config.toml").unlink()
-    with pytest.raises(RunError, match=r"config.toml: missing"):
+    (run / "config.toml").unlink()  # it said only "config.toml: missing"
+    with pytest.raises(RunError, match=r"/a: not a run folder \(no config.toml\)"):
         read_run(run)
+    (tmp_path / "b").mkdir()
+    with pytest.raises(RunError, match=r"/b: not a run folder \(no config.toml\)"):
+        read_run(tmp_path / "b")  # a folder, empty
 
 
 def _pass_sums(lens: np.ndarray, rng: np.random.Generator) -> tuple[float, dict[str, float]]:

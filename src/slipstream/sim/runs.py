@@ -174,8 +174,8 @@ def read_run(run_dir: Path, require: tuple[str, ...] = REQUIRED_METRICS) -> RunR
         raise RunError(f"{run_dir}: not a run folder")
     config_path, metrics_path = run_dir / "config.toml", run_dir / "metrics.jsonl"
     for p in (config_path, metrics_path):
-        if not p.is_file():
-            raise RunError(f"{p}: missing")
+        if not p.is_file():  # (the folder of a run `slipstream train` made has both)
+            raise RunError(f"{run_dir}: not a run folder (no {p.name})")
     try:
         config = tomllib.loads(config_path.read_text())
     except tomllib.TOMLDecodeError as e:
