@@ -61,3 +61,8 @@ def test_replay_out_is_a_file(capsys, tmp_path, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err, err
     assert f"--out {out} is a file" in err, err
+
+
+def test_sim_model_a_folder_that_is_not_a_run(capsys, tmp_path):
+    # "unknown model '/tmp/...'; valid: qwen2.5-0.5b, ...": as if a folder were a preset name
+    _one_line(capsys, ["sim", "--gpus", "8", "--model", str(tmp_path)], "without model_info.json")

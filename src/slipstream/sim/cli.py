@@ -117,6 +117,11 @@ def _model(name: str) -> ModelShape:
     info = Path(name) / "model_info.json"
     if info.is_file():
         return ModelShape.from_info(json.loads(info.read_text()), Path(name).name)
+    if Path(name).is_dir():  # a folder, not a run's: say what it lacks, not "unknown model"
+        raise ValueError(
+            f"--model {name}: a folder without model_info.json (a run folder has one); "
+            "or a preset name (qwen2.5-7b, 7b, ...)"
+        )
     return model_shape(name)
 
 
