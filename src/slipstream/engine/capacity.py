@@ -3,11 +3,10 @@
 The KV cache is `[slots, max_len]` per layer (engine.forward.SlotKV). Its size follows from
 the memory the engine is given, never the other way round: `engine.max_tokens`, or
 `engine.memory_fraction` of the device's free memory once the model is on it, less the
-engine's packed copy of the weights (engine.packed, built at the first step, after the cache is
-sized: `packed_bytes`), divided by the bytes one token takes (keys and values of every layer),
-is the cache's token budget;
-the slots are what that budget holds at `max_len` tokens each, less the cache's scratch row
-(at most the slots asked for).
+engine's packed copy of the weights (engine.packed, built at the first step, after the cache
+is sized: `packed_bytes`), divided by the bytes one token takes (keys and values of every
+layer), is the cache's token budget; the slots are what that budget holds at `max_len` tokens
+each, less the cache's scratch row (at most the slots asked for).
 A prompt that cannot fit `max_len` with its completion is skipped before generation and
 counted, never an error in the middle of a run.
 """
@@ -57,8 +56,8 @@ def cache_tokens(
     `free_bytes` (measured once the model is on the device) less what the engine's packed
     weights will take (`packed_bytes`) and `reserved_bytes` (a sampler process's staging
     copy of the weights, which its first weight read allocates), over `kv_bytes_per_token`;
-    None when neither bounds it. A budget of 0 tokens (the packed copy alone takes the free memory) is refused by
-    `fit_slots`."""
+    None when neither bounds it. A budget of 0 tokens (the packed copy alone takes the free
+    memory) is refused by `fit_slots`."""
     if max_tokens > 0:
         return max_tokens
     if memory_fraction > 0 and free_bytes is not None:
