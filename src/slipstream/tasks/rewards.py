@@ -3,13 +3,14 @@
 - slipstream: `score(prompt: Prompt, completion: str) -> float`;
 - TRL: `fn(prompts, completions, **columns) -> list[float | None]`, batched, None where the
   function does not apply (TRL's GRPOTrainer convention; a NaN counts as None, since TRL turns
-  None into NaN and sums with nansum). Called here with one sample at a
-  time, by keyword as TRL calls it: `prompts=[messages]` and
-  `completions=[[{"role": "assistant", "content": text}]]` for a row whose prompt is a
-  conversation (a `ToolEnv` episode's: its messages after the prompt, assistant turns with
-  their `tool_calls` and the `tool` replies, as TRL's tool loop builds them; envs.tool_env),
-  plain strings for a string prompt (even one a chat template renders), and every other column of the row as a one-element list under its own name. One
-  sample per call keeps the reward guard's per-sample timeout (a hang costs one sample).
+  None into NaN and sums with nansum). Called here with one sample at a time, by keyword as
+  TRL calls it: `prompts=[messages]` and `completions=[[{"role": "assistant", "content":
+  text}]]` for a row whose prompt is a conversation (a `ToolEnv` episode's: its messages
+  after the prompt, assistant turns with their `tool_calls` and the `tool` replies, as TRL's
+  tool loop builds them; envs.tool_env), plain strings for a string prompt (even one a chat
+  template renders), and every other column of the row as a one-element list under its own
+  name. One sample per call keeps the reward guard's per-sample timeout (a hang costs one
+  sample).
   `completion_ids=[ids]` and `trainer_state` (a `slipstream.types.TrainerState`: the policy
   version scoring the sample as `global_step`, `run.steps` as `max_steps`) are passed where
   they are known (every single-turn sample and evaluation, every `ToolEnv` episode:
