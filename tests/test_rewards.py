@@ -473,3 +473,47 @@ def test_a_trl_nan_is_a_function_that_does_not_apply_as_in_trls_nansum(rewards_p
         guard.close()
     assert (v.reward, v.error) == (1.0, "") and v.parts == {"reward/slip": 1.0}
     assert not guard.errors
+
+
+MUTATING_REWARDS = """
+def trl_mutates(prompts, completions, **kwargs):
+    prompts[0].append({"role": "user", "content": "injected"})
+    kwargs["answer"][0] = "0"
+    return [1.0]
+
+def verl_mutates(data_source, solution_str, ground_truth, extra_info=None):
+    extra_info["i"] = -1
+    return 1.0
+
+def trl_reads(prompts, completions, answer, **kwargs):
+    return [float(len(prompts[0]) * 10 + (answer[0] == "42"))]
+
+def verl_reads(data_source, solution_str, ground_truth, extra_info=None):
+    return float(extra_info["i"])
+"""
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_a_reward_that_changes_its_inputs_changes_nothing_else(tmp_path, isolation):
+    # the prompt's own messages and columns were passed: a function that appended to
+    # `prompts[0]` or set `extra_info[...]` changed what the next function and the group's next
+    # samples saw and, inline, the prompt the run trains on and logs
+    f = tmp_path / "mut.py"
+    f.write_text(MUTATING_REWARDS)
+    names = ("trl_mutates", "verl_mutates", "trl_reads", "verl_reads")
+    prompt = Prompt(
+        "p0",
+        "<rendered>",
+        "42",
+        meta={"answer": "42", "extra_info": {"i": 3}},
+        messages=[{"role": "user", "content": "6*7?"}],
+    )
+    guard = RewardGuard(CombinedReward(tuple(RewardPart(f"{f}:{n}") for n in names)), isolation)
+    try:
+        out = guard.score(prompt, ["42", "42"])
+    finally:
+        guard.close()
+    for v in out:
+        assert v.parts["reward/trl_reads"] == 11.0 and v.parts["reward/verl_reads"] == 3.0
+    assert prompt.messages == [{"role": "user", "content": "6*7?"}]
+    assert prompt.meta == {"answer": "42", "extra_info": {"i": 3}}

@@ -23,6 +23,8 @@
   `extra_info` are the row's columns of those names (`extra_info` defaults to the whole row).
 
 An `async def` function of any shape is awaited (TRL awaits them), on one event loop per process.
+Each of your functions gets its own deep copy of the prompt, so one that changes what it is given
+changes nothing else.
 
 `CombinedReward` sums weight x value over the functions that apply (TRL's nansum over reward
 functions) and returns each value under `reward/<name>` (a verl dict's other numbers under
@@ -216,7 +218,7 @@ class CombinedReward:
         """The reward of one sample: a number, or `{"score": total, "reward/<name>": ...}`."""
         fns = self.load()._fns
         assert fns is not None
-        values = [fn(prompt, completion) for fn in fns]
+        values = [fn(_own(prompt, part), completion) for part, fn in zip(self.parts, fns)]
         if self.plain and not isinstance(values[0], dict | list | tuple) and values[0] is not None:
             return values[0]  # the guard checks it is a finite number
         out: dict[str, Any] = {}
@@ -241,6 +243,14 @@ class CombinedReward:
             out[f"reward/{part.label}"] = x
             total += part.weight * x
         return {"score": total, **out}
+
+
+def _own(prompt: Prompt, part: RewardPart) -> Prompt:
+    """`prompt` for a user's function: a deep copy, so that one which changes what it is given
+    (`prompts[0].append(...)`, verl's `extra_info`, `prompt.meta`) changes neither the other
+    functions' inputs, nor the group's next samples, nor the prompt the run trains on and logs.
+    A built-in reward gets `prompt` itself."""
+    return prompt if part.spec in BUILTIN_REWARDS else copy.deepcopy(prompt)
 
 
 def _number(v: object) -> float | None:
