@@ -156,6 +156,45 @@ def test_process_fail_mode_stops_at_the_first_failure(plugin):
         g.close()
 
 
+SLOW_FIRST = """
+import time
+
+_client = None
+
+def reward(prompt, completion):
+    global _client
+    if _client is None:  # an import or a connection on the first call, in each process
+        time.sleep(1.0)
+        _client = object()
+    return float(completion.strip() == prompt.answer)
+"""
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_reward_slow_on_its_first_call_is_not_timed_out_in_every_worker(plugin, tmp_path):
+    # each fresh worker pays the first call again, so with timeout_s alone the first call timed
+    # out, the next sample's fresh worker timed out the same way, and so on: every sample
+    f = tmp_path / "slow_first.py"
+    f.write_text(SLOW_FIRST)
+    g = RewardGuard(f"{f}:reward", "process", timeout_s=TIMEOUT_S, startup_timeout_s=30.0)
+    try:
+        assert g.score(P, ["4", "4", "5"]) == [Verdict(1.0), Verdict(1.0), Verdict(0.0)]
+        assert g.errors == {} and g._worker is not None and g._worker.starts == 1
+    finally:
+        g.close()
+    # a reward that hangs from its first call costs the grace once, then timeout_s per sample
+    g = RewardGuard(f"{plugin}:hostile", "process", timeout_s=TIMEOUT_S, startup_timeout_s=2.0)
+    try:
+        t0 = time.perf_counter()
+        out = g.score(P, ["sleep", "sleep", "4"])
+        assert time.perf_counter() - t0 < 2.0 + TIMEOUT_S + 1.5
+        assert out[0].detail.startswith("no result within 2 s (its first call in a fresh worker)")
+        assert out[1].detail.startswith(f"no result within {TIMEOUT_S:g} s (task.reward_timeout_s)")
+        assert out[2] == Verdict(1.0) and g.errors == {"timeout": 2}
+    finally:
+        g.close()
+
+
 def test_process_guard_load_errors_name_the_reward(plugin, tmp_path):
     with pytest.raises(TaskError, match=r"has no function 'nope'"):
         RewardGuard(f"{plugin}:nope", "process")

@@ -120,7 +120,9 @@ class TaskConfig(_Section):
     `exact` and `math_verify`."""
     reward_timeout_s: float = Field(10.0, gt=0.0)
     """Longest a reward may take on one completion, in isolation `process`; past it the worker
-    is killed and the sample counts as a `timeout` error."""
+    is killed and the sample counts as a `timeout` error. The first call in each worker process
+    may take as long as the worker's start (120 s), for a reward that imports or connects on its
+    first call."""
     reward_errors: Literal["zero", "fail"] = "zero"
     """A reward that raises, returns NaN, inf or a non-number, times out or crashes its worker:
     `zero` scores the sample 0 and counts it (metrics `reward/errors_raised`, `_invalid`,

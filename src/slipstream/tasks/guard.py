@@ -18,7 +18,10 @@ that imports neither torch nor the caller's state. A group is one round trip: th
 its completions in order and streams each result back, and each result has its own timeout.
 A sample past the timeout gets its worker killed (SIGKILL also stops a busy loop in C), and
 the rest of the group goes to a fresh worker, so a hang in sample k loses only sample k; a worker
-that dies is replaced the same way. The worker is a plain subprocess, not a multiprocessing
+that dies is replaced the same way. The first call in each worker process may take up to
+`startup_timeout_s` like the worker's import, since a reward that imports or connects on its
+first call pays that again in every fresh worker (with `timeout_s` alone, every sample would time
+out); once a first call runs past even that, first calls get `timeout_s` too. The worker is a plain subprocess, not a multiprocessing
 child, so the daemonic sampler processes can host one; it is killed on `close`, at exit and,
 on Linux, when its parent dies (PR_SET_PDEATHSIG); elsewhere it exits at EOF on its pipe.
 """
@@ -253,6 +256,8 @@ class _Worker:
         self.tx: Connection | None = None
         self.rx: Connection | None = None
         self.starts = 0
+        self.warm = False  # this process has returned a result: its first call is behind it
+        self.grace = True  # a first call may take startup_timeout_s, till one runs past it
         self._lock = threading.Lock()
         self._live: list[Any] = []  # [proc, tx, rx] of the running worker, for the finalizer
         self._finalizer = weakref.finalize(self, _stop, self._live)
@@ -281,6 +286,7 @@ class _Worker:
         )
         self._live[:] = [proc, self.tx, self.rx]
         self.starts += 1
+        self.warm = False
         try:
             self.tx.send_bytes(self.payload)
             if not self.rx.poll(self.startup_timeout_s):
@@ -336,16 +342,21 @@ class _Worker:
             out.append(Verdict(0.0, "crashed", f"its worker process {self._exit_status()}"))
             return
         for _ in rest:
-            if not self.rx.poll(timeout_s):
+            first = not self.warm and self.grace
+            bound = max(timeout_s, self.startup_timeout_s) if first else timeout_s
+            if not self.rx.poll(bound):
                 self.kill()
+                self.grace = self.grace and not first  # it hangs, not imports: no more grace
+                why = "its first call in a fresh worker" if first else "task.reward_timeout_s"
                 out.append(
                     Verdict(
                         0.0,
                         "timeout",
-                        f"no result within {timeout_s:g} s (task.reward_timeout_s); its worker process was killed",
+                        f"no result within {bound:g} s ({why}); its worker process was killed",
                     )
                 )
                 return
+            self.warm = True
             try:
                 v = _verdict(*self.rx.recv())
             except (EOFError, OSError):
