@@ -74,6 +74,8 @@ def _hostile_inline(prompt: Prompt, completion: str) -> object:
     c = completion.strip()
     if c == "raise":
         raise ValueError("bad input")
+    if c == "exit":
+        sys.exit()
     return {"nan": math.nan, "inf": math.inf, "str": "1.0", "none": None}.get(
         c, float(c == prompt.answer)
     )
@@ -82,8 +84,8 @@ def _hostile_inline(prompt: Prompt, completion: str) -> object:
 def test_inline_guard_scores_failures_zero_and_counts_them():
     g = RewardGuard(_hostile_inline)
     with pytest.warns(RuntimeWarning, match="reward '_hostile_inline' on prompt 'p7'"):
-        out = g.score(P, ["4", "raise", "nan", "inf", "str", "none", "5", "4"])
-    assert [v.reward for v in out] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+        out = g.score(P, ["4", "raise", "nan", "inf", "str", "none", "5", "exit", "4"])
+    assert [v.reward for v in out] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert [v.error for v in out] == [
         "",
         "raised",
@@ -92,10 +94,12 @@ def test_inline_guard_scores_failures_zero_and_counts_them():
         "invalid",
         "invalid",
         "",
+        "raised",  # sys.exit() in the reward, which ended the run (status 0) before
         "",
     ]
     assert out[1].detail == "raised ValueError: bad input"
-    assert g.errors == {"raised": 1, "invalid": 4}
+    assert out[7].detail == "raised SystemExit"
+    assert g.errors == {"raised": 2, "invalid": 4}
     assert g(P, "4") == 1.0  # callable like the reward itself
 
 

@@ -110,7 +110,7 @@ class RewardGuard:
     def score(self, prompt: Prompt, completions: list[str]) -> list[Verdict]:
         """One verdict per completion, in order; counts failures (or raises, with `fail`)."""
         if self._fn is not None:
-            out = [_verdict(*_call(self._fn, prompt, c, Exception)) for c in completions]
+            out = [_verdict(*_call(self._fn, prompt, c, _INLINE_RAISES)) for c in completions]
         else:
             assert self._worker is not None
             out = self._worker.score(prompt, completions, self.timeout_s, self.on_error == "fail")
@@ -176,8 +176,16 @@ def unguarded(task: Task) -> Task:
 
 
 # ---- one call, in the caller or in the worker -------------------------------------------------
+# what counts as a reward raising inline: `sys.exit()` in a reward too (it would end the run,
+# with status 0 for `sys.exit()`), but not Ctrl-C
+_INLINE_RAISES = (Exception, SystemExit)
+
+
 def _call(
-    fn: RewardFn, prompt: Prompt, completion: str, catch: type[BaseException]
+    fn: RewardFn,
+    prompt: Prompt,
+    completion: str,
+    catch: type[BaseException] | tuple[type[BaseException], ...],
 ) -> tuple[float, str, str, dict[str, float]]:
     """`(reward, error, detail, parts)` of one call; `catch` is what counts as the function
     raising. A dict's `score` is the reward, its other finite numbers the parts."""
