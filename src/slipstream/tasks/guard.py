@@ -20,10 +20,11 @@ A sample past the timeout gets its worker killed (SIGKILL also stops a busy loop
 the rest of the group goes to a fresh worker, so a hang in sample k loses only sample k; a worker
 that dies is replaced the same way. The first call in each worker process may take up to
 `startup_timeout_s` like the worker's import, since a reward that imports or connects on its
-first call pays that again in every fresh worker (with `timeout_s` alone, every sample would time
-out); once a first call runs past even that, first calls get `timeout_s` too. The worker is a plain subprocess, not a multiprocessing
-child, so the daemonic sampler processes can host one; it is killed on `close`, at exit and,
-on Linux, when its parent dies (PR_SET_PDEATHSIG); elsewhere it exits at EOF on its pipe.
+first call pays that again in every fresh worker (with `timeout_s` alone, every sample would
+time out); once a first call runs past even that, first calls get `timeout_s` too. The worker
+is a plain subprocess, not a multiprocessing child, so the daemonic sampler processes can host
+one; it is killed on `close`, at exit and, on Linux, when its parent dies (PR_SET_PDEATHSIG);
+elsewhere it exits at EOF on its pipe.
 """
 
 from __future__ import annotations
