@@ -1,21 +1,25 @@
 """The components `setup` assembles from a `Config`: the pass-rate tracker, device placement,
-the engine's shape within its KV budget, and the trainer with its proximal policy resolved."""
+the prompts' token lengths, the engine's shape within its KV budget, and the trainer with its
+proximal policy resolved."""
 
 from __future__ import annotations
 
+import time
 import warnings
+from collections.abc import Callable
 
 from slipstream.algo.correction import CorrectionSpec
 from slipstream.config import Config, ConfigError
 from slipstream.config.load import truncated_behavior
 from slipstream.engine import capacity
-from slipstream.model import CausalLM
+from slipstream.model import CausalLM, Tokenizer
 from slipstream.model.llama import window_error
 from slipstream.runtime import placement
 from slipstream.schedule.pass_rate import PassRateTracker
 from slipstream.schedule.presets import preset
 from slipstream.train.precision import parse_dtype
 from slipstream.train.trainer import Trainer, resolve_proximal
+from slipstream.types import Prompt
 
 
 def make_pass_rate_tracker(cfg: Config) -> PassRateTracker:
@@ -43,6 +47,19 @@ def resolve_placement(cfg: Config) -> placement.Placement:
         gpu = rc.sampler_resources.get("GPU", 0) > 0
         where = placement.Placement(where.trainer, ("cuda:0" if gpu else "cpu",) * n)
     return where
+
+
+def prompt_lengths(
+    tok: Tokenizer, named: dict[str, list[Prompt]], log: Callable[[str], None]
+) -> dict[str, list[int]]:
+    """The token length of every prompt of each named set (`Tokenizer.prompt_lengths`, in
+    batches: a dataset of 100k+ rows takes seconds, not minutes), said before and after in
+    `log` (the live view's), so a long measurement is not a silent terminal."""
+    n, t = sum(map(len, named.values())), time.perf_counter()
+    log(f"measuring the token length of {n} prompts...")
+    lengths = {k: tok.prompt_lengths(ps) for k, ps in named.items()}
+    log(f"measured {n} prompts in {time.perf_counter() - t:.1f} s")
+    return lengths
 
 
 def engine_shape(

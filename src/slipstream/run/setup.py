@@ -39,6 +39,7 @@ from slipstream.run.components import (
     check_too_long,
     engine_shape,
     make_pass_rate_tracker,
+    prompt_lengths,
     resolve_placement,
 )
 from slipstream.run.evaluate import heldout_accuracy, rewards_of, summarize
@@ -491,7 +492,7 @@ def build_model(
     max_new = cfg.sampling.max_new_tokens
 
     def evaluate(model: CausalLM, tok: Tokenizer) -> float:
-        engine = make_engine(model, tok, len(heldout), _max_len(heldout, tok, max_new))
+        engine = make_engine(model, tok, len(heldout), max(tok.prompt_lengths(heldout)) + max_new)
         return heldout_accuracy(engine, tok, task, heldout, max_new)
 
     def report(step: int, loss: float, acc: float | None) -> None:
@@ -517,10 +518,6 @@ def make_engine(model: CausalLM, tok: Tokenizer, num_slots: int, max_len: int, *
     return engine
 
 
-def _max_len(prompts: list[Prompt], tok: Tokenizer, max_new: int) -> int:
-    return max(len(tok.encode_prompt(p)) for p in prompts) + max_new
-
-
 def _wandb_settings(cfg: Config) -> dict[str, Any]:
     """The `WandbSink` settings: `[wandb]` and the resolved config (not yet in config.toml)."""
     return {**cfg.wandb.model_dump(), "config": tomllib.loads(dump_config(cfg))}
@@ -538,6 +535,7 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     view = ProgressView(cfg.run.steps, "slipstream train", quiet=cfg.run.quiet)
+    view.log(f"reading {cfg.task.path or 'the built-in task'} and rendering its prompts...")
     task = build_task(cfg)
     model, tok, info = build_model(cfg, task, view, where.trainer)
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
@@ -548,7 +546,7 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
         "held-out": heldout,
         **{f"eval.sets.{k}": v for k, v in sets.items()},
     }
-    lengths = {k: [len(tok.encode_prompt(p)) for p in ps] for k, ps in named.items()}
+    lengths = prompt_lengths(tok, named, view.log)
     every = [n for ns in lengths.values() for n in ns]
     factory = build_env_factory(cfg, tok, task)
     # an episode ends `length` at the model's context: the engine's, and its slots fit to it
