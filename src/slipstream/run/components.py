@@ -49,16 +49,25 @@ def resolve_placement(cfg: Config) -> placement.Placement:
     return where
 
 
+LONG_MEASURE = 10_000  # prompts from which measuring their lengths is said (a second or more)
+
+
 def prompt_lengths(
-    tok: Tokenizer, named: dict[str, list[Prompt]], log: Callable[[str], None]
+    tok: Tokenizer,
+    named: dict[str, list[Prompt]],
+    log: Callable[[str], None],
+    many: int = LONG_MEASURE,
 ) -> dict[str, list[int]]:
     """The token length of every prompt of each named set (`Tokenizer.prompt_lengths`, in
-    batches: a dataset of 100k+ rows takes seconds, not minutes), said before and after in
-    `log` (the live view's), so a long measurement is not a silent terminal."""
+    batches: a dataset of 100k+ rows takes seconds, not minutes). From `many` prompts on it is
+    said before and after in `log` (the live view's), so a long measurement is not a silent
+    terminal; a small task's measurement is not worth two lines."""
     n, t = sum(map(len, named.values())), time.perf_counter()
-    log(f"measuring the token length of {n} prompts...")
+    if n >= many:
+        log(f"measuring the token length of {n} prompts...")
     lengths = {k: tok.prompt_lengths(ps) for k, ps in named.items()}
-    log(f"measured {n} prompts in {time.perf_counter() - t:.1f} s")
+    if n >= many:
+        log(f"measured {n} prompts in {time.perf_counter() - t:.1f} s")
     return lengths
 
 

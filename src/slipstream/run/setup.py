@@ -535,7 +535,8 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     torch.manual_seed(cfg.run.seed)
     random.seed(cfg.run.seed)
     view = ProgressView(cfg.run.steps, "slipstream train", quiet=cfg.run.quiet)
-    view.log(f"reading {cfg.task.path or 'the built-in task'} and rendering its prompts...")
+    if cfg.task.path:  # a user's dataset may take a while (the built-in task does not)
+        view.log(f"reading {cfg.task.path} and rendering its prompts...")
     task = build_task(cfg)
     model, tok, info = build_model(cfg, task, view, where.trainer)
     heldout = task.heldout_prompts()[: cfg.eval.num_prompts]
