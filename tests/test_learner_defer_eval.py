@@ -4,6 +4,7 @@ the run, as they were at that step, and the run holds none of them in memory mea
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -58,6 +59,19 @@ def test_deferred_evaluations_score_each_steps_weights_and_hold_none(tmp_path):
     assert not (tmp_path / "eval_snapshots").exists()
 
 
+def _summing_learner(model: torch.nn.Linear, folder: Path) -> RunLearner:
+    """A deferring learner of a stand-in run whose accuracy is the sum of `model`'s weights."""
+    run = SimpleNamespace(
+        model=model,
+        eval_engine=SimpleNamespace(version=0),
+        evaluate=lambda version=None: float(model.weight.detach().sum()),
+        ledger=Ledger(),
+        counters=Counter(),
+        dir=folder,
+    )
+    return RunLearner(run, defer_eval=True)  # type: ignore[arg-type]
+
+
 def test_a_resumed_learner_keeps_the_curve_and_the_snapshots_up_to_its_checkpoint(tmp_path):
     """A checkpoint at step 2 holds the snapshots of steps 0 and 2 (not scored yet): resumed
     from it, they are scored with the resumed run's, and the snapshot of step 4 that the run
@@ -66,15 +80,7 @@ def test_a_resumed_learner_keeps_the_curve_and_the_snapshots_up_to_its_checkpoin
     model = torch.nn.Linear(3, 1, bias=False)
 
     def make() -> RunLearner:
-        run = SimpleNamespace(
-            model=model,
-            eval_engine=SimpleNamespace(version=0),
-            evaluate=lambda version=None: float(model.weight.detach().sum()),
-            ledger=Ledger(),
-            counters=Counter(),
-            dir=tmp_path,
-        )
-        return RunLearner(run, defer_eval=True)  # type: ignore[arg-type]
+        return _summing_learner(model, tmp_path)
 
     first = make()
     for step in (0, 2):
@@ -110,15 +116,7 @@ def test_snapshots_written_on_a_gpu_are_scored_where_that_gpu_is_not(tmp_path, m
     import torch.serialization
 
     model = torch.nn.Linear(3, 1, bias=False)
-    run = SimpleNamespace(
-        model=model,
-        eval_engine=SimpleNamespace(version=0),
-        evaluate=lambda version=None: float(model.weight.detach().sum()),
-        ledger=Ledger(),
-        counters=Counter(),
-        dir=tmp_path,
-    )
-    learner = RunLearner(run, defer_eval=True)  # type: ignore[arg-type]
+    learner = _summing_learner(model, tmp_path)
     with torch.no_grad():
         model.weight.fill_(2.0)
     with monkeypatch.context() as m:
