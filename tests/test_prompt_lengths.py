@@ -55,9 +55,10 @@ def test_setup_lengths_are_logged(tmp_path: Path) -> None:
     tok: Tokenizer = load_tokenizer(qwen2_tokenizer(tmp_path / "tok"))
     named = {"training": _prompts(), "held-out": _prompts()[:2]}
     lines: list[str] = []
-    got = prompt_lengths(tok, named, lines.append, many=20)
+    chars = sum(len(p.text) for ps in named.values() for p in ps)
+    got = prompt_lengths(tok, named, lines.append, many=chars)
     assert got == {k: [len(tok.encode_prompt(p)) for p in ps] for k, ps in named.items()}
     assert lines[0] == "measuring the token length of 20 prompts..."
     assert lines[1].startswith("measured 20 prompts in ")
     quiet: list[str] = []
-    assert prompt_lengths(tok, named, quiet.append, many=21) == got and not quiet
+    assert prompt_lengths(tok, named, quiet.append, many=chars + 1) == got and not quiet
