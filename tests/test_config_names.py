@@ -113,3 +113,19 @@ def test_every_trl_name_of_the_readme_table_gets_the_tables_answer(row):
                 continue
             meant = re.findall(r"[a-z_]+\.[a-z_]+", said.split("(did you mean ", 1)[1])
             assert settings & set(meant), (key, said, settings)
+
+
+def test_an_unknown_section_with_a_bracket_and_a_newline_stays_one_line(tmp_path):
+    """Found by tests/test_fuzz.py: a config file's empty section named "\n[" was taken for a
+    list entry's field (any '[' in the key), so that section itself was suggested, written
+    raw: a newline in a one-line error."""
+    import pytest
+
+    from slipstream.config import ConfigError, load_config
+
+    f = tmp_path / "c.toml"
+    f.write_text('["\\n["]\n')  # the TOML section "\n[", as the fuzzer wrote it
+    with pytest.raises(ConfigError) as e:
+        load_config(str(f), [])
+    said = str(e.value)
+    assert "\n" not in said and "did you mean the section" not in said, said

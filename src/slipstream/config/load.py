@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -323,7 +324,7 @@ def _explain(err: ValidationError) -> str:
         while isinstance(got, dict) and len(got) == 1:  # an unknown section: the key given
             ((k, got),) = got.items()
             key = f"{key}.{k}"
-        if "[" in key:  # a field of a list's entry: `task.rewards` holds `RewardEntry`s
+        if re.search(r"\[\d+\]", key):  # a list entry's field: `task.rewards[0].fn`
             fields = [f"{key.rsplit('.', 1)[0]}.{f}" for f in RewardEntry.model_fields]
             return f"unknown key {key!r}{names.hint(key, fields)}"
         return f"unknown key {key!r}{names.hint(key, _all_keys(Config))}"

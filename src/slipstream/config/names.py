@@ -89,12 +89,12 @@ def hint(key: str, known: list[str]) -> str:
     if last in SETTING_FOR:
         return f" (did you mean {SETTING_FOR[last]}?)"
     if "." not in key:  # a section of several keys, misspelt
-        sections = sorted({k.split(".")[0] for k in known})
+        sections = sorted({k.split(".")[0] for k in known} - {key})
         near = difflib.get_close_matches(key, sections, n=1, cutoff=0.6)
-        if near:
-            return f" (did you mean the section '{near[0]}'?)"
-    same = [k for k in known if k.rsplit(".", 1)[-1] == last]
+        if near:  # (quoted as the key is: a name with a newline stays on one line)
+            return f" (did you mean the section {near[0]!r}?)"
+    same = [k for k in known if k.rsplit(".", 1)[-1] == last and k != key]
     if same:
         return f" (did you mean {' or '.join(same[:3])}?)"
-    near = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-    return f" (did you mean '{near[0]}'?)" if near else ""
+    near = difflib.get_close_matches(key, [k for k in known if k != key], n=1, cutoff=0.5)
+    return f" (did you mean {near[0]!r}?)" if near else ""
