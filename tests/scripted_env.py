@@ -1,11 +1,15 @@
 """A token-level environment for end-to-end tests (`env.factory=tests/scripted_env.py:three_turns`):
-three model turns whatever the model writes, so runs exercise continuations and parked KV."""
+three model turns whatever the model writes, so runs exercise continuations and parked KV;
+and `drive_episode`, which runs one episode of an `EpisodeRunner` on scripted model turns."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from slipstream.envs import Observation, StepResult, encode_tail
 from slipstream.model.tokenizer import Tokenizer
-from slipstream.types import Prompt
+from slipstream.schedule.episodes import Episode, EpisodeRunner
+from slipstream.types import FinishReason, Prompt
 
 
 class ThreeTurns:
@@ -125,3 +129,28 @@ class ByMode:
         if self.turns >= 2:
             return StepResult(reward=1.0, done=True, metrics={"pid": float(os.getpid())})
         return StepResult(0.0, False, Observation([5, 6]))
+
+
+def drive_episode(
+    runner: EpisodeRunner,
+    row: Prompt,
+    turns: list[list[int]],
+    finish: Callable[[list[int]], FinishReason] = lambda out: FinishReason.STOP,
+) -> Episode:
+    """One episode of `runner` on `row` with the model turns `turns`, no engine: each turn is
+    cut at its request's `max_new_tokens` and ends as `finish` says; the runner is closed."""
+    from slipstream.engine import Completion
+
+    runner.start(row, "k", 0)
+    ended: list[Episode] = []
+    try:
+        while not ended:
+            runner.wait(0.05)
+            requests, ended = runner.poll()
+            for r in requests:
+                out = turns.pop(0)[: r.params.max_new_tokens]
+                n = len(out)
+                runner.turn(Completion(r, out, [0.0] * n, [0] * n, finish(out), 0, 0))
+    finally:
+        runner.close()
+    return ended[0]

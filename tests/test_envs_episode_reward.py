@@ -6,13 +6,14 @@ import pickle
 import string
 from typing import Any
 
+from scripted_env import drive_episode
 from slipstream.config.env import EnvConfig
-from slipstream.engine import Completion, SamplingParams
+from slipstream.engine import SamplingParams
 from slipstream.envs import PlainRenderer, ToolEnv
 from slipstream.model.tokenizer import char_tokenizer
 from slipstream.schedule.episodes import Episode, EpisodeRunner
 from slipstream.tasks.rewards import adapt
-from slipstream.types import CompletionText, FinishReason, Prompt, TrainerState, TurnTokens
+from slipstream.types import CompletionText, Prompt, TrainerState, TurnTokens
 
 TOK = char_tokenizer(string.printable)
 ROW = Prompt("p0", "What is 1+2?", answer="3.0")
@@ -46,19 +47,7 @@ def _episode(
         EnvConfig(isolation="thread"), 512, state=lambda: state,
     )  # fmt: skip
     turns = [TOK.encode(t, add_special_tokens=False) for t in said]
-    runner.start(env.row, "k", 0)
-    ended: list[Episode] = []
-    try:
-        while not ended:
-            runner.wait(0.05)
-            requests, ended = runner.poll()
-            for r in requests:
-                out = turns.pop(0)
-                n = len(out)
-                runner.turn(Completion(r, out, [0.0] * n, [0] * n, FinishReason.STOP, 0, 0))
-    finally:
-        runner.close()
-    return ended[0]
+    return drive_episode(runner, env.row, turns)
 
 
 def test_an_episode_reward_gets_the_episode_ids_and_the_trainer_state() -> None:

@@ -11,6 +11,7 @@ from collections.abc import Hashable
 import pytest
 import torch
 
+from scripted_env import drive_episode
 from slipstream.config.env import EnvConfig
 from slipstream.engine import Engine, Request, SamplingParams
 from slipstream.engine.parking import KVPark
@@ -290,24 +291,14 @@ def test_an_episode_carries_kept_logmass_with_zeros_for_environment_tokens() -> 
 def _scripted(env: Scripted, turns: list[list[int]], max_len: int = 96, **cfg: object) -> Episode:
     """Drive one episode of `env` with the model turns `turns` (no engine): each is cut at its
     request's `max_new_tokens` (finish LENGTH), else ends at its EOS (finish STOP)."""
-    from slipstream.engine import Completion
-
     cfg.setdefault("isolation", "thread")
     params = SamplingParams(1.0, max_new_tokens=4)
     runner = EpisodeRunner(lambda p: env, params, EnvConfig(**cfg), max_len)
-    runner.start(Prompt("p", "", None), "k", 0)
-    ended: list[Episode] = []
-    try:
-        while not ended:
-            runner.wait(0.05)
-            requests, ended = runner.poll()
-            for r in requests:
-                out = turns.pop(0)[: r.params.max_new_tokens]
-                fin = FinishReason.STOP if out[-1] == EOS else FinishReason.LENGTH
-                runner.turn(Completion(r, out, [0.0] * len(out), [0] * len(out), fin, 0, 0))
-    finally:
-        runner.close()
-    return ended[0]
+
+    def finish(out: list[int]) -> FinishReason:
+        return FinishReason.STOP if out[-1] == EOS else FinishReason.LENGTH
+
+    return drive_episode(runner, Prompt("p", "", None), turns, finish)
 
 
 @pytest.mark.parametrize(
