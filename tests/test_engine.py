@@ -424,6 +424,23 @@ def test_top_k_1_equals_greedy():
         torch.testing.assert_close(torch.tensor(k.logp), torch.tensor(g.logp), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize(("top_k", "top_p"), [(1, 1.0), (0, 0.1), (3, 0.5), (12, 1e-6)])
+def test_greedy_ignores_top_k_and_top_p(top_k, top_p):
+    """Temperature 0 is the argmax whatever the filters (vLLM's rule): a greedy request with
+    top-k / top-p gave greedy's tokens but counted as filtering, recording a kept_logmass of a
+    distribution it never sampled and keeping every step off the CUDA sampling graph. Now its
+    params drop both, and its completion is plain greedy's, log-probs included."""
+    params = SamplingParams(0.0, top_p=top_p, top_k=top_k, max_new_tokens=12)
+    assert (params.top_k, params.top_p, params.filters) == (0, 1.0, False)
+    model = _model()
+    prompts = _prompts(4, seed=8)
+    plain = _engine(model).generate([Request(p, GREEDY, seed=i) for i, p in enumerate(prompts)])
+    got = _engine(model).generate([Request(p, params, seed=i) for i, p in enumerate(prompts)])
+    for g, c in zip(plain, got):
+        assert c.tokens == g.tokens == _greedy_reference(model, c.request.prompt_tokens, 12)
+        assert c.logp == g.logp and c.kept_logmass is None
+
+
 def test_top_p_keeps_the_nucleus_and_reports_its_mass():
     # p = [0.5, 0.3, 0.15, 0.05]: top_p 0.8 keeps {0, 1} (mass 0.8 reached), 0.81 keeps {0, 1, 2}
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()[None].expand(2, 4)

@@ -131,6 +131,21 @@ def test_sample_static_is_sample_in_one_chunk_bit_for_bit(seed):
     assert greedy.tokens.tolist() == x.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("one_chunk", [False, True])
+def test_greedy_rows_are_the_argmax_whatever_their_filters(one_chunk):
+    """Temperature 0 with top-k 1, top-p 0.1, both, or a filtering neighbour: exactly the
+    argmax (the first of equal maxima), at the tensor level too, where nothing drops the
+    filters (`SamplingParams` does, tests/test_engine.py). A consistency check of the rule."""
+    x, _, seeds, steps = _mixed(8, 4)
+    x[3, 17] = x[3, 40] = x[3].max() + 1.0  # a tie at the top: the first index is greedy's
+    temp = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.8, 0.8])
+    k = torch.tensor([1, 0, 5, 1, 0, 0, 3, 0])
+    p = torch.tensor([1.0, 0.1, 0.5, 1.0, 1.0, 1e-6, 1.0, 0.3])
+    got = sample(x, temp, k, p, seeds, steps, one_chunk=one_chunk)
+    assert got.tokens[:6].tolist() == x[:6].argmax(-1).tolist()
+    assert int(got.tokens[3]) == 17
+
+
 def test_one_chunk_rows_do_not_depend_on_their_neighbours_and_log_probs_are_exact():
     x, temp, seeds, steps = _mixed(8, 3)
     k, p = torch.zeros(8, dtype=torch.long), torch.ones(8)

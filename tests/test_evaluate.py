@@ -128,7 +128,8 @@ class _Recorder:
 def test_greedy_evaluation_asks_for_no_top_k_or_top_p(temperature, top_p, top_k):
     """Greedy evaluation set top_p to 1 but kept sampling.top_k, so its requests counted as
     filtering: they recorded kept_logmass for nothing and could not use the CUDA sampling
-    graph. Sampled evaluation keeps both."""
+    graph. Sampled evaluation keeps both. Evaluation now passes the sampling settings as they
+    are and `SamplingParams` drops them for greedy (tests/test_engine.py)."""
     from test_algo_integration import _prompt, _run
 
     run = _run([_prompt("a")], "sampling.top_k=20", "sampling.top_p=0.9")

@@ -17,7 +17,11 @@ is left to draw."""
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample one request. temperature 0 is greedy; top_k 0 and top_p 1 keep all."""
+    """How to sample one request. top_k 0 and top_p 1 keep all. temperature 0 is greedy: the
+    argmax of the logits, which no filter changes, so a greedy request's top_k and top_p are
+    set to 0 and 1 here (as vLLM's `SamplingParams` does): it does not count as filtering
+    (`filters`), records no `kept_logmass`, and can take the CUDA sampling graph, whoever
+    built it (evaluation, warm-start episodes, a user of `Engine`)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -39,6 +43,9 @@ class SamplingParams:
                 f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
                 f"got {self.temperature}"
             )
+        if self.temperature == 0.0:  # checked above, then dropped: greedy ignores both
+            object.__setattr__(self, "top_k", 0)
+            object.__setattr__(self, "top_p", 1.0)
 
     @property
     def filters(self) -> bool:

@@ -36,7 +36,8 @@ log-prob minus it is `log mu(a)`, the exact behaviour log-prob, which the traine
 give Z = 1: keep them for RL, or choose between the bias and the exact weight knowingly.
 
 Greedy rows (temperature 0) take the argmax and record the log-prob at temperature 1; they are
-for evaluation, not for RL.
+for evaluation, not for RL. No filter applies to them (the argmax is in every top-k / top-p
+set): `SamplingParams` sets a greedy request's top_k and top_p to 0 and 1, as vLLM does.
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ def sample(
     """Next tokens `[B]` and their behaviour log-probs `[B]` from last-position logits `[B, V]`.
 
     `temperature`, `top_k`, `top_p`, `seeds` and `steps` (the index of the token being sampled
-    within its completion) are per row `[B]`. Rows with temperature 0 are greedy. `logits` is
-    not modified.
+    within its completion) are per row `[B]`. Rows with temperature 0 are greedy: the first
+    index of the row's largest logit, whatever their top-k and top-p. `logits` is not
+    modified.
 
     Every row goes through the same arithmetic, filtered or not: `e = exp(x / t - m)` with
     `m = r / t`, `r` a logit of the row near its top (`_block_sums`: no pass is spent on the

@@ -128,9 +128,9 @@ class Run:
             engine.stats = saved
 
     def _evaluate(self, version: int) -> float:
-        e, s, t = self.cfg.eval, self.cfg.sampling, self.cfg.eval.temperature
-        # greedy (t = 0) takes the argmax, which no top-p / top-k changes: no filter at all
-        params = SamplingParams(t, s.top_p if t else 1.0, s.top_k if t else 0, s.max_new_tokens)
+        e, s = self.cfg.eval, self.cfg.sampling
+        # greedy (eval.temperature 0) drops top-p / top-k in SamplingParams itself
+        params = SamplingParams(e.temperature, s.top_p, s.top_k, s.max_new_tokens)
         if self.env_factory is not None:  # episodes: mean reward of n per prompt (mean@n)
             n = e.samples_per_prompt
             acc = episode_accuracy(
