@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slipstream.engine.sampling import CHUNK, filter_logits, sample, sample_static
+from slipstream.engine.sampling import CHUNK, filter_logits, row_uniform, sample, sample_static
 
 V = 3 * CHUNK + 7  # three full chunks and a short one
 
@@ -129,6 +129,19 @@ def test_sample_static_is_sample_in_one_chunk_bit_for_bit(seed):
     assert a.tokens.tolist() != x.argmax(-1).tolist()  # at T = 0.7 not all the argmax
     greedy = sample_static(x, torch.zeros(8), seeds, steps)
     assert greedy.tokens.tolist() == x.argmax(-1).tolist()
+
+
+def test_row_uniform_is_on_the_32_bit_grid_and_a_function_of_seed_and_step():
+    """What the sampler's documented resolution rests on (engine.sampling, "Resolution"): `u`
+    is `(k + 0.5) / 2^32` for an integer k, the same for a (seed, step) whatever rows sit
+    beside it. A wider `u` fails the first assertion: then update that paragraph."""
+    seeds = torch.tensor([0, 1, 2**62, 12345, 12345, 7])
+    steps = torch.tensor([0, 7, 3, 0, 1, 2**40])
+    u = row_uniform(seeds, steps)
+    k = u * 2**32 - 0.5
+    assert torch.equal(k, k.round()) and bool(((k >= 0) & (k < 2**32)).all())
+    alone = torch.cat([row_uniform(seeds[i : i + 1], steps[i : i + 1]) for i in range(6)])
+    assert torch.equal(u, alone) and len(set(u.tolist())) == 6
 
 
 @pytest.mark.parametrize("one_chunk", [False, True])
