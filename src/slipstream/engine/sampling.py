@@ -20,20 +20,16 @@ sums and the argmax (`engine.fused`; its own rounding, so a device samples throu
 whole run or not).
 
 Resolution. `u` has 32 bits (`row_uniform`): token `a` is drawn with probability (grid
-points `(k + 0.5) / 2^32` in its CDF interval) / 2^32, off from `p(a)` by less than 2^-32 =
-2.3e-10; a token below that is drawn with probability 0 or 2^-32 at a given row, not never.
-Where the interval boundaries fall moves with the logits from one token to the next, so the
-error has mean zero over draws (but in the CDF's first and last 2^-33, where `u` never falls:
-a bias of at most 2^-32 a draw, on the vocabulary's first and last tokens): on synthetic rows of 151,936 logits (normal, scale 1 and 3,
-and one peaked) a row's total variation from the softmax was 3e-6 to 6e-6 per draw; averaged
-over 300 jittered copies of a row it fell as 1 / sqrt(n), to 3e-7, and the mass below 2^-32
-was drawn at its probability to 2e-4 of it. The usual float32 samplers are coarser:
-`torch.multinomial` of one sample and vLLM's `random_sample` take the argmax of `p / q`, `q`
-from float32 `exponential_`, whose smallest value on CUDA is about 2^-24 (PyTorch clamps
-`log u` near 1, where a float32 uniform's steps are 2^-24), so they resolve a token's chance
-in steps of about 2^-24 (6e-8), 256 times ours. Two hashes would give 53 bits for little
-time, and change every seed's tokens, for an error that would take some 3e10 draws of one
-and the same row to see: kept at 32.
+points `(k + 0.5) / 2^32` in its CDF interval) / 2^32, within 2^-32 = 2.3e-10 of `p(a)`; a
+token below that is drawn with probability 0 or 2^-32 at a given row, not never. The interval
+boundaries move with the logits from one token to the next, so the error has mean zero over
+draws, except in the CDF's first and last 2^-33, where `u` never falls (a bias of at most
+2^-32 a draw). Measured on synthetic rows of 151,936 logits: a total variation from the
+softmax of 3e-6 to 6e-6 per draw, falling as 1 / sqrt(n) over jittered copies of a row. The
+usual float32 samplers (`torch.multinomial` of one sample, vLLM's `random_sample`: the argmax
+of `p / q` with float32 exponentials) resolve a token's chance in steps of about 2^-24, 256
+times coarser. 53 bits from two hashes would change every seed's tokens for an error some
+3e10 draws of one row would be needed to see: kept at 32.
 
 Behaviour log-probability. We record `log p(a)`, `p = softmax(logits / temperature)` over the
 whole vocabulary: the distribution the trainer evaluates (`train.batch.token_logprobs`), so
