@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 import torch.nn.functional as F
 
+from slipstream.engine.devices import on_device
 from slipstream.engine.packed import PackedWeights
 from slipstream.engine.sampling import Sampled, sample_static
 from slipstream.model.llama import ModelConfig, RMSNorm
@@ -296,27 +297,35 @@ class DecodeGraph:
             # logits themselves stay allocated.
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            self._graphs[b] = capture_graph(lambda: self._step(b), self._pool)
+            self._graphs[b] = capture_graph(lambda: self._step(b), self._pool, self.pos.device)
             self.captures += 1
         graph, logits = self._graphs[b]
         graph.replay()
         return logits
 
 
-def capture_graph(fn: Callable[[], _Out], pool: _POOL_HANDLE) -> tuple[torch.cuda.CUDAGraph, _Out]:
-    """`fn` captured as a CUDA graph in memory pool `pool`, after two warm-up runs on a side
-    stream; returns the graph and `fn`'s outputs (the buffers each replay rewrites).
-    thread_local: a trainer thread launching work on the same GPU during a capture is neither
-    captured nor an error."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-        out = fn()
+def capture_graph(
+    fn: Callable[[], _Out], pool: _POOL_HANDLE, device: torch.device
+) -> tuple[torch.cuda.CUDAGraph, _Out]:
+    """`fn`, whose tensors are on `device`, captured as a CUDA graph in memory pool `pool`,
+    after two warm-up runs on a side stream; returns the graph and `fn`'s outputs (the buffers
+    each replay rewrites). thread_local: a trainer thread launching work on the same GPU during
+    a capture is neither captured nor an error.
+
+    Every stream is `device`'s and the capture runs with `device` current (engine.devices):
+    `torch.cuda.graph`'s own default capture stream belongs to the device that was current
+    when the process first captured, so the side stream is the capture stream too (a replay
+    then runs on the capture stream's device, whatever device is current)."""
+    with on_device(device):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+            out = fn()
     return graph, out
 
 
@@ -347,7 +356,9 @@ class SampleGraph:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             self._graphs[key] = capture_graph(
-                lambda: sample_static(logits, *self.inputs, fused=self.fused), self._pool
+                lambda: sample_static(logits, *self.inputs, fused=self.fused),
+                self._pool,
+                logits.device,
             )
         graph, out = self._graphs[key]
         graph.replay()

@@ -38,6 +38,8 @@ from typing import NamedTuple
 
 import torch
 
+from slipstream.engine.devices import on_device
+
 TILE = 2048  # vocabulary entries per program (a multiple of `SUB`)
 
 try:  # Triton comes with CUDA builds of torch on Linux; without it the sampler stays eager
@@ -122,11 +124,12 @@ def tile_sums(
     # without `keep`, any pointer stands in: HAS_KEEP is off and it is never read
     keep_arg = keep.contiguous().view(torch.uint8) if keep is not None else full
     keep_stride = keep_arg.stride(0) if keep is not None else 0
-    _tile_sums[(B, n_tiles)](
-        logits, logits.stride(0), scale, keep_arg, keep_stride, full,
-        kept if kept is not None else full, tile_max, tile_arg, V, n_blocks, n_tiles,
-        TILE=TILE, SUB=sub, NB=TILE // sub, HAS_KEEP=keep is not None,
-    )  # fmt: skip
+    with on_device(dev):  # Triton launches on the current device's stream
+        _tile_sums[(B, n_tiles)](
+            logits, logits.stride(0), scale, keep_arg, keep_stride, full,
+            kept if kept is not None else full, tile_max, tile_arg, V, n_blocks, n_tiles,
+            TILE=TILE, SUB=sub, NB=TILE // sub, HAS_KEEP=keep is not None,
+        )  # fmt: skip
     return TileSums(tile_max, tile_arg, full, kept)
 
 
