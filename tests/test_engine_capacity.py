@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from slipstream.engine import capacity
-from slipstream.engine.forward import SlotKV
+from slipstream.engine.forward import DecodeGraph, SlotKV, span_buckets
 from slipstream.engine.packed import PackedWeights
+from slipstream.engine.sampling import sample_static
 from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.types import Prompt
 
@@ -25,21 +26,78 @@ def test_kv_bytes_per_token_golden():
 
 
 def test_cache_budget_from_tokens_or_memory():
-    assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, max_tokens=5000) == 5000
+    # max_tokens: 5000 tokens hold 5000 // 1000 - 1 = 4 slots of 1000 beside the scratch row
+    assert capacity.engine_slots(QWEN_1_5B, torch.bfloat16, 8, 1000, max_tokens=5000) == 4
     # half of (10 GiB less the packed weights' 3,087,253,504 B) over 28,672 B a token:
     # (10,737,418,240 - 3,087,253,504) / 2 / 28,672 = 133,408.4 -> 133,408
-    got = capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, free_bytes=10 * 2**30)
-    assert got == 133408
-    # the packed copy alone fills the free memory: no tokens (fit_slots refuses it)
-    small = capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.9, free_bytes=3 * 10**9)
-    assert small == 0
+    packed = capacity.packed_bytes(QWEN_1_5B, torch.bfloat16)
+    assert capacity.memory_budget(10 * 2**30, 0.5, packed) // 28672 == 133408
+    # the packed copy alone fills the free memory: no bytes (engine_slots refuses it)
+    assert capacity.memory_budget(3 * 10**9, 0.9, packed) == 0
     # a sampler process also sets aside its staging copy of the weights: 1 GiB less room,
     # (7,650,164,736 - 1,073,741,824) / 2 / 28,672 = 114,683.3 -> 114,683
-    staged = capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, 10 * 2**30, 2**30)
-    assert staged == 114683
+    assert capacity.memory_budget(10 * 2**30, 0.5, packed + 2**30) // 28672 == 114683
     assert capacity.tensor_bytes([torch.zeros(3, 4), torch.zeros(5, dtype=torch.bfloat16)]) == 58
-    assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16, 0, 0.5, free_bytes=None) is None
-    assert capacity.cache_tokens(QWEN_1_5B, torch.bfloat16) is None
+    # no bound: the slots asked for (on a CPU, no free memory; no fraction)
+    assert capacity.engine_slots(QWEN_1_5B, torch.bfloat16, 8, 1000, 0, 0.5, None) == 8
+    assert capacity.engine_slots(QWEN_1_5B, torch.bfloat16, 8, 1000, 0, 0.0, 10**12) == 8
+    with pytest.raises(ValueError, match="cannot hold one sequence of 4096 tokens"):
+        capacity.engine_slots(QWEN_1_5B, torch.bfloat16, 8, 4096, 0, 0.9, 3 * 10**9)
+
+
+def test_graph_outputs_golden():
+    """Per span bucket, the decode graph's logits [slots, vocab] and the sampling graph's
+    tokens (8 B) and log-probs (4 B) per slot."""
+    # 256 x (151,936 x 2 + 8 + 4) = 256 x 303,884 = 77,794,304 B a bucket in bfloat16
+    assert capacity.graph_bytes(256, 151936, torch.bfloat16, 1) == 77_794_304
+    # float32 (the in-process engine): 256 x (151,936 x 4 + 12) = 155,585,536
+    assert capacity.graph_bytes(256, 151936, torch.float32, 1) == 155_585_536
+    # max_len 4096 has nine buckets, 16 ... 4096: 9 x 77,794,304 = 700,148,736
+    assert span_buckets(4096) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    assert capacity.graph_bytes(256, 151936, torch.bfloat16, 9) == 700_148_736
+    assert capacity.graph_bytes(256, 151936, torch.bfloat16, 0) == 0
+
+
+def test_the_memory_budget_pays_for_the_graph_outputs():
+    """Qwen2.5-1.5B in bfloat16 at 0.9 of 20 GiB free, max_len 4096. Before, the whole budget
+    went to the KV cache (139 slots) and the graphs' outputs, 380 MB at 139 slots, came on
+    top of it, so a fraction close to 1 ran out of memory when the graphs were captured."""
+    # budget: int(0.9 x (21,474,836,480 - 3,087,253,504)) = 16,548,824,678 B
+    # a cache row: 4096 x 28,672 = 117,440,512 B; a slot's graph outputs: 9 x 303,884 =
+    # 2,734,956 B. Cache only: (16,548,824,678 - 117,440,512) // 117,440,512 = 139 slots;
+    # with the graphs: 16,431,384,166 // (117,440,512 + 2,734,956) = 136 slots
+    free, bf16 = 20 * 2**30, torch.bfloat16
+    assert capacity.engine_slots(QWEN_1_5B, bf16, 256, 4096, 0, 0.9, free, graphs=False) == 139
+    slots = capacity.engine_slots(QWEN_1_5B, bf16, 256, 4096, 0, 0.9, free, graphs=True)
+    assert slots == 136
+    budget = capacity.memory_budget(free, 0.9, capacity.packed_bytes(QWEN_1_5B, bf16))
+    taken = (slots + 1) * 4096 * 28672 + capacity.graph_bytes(slots, 151936, bf16, 9)
+    assert taken == 16_461_304_160 <= budget  # 87 MB to spare
+    # 139 slots and their graph outputs: 140 x 117,440,512 + 139 x 2,734,956 > the budget
+    assert 140 * 4096 * 28672 + capacity.graph_bytes(139, 151936, bf16, 9) > budget
+
+
+def test_graph_output_bytes_are_what_the_decode_step_keeps():
+    """A consistency check of `graph_bytes` against the buffers themselves: the logits a
+    fixed-shape decode step returns for each bucket (what its graph keeps) and the tokens and
+    log-probs sampling them returns (what the sampling graph keeps), on the CPU path."""
+    cfg = ModelConfig(
+        vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    slots, max_len = 3, 40
+    model = CausalLM(cfg)
+    dev = model.lm_head.weight.device
+    cache = SlotKV(cfg, slots, max_len, torch.float32, dev)
+    last, pos, live = (torch.zeros(slots, dtype=torch.long) for _ in range(3))
+    step = DecodeGraph(PackedWeights(model, max_len), cache, last, pos, live, capture=False)
+    held = 0
+    for b in step.buckets:
+        logits = step(b)
+        out = sample_static(logits, torch.ones(slots), torch.zeros(slots, dtype=torch.long), pos)
+        held += sum(t.numel() * t.element_size() for t in (logits, out.tokens, out.logp))
+    assert step.buckets == span_buckets(max_len) == [16, 32, 40]
+    assert held == capacity.graph_bytes(slots, cfg.vocab_size, torch.float32, 3)
 
 
 def test_packed_bytes_golden():

@@ -234,10 +234,10 @@ class EngineConfig(_Section):
     """On a GPU: the share of the device's free memory (measured once the model is loaded,
     less the engine's packed copy of the weights, about the model's size again) the KV caches
     of the engines on it may take together (a local run's samplers on one GPU, and the
-    trainer's evaluation engine on its own, split it evenly); it bounds the cache's tokens,
-    and with them how many sequences run at once (`runtime.sampler_slots` is then an upper
-    bound). Colocated with the trainer, leave the trainer room (0.3-0.5). 0: no memory
-    bound."""
+    trainer's evaluation engine on its own, split it evenly), with the logits each engine's
+    CUDA graphs keep (one `[slots, vocabulary]` buffer per span bucket, engine.capacity); it
+    bounds how many sequences run at once (`runtime.sampler_slots` is then an upper bound).
+    Colocated with the trainer, leave the trainer room (0.3-0.5). 0: no memory bound."""
     max_tokens: int = Field(0, ge=0)
     """The KV cache's tokens, all slots together (wins over `memory_fraction`). 0: no bound
     beyond `memory_fraction`; on the CPU, slots x the longest sequence."""

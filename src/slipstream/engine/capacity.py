@@ -1,12 +1,14 @@
 """How many tokens, sequences and how long a sequence the engine's KV cache may hold.
 
 The KV cache is `[slots, max_len]` per layer (engine.forward.SlotKV). Its size follows from
-the memory the engine is given, never the other way round: `engine.max_tokens`, or
+the memory the engine is given, never the other way round: `engine.max_tokens` tokens, or
 `engine.memory_fraction` of the device's free memory once the model is on it, less the
 engine's packed copy of the weights (engine.packed, built at the first step, after the cache
-is sized: `packed_bytes`), divided by the bytes one token takes (keys and values of every
-layer), is the cache's token budget; the slots are what that budget holds at `max_len` tokens
-each, less the cache's scratch row (at most the slots asked for).
+is sized: `packed_bytes`) and a sampler's staging copy (`memory_budget`). That budget pays
+for the cache, a row of `max_len` tokens per slot plus the cache's scratch row, and for the
+outputs the decode step's CUDA graphs keep for the engine's life (the logits of every span
+bucket, `graph_bytes`), so a high fraction leaves the graphs room when they are captured; the
+slots are what it holds (at most the slots asked for: `engine_slots`).
 A prompt that cannot fit `max_len` with its completion is skipped before generation and
 counted, never an error in the middle of a run.
 """
@@ -17,6 +19,7 @@ from collections.abc import Iterable
 
 import torch
 
+from slipstream.engine.forward import span_buckets
 from slipstream.model.llama import ModelConfig
 
 
@@ -44,26 +47,24 @@ def packed_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     return (h * cfg.vocab_size + cfg.num_hidden_layers * (qkv + o + mlp)) * item
 
 
-def cache_tokens(
-    cfg: ModelConfig,
-    dtype: torch.dtype,
-    max_tokens: int = 0,
-    memory_fraction: float = 0.0,
-    free_bytes: int | None = None,
-    reserved_bytes: int = 0,
-) -> int | None:
-    """The KV cache's token budget: `max_tokens` if set, else `memory_fraction` of
-    `free_bytes` (measured once the model is on the device) less what the engine's packed
-    weights will take (`packed_bytes`) and `reserved_bytes` (a sampler process's staging
-    copy of the weights, which its first weight read allocates), over `kv_bytes_per_token`;
-    None when neither bounds it. A budget of 0 tokens (the packed copy alone takes the free
-    memory) is refused by `fit_slots`."""
-    if max_tokens > 0:
-        return max_tokens
-    if memory_fraction > 0 and free_bytes is not None:
-        room = max(0, free_bytes - packed_bytes(cfg, dtype) - reserved_bytes)
-        return int(memory_fraction * room) // kv_bytes_per_token(cfg, dtype)
-    return None
+def graph_bytes(slots: int, vocab: int, dtype: torch.dtype, buckets: int) -> int:
+    """Bytes the CUDA graphs of the decode step keep as outputs, which every replay rewrites
+    and which stay allocated for the engine's life: per span bucket (`forward.span_buckets`),
+    the decode graph's logits `[slots, vocab]` in the engine's `dtype` and its sampling graph's
+    tokens (int64) and log-probs (float32) `[slots]`:
+    buckets x slots x (vocab x itemsize + 8 + 4). Qwen2.5's 151,936 entries at 256 slots in
+    bfloat16: 77.8 MB a bucket, 700 MB over the nine buckets of `max_len` 4096 (twice that
+    for the in-process engine's float32)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    return buckets * slots * (vocab * item + 8 + 4)
+
+
+def memory_budget(free_bytes: int, memory_fraction: float, own_bytes: int) -> int:
+    """The bytes an engine's KV cache and graph outputs may take: `memory_fraction` of the
+    free memory less `own_bytes`, what the engine allocates beside them (its packed weights,
+    `packed_bytes`, and a sampler process's staging copy of the weights, which its first
+    weight read allocates). 0 when those alone take the free memory."""
+    return int(memory_fraction * max(0, free_bytes - own_bytes))
 
 
 def fit_slots(requested: int, max_len: int, budget_tokens: int | None) -> int:
@@ -85,6 +86,54 @@ def fit_slots(requested: int, max_len: int, budget_tokens: int | None) -> int:
             f"engine.max_tokens / engine.memory_fraction or lower engine.max_len"
         )
     return min(requested, rows - 1)
+
+
+def fit_slots_in_bytes(
+    requested: int, max_len: int, budget_bytes: int, token_bytes: int, slot_bytes: int = 0
+) -> int:
+    """Slots of `max_len` tokens within `budget_bytes` (at most `requested`, at least 1): each
+    takes a cache row (`max_len` x `token_bytes`, `kv_bytes_per_token`) and `slot_bytes` more
+    (its rows of the graph outputs, `graph_bytes` of one slot), and the scratch row takes a
+    cache row: `(budget - row) // (row + slot_bytes)`. With `slot_bytes` 0 this is `fit_slots`
+    of `budget_bytes // token_bytes` tokens. ValueError when not even one sequence fits."""
+    row = max_len * token_bytes
+    n = (budget_bytes - row) // (row + slot_bytes)
+    if n < 1:
+        raise ValueError(
+            f"engine: {budget_bytes / 2**20:.1f} MiB for the KV cache and CUDA-graph outputs "
+            f"cannot hold one sequence of {max_len} tokens beside the cache's scratch row "
+            f"({(2 * row + slot_bytes) / 2**20:.1f} MiB needed); raise engine.memory_fraction "
+            f"(or set engine.max_tokens) or lower engine.max_len"
+        )
+    return min(requested, n)
+
+
+def engine_slots(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    requested: int,
+    max_len: int,
+    max_tokens: int = 0,
+    memory_fraction: float = 0.0,
+    free_bytes: int | None = None,
+    reserved_bytes: int = 0,
+    graphs: bool = False,
+) -> int:
+    """The engine's slots at `max_len` (at most `requested`): within `max_tokens` tokens of
+    KV cache if set (`fit_slots`); else, on a device that reports `free_bytes`, within
+    `memory_budget` (`reserved_bytes`: a sampler's staging copy), which pays for the KV cache
+    and, with `graphs` (an engine that captures its decode step, as every CUDA engine does by
+    default), the graphs' outputs of every span bucket of `max_len` (`graph_bytes`); else
+    `requested`. ValueError when the budget holds no sequence."""
+    if max_tokens > 0:
+        return fit_slots(requested, max_len, max_tokens)
+    if memory_fraction <= 0 or free_bytes is None:
+        return requested
+    own = packed_bytes(cfg, dtype) + reserved_bytes
+    budget = memory_budget(free_bytes, memory_fraction, own)
+    buckets = len(span_buckets(max_len)) if graphs else 0
+    per_slot = graph_bytes(1, cfg.vocab_size, dtype, buckets)
+    return fit_slots_in_bytes(requested, max_len, budget, kv_bytes_per_token(cfg, dtype), per_slot)
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -227,6 +227,13 @@ def _attend(
     return out.index_select(0, part.pad_index)  # type: ignore[arg-type]
 
 
+def span_buckets(max_len: int) -> list[int]:
+    """The cache positions a graph decode step may read (`DecodeGraph`): 16, 32, 64, ... up to
+    `max_len`, and `max_len` itself (max_len 24: [16, 24]; 4096: nine buckets)."""
+    top = max(max_len, 16).bit_length()
+    return sorted({min(1 << k, max_len) for k in range(4, top + 1)})
+
+
 class DecodeGraph:
     """A decode step over every slot with fixed shapes, captured as CUDA graphs and replayed.
 
@@ -259,7 +266,7 @@ class DecodeGraph:
     ) -> None:
         self.w, self.cache, self.last, self.pos, self.live = weights, cache, last, pos, live
         S, L, dev = cache.num_slots, cache.max_len, pos.device
-        self.buckets = sorted({min(1 << k, L) for k in range(4, max(L, 16).bit_length() + 1)})
+        self.buckets = span_buckets(L)
         self._rows = torch.arange(S, device=dev)  # slot ids, and the rows to logit: all
         self._capture = capture
         # bucket: (graph, its logits); one memory pool for all buckets' graphs (see __call__)

@@ -107,9 +107,12 @@ def engine_shape(
     where = resolve_placement(cfg)
     share = where.engines_on(where.trainer) if cfg.runtime_kind == "local" else 1
     fraction = e.memory_fraction / share
-    budget = capacity.cache_tokens(model.config, p.dtype, e.max_tokens, fraction, free)
+    graphs = p.device.type == "cuda"  # its decode step is captured (Engine.decode_graph)
     try:
-        return capacity.fit_slots(slots, max_len, budget), max_len
+        n = capacity.engine_slots(
+            model.config, p.dtype, slots, max_len, e.max_tokens, fraction, free, graphs=graphs
+        )
+        return n, max_len
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

@@ -42,10 +42,17 @@ class SamplerFactory:
         staging = capacity.tensor_bytes(model.parameters())  # the weight channel's, at 1st read
         local = p is not None and spec.cfg.runtime_kind == "local"  # (a Ray actor: its own GPU)
         share = p.engines_on(p.samplers[sampler_id]) if local and p is not None else 1
-        budget = capacity.cache_tokens(
-            spec.model_config, spec.dtype, e.max_tokens, e.memory_fraction / share, free, staging
+        slots = capacity.engine_slots(
+            spec.model_config,
+            spec.dtype,
+            spec.num_slots,
+            spec.max_len,
+            e.max_tokens,
+            e.memory_fraction / share,
+            free,
+            staging,
+            graphs=device.type == "cuda",  # its decode step is captured (Engine.decode_graph)
         )
-        slots = capacity.fit_slots(spec.num_slots, spec.max_len, budget)
         engine = make_engine(model, spec.tokenizer, slots, spec.max_len, version=-1)
         task = build_task(spec.cfg)
         env_factory = build_env_factory(spec.cfg, spec.tokenizer, task)
