@@ -274,7 +274,8 @@ def test_engines_on_one_gpu_split_the_memory_fraction(monkeypatch):
     """Every engine of a local run measures the GPU's free memory before any of them allocates
     its KV cache: on one GPU, the trainer's evaluation engine and a colocated sampler each took
     the whole `memory_fraction` (0.4 + 0.4 of the free memory at the README's setting). Now the
-    engines on a GPU split it; on the in-process loop the one engine keeps it all."""
+    engines on a GPU split it, each within its part of the free memory less its own packed
+    copy (placement.memory_share); on the in-process loop the one engine keeps it all."""
     from slipstream.config import load_config
     from slipstream.run.components import engine_shape
     from slipstream.runtime import placement as pl
@@ -292,7 +293,83 @@ def test_engines_on_one_gpu_split_the_memory_fraction(monkeypatch):
     alone = engine_shape(load_config(None, base), model, [8], 10_000)[0]
     local = ["schedule.name=pipeline", "runtime.kind=local"]
     shared = engine_shape(load_config(None, [*base, *local]), model, [8], 10_000)[0]
-    room = 2_000_000 - capacity.packed_bytes(cfg, torch.float32)
+    packed = capacity.packed_bytes(cfg, torch.float32)
     per_token = capacity.kv_bytes_per_token(cfg, torch.float32)
-    assert alone == int(0.5 * room) // per_token // 16 - 1  # max_len 16: prompt 8 + 8 new
-    assert shared == int(0.25 * room) // per_token // 16 - 1
+    # max_len 16: prompt 8 + 8 new. Alone: 0.5 of (2,000,000 - 65,536) B = 967,232 B =
+    # 3,778 tokens = 236 rows, 235 slots beside the scratch row
+    assert alone == int(0.5 * (2_000_000 - packed)) // per_token // 16 - 1 == 235
+    # two engines on the GPU: each 0.5 of its half less its own packed copy (memory_share):
+    # 0.5 x (1,000,000 - 65,536) = 467,232 B = 1,825 tokens = 114 rows, 113 slots
+    assert shared == int(0.5 * (1_000_000 - packed)) // per_token // 16 - 1 == 113
+
+
+def _tiny_engine_shape(monkeypatch: pytest.MonkeyPatch, *over: str) -> int:
+    """The slots `engine_shape` gives the trainer's engine of a tiny float32 model on a GPU
+    reporting 2,000,000 B free (max_len 16), under the overrides `over`."""
+    from slipstream.config import load_config
+    from slipstream.run.components import engine_shape
+    from slipstream.runtime import placement as pl
+
+    cfg = ModelConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    monkeypatch.setattr(capacity, "free_device_bytes", lambda device: 2_000_000)
+    monkeypatch.setattr(pl, "cuda_device_count", lambda: 1)
+    base = ["engine.memory_fraction=0.5", "sampling.max_new_tokens=8", "trainer.device=cuda"]
+    return engine_shape(load_config(None, [*base, *over]), CausalLM(cfg), [8], 10_000)[0]
+
+
+def test_a_ray_actor_on_a_fraction_of_a_gpu_sizes_its_engine_within_that_fraction(monkeypatch):
+    """Ray packs actors that ask for `GPU = 0.5` two to a GPU but divides none of its memory:
+    before, each engine took `engine.memory_fraction` of the whole GPU's free memory, so two
+    such engines took twice the fraction. Now an actor's engine sizes itself within the
+    fraction of the GPU it asked for, as the engines of a local run on one GPU split it."""
+    ray = ["schedule.name=pipeline", "runtime.kind=ray"]
+    half = _tiny_engine_shape(monkeypatch, *ray, "runtime.trainer_resources={GPU = 0.5}")
+    # 0.5 x (0.5 x 2,000,000 - 65,536 packed) = 467,232 B: 113 slots (as two local engines)
+    assert half == 113
+    assert _tiny_engine_shape(monkeypatch, *ray, "runtime.trainer_resources={GPU = 1}") == 235
+    assert _tiny_engine_shape(monkeypatch, *ray) == 235  # no GPU asked of Ray: the whole GPU
+
+    from slipstream.config import load_config
+    from slipstream.run.components import engine_share
+    from slipstream.runtime.placement import Placement
+
+    where = Placement("cuda:0", ("cuda:0", "cuda:0"))  # each actor's own cuda:0
+    cfg = load_config(None, [*ray, "runtime.sampler_resources={GPU = 0.25, CPU = 2}"])
+    assert engine_share(cfg, where, 0) == engine_share(cfg, where, 1) == 0.25
+    assert engine_share(cfg, where) == 1.0  # the trainer actor asked for no GPU
+    in_driver = ["runtime.trainer_actor=false", "runtime.trainer_resources={GPU = 0.5}"]
+    assert engine_share(load_config(None, [*ray, *in_driver]), where) == 1.0  # not an actor
+    local = load_config(None, ["schedule.name=pipeline", "runtime.kind=local"])
+    assert engine_share(local, Placement("cuda:0", ("cuda:0", "cuda:1"))) == 0.5
+    assert engine_share(local, Placement("cuda:0", ("cuda:0", "cuda:1")), 1) == 1.0
+
+
+def test_memory_share_rule():
+    from slipstream.runtime.placement import memory_share
+
+    assert memory_share("local", 4, 0.5) == 0.25  # local: the engines on the GPU split it
+    assert memory_share("local", 0, 0.0) == 1.0
+    assert memory_share("ray", 3, 0.5) == 0.5  # Ray: the fraction asked for
+    assert memory_share("ray", 3, 1.0) == memory_share("ray", 3, 0.0) == 1.0
+    assert memory_share("ray", 3, 2.0) == 1.0  # two GPUs: the engine uses one, all of it
+    assert memory_share("inprocess", 2, 0.5) == 1.0
+
+
+@pytest.mark.parametrize(
+    "own, shares",
+    [(30 * 10**9, (0.5, 0.5)), (6_200_000_000, (0.25, 0.25, 0.5)), (6_200_000_000, (1 / 3,) * 3)],
+)
+@pytest.mark.parametrize("fraction", [0.5, 0.95])
+def test_engines_sharing_a_gpu_allocate_at_most_its_free_memory(own, shares, fraction):
+    """Engines on one GPU of 80 GB free (measured by each before any allocates), each with a
+    packed copy and a staging copy of its weights beside its KV cache (`own`: 15 GB each for a
+    7B model, 3.1 GB for Qwen2.5-1.5B), allocate at most that memory together. Before, each
+    took its part of the fraction of the free memory less only its own copies: at 0.95, two
+    7B engines took 2 x (30 + 0.475 x 50) = 107.5 GB, three 1.5B ones 88.7 GB."""
+    free = 80 * 10**9
+    budgets = [capacity.memory_budget(free, fraction, own, s) for s in shares]
+    assert all(b > 0 for b in budgets)
+    assert sum(own + b for b in budgets) <= free

@@ -161,10 +161,12 @@ class RuntimeConfig(_Section):
     runs in the driver process."""
     trainer_resources: dict[str, float] = Field(default_factory=dict)
     """Ray only: resources the trainer actor asks for (`{GPU = 1}`; `CPU`, `GPU`, custom).
-    Empty: none, so it fits anywhere (on one machine)."""
+    Empty: none, so it fits anywhere (on one machine). A fraction of a GPU (`{GPU = 0.5}`)
+    also sizes its evaluation engine within that fraction (`engine.memory_fraction`)."""
     sampler_resources: dict[str, float] = Field(default_factory=dict)
     """Ray only: resources each sampler actor asks for; on a cluster, `{GPU = 1}` spreads the
-    samplers one per GPU. Empty: none."""
+    samplers one per GPU, `{GPU = 0.5}` puts two on each and each engine sizes itself within
+    its half (`engine.memory_fraction`). Empty: none."""
     num_samplers: int = Field(1, ge=1)
     """Sampler processes (local runtime) or actors (Ray)."""
     sampler_devices: Literal["auto"] | list[str] = "auto"
@@ -231,13 +233,18 @@ class RuntimeConfig(_Section):
 
 class EngineConfig(_Section):
     memory_fraction: float = Field(0.0, ge=0.0, le=0.95)
-    """On a GPU: the share of the device's free memory (measured once the model is loaded,
-    less the engine's packed copy of the weights, about the model's size again) the KV caches
-    of the engines on it may take together (a local run's samplers on one GPU, and the
-    trainer's evaluation engine on its own, split it evenly), with the logits each engine's
-    CUDA graphs keep (one `[slots, vocabulary]` buffer per span bucket, engine.capacity); it
-    bounds how many sequences run at once (`runtime.sampler_slots` is then an upper bound).
-    Colocated with the trainer, leave the trainer room (0.3-0.5). 0: no memory bound."""
+    """On a GPU: the share of the device's free memory (measured once the model is loaded)
+    the engines on it may take together: their KV caches, the logits their CUDA graphs keep
+    (one `[slots, vocabulary]` buffer per span bucket) and nothing else, once each engine's
+    packed copy of the weights (about the model's size again) is set aside (engine.capacity).
+    Engines sharing a GPU split it (runtime.placement.memory_share): evenly on the local
+    runtime (its samplers there, and the trainer's evaluation engine on its own), and on Ray
+    by the fraction of a GPU each actor asked for (`GPU = 0.5` in `runtime.sampler_resources`
+    or `trainer_resources`: half of it). Unlike vLLM's `gpu_memory_utilization` (each
+    instance's own fraction of the total memory, lowered by hand when instances share a GPU)
+    it is the whole GPU's. It bounds how many sequences run at once (`runtime.sampler_slots`
+    is then an upper bound). Colocated with the trainer, leave the trainer room (0.3-0.5).
+    0: no memory bound."""
     max_tokens: int = Field(0, ge=0)
     """The KV cache's tokens, all slots together (wins over `memory_fraction`). 0: no bound
     beyond `memory_fraction`; on the CPU, slots x the longest sequence."""

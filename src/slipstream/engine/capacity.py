@@ -2,9 +2,11 @@
 
 The KV cache is `[slots, max_len]` per layer (engine.forward.SlotKV). Its size follows from
 the memory the engine is given, never the other way round: `engine.max_tokens` tokens, or
-`engine.memory_fraction` of the device's free memory once the model is on it, less the
-engine's packed copy of the weights (engine.packed, built at the first step, after the cache
-is sized: `packed_bytes`) and a sampler's staging copy (`memory_budget`). That budget pays
+`engine.memory_fraction` of the engine's share of the device's free memory once the model is
+on it (the whole of it, or the engine's part of a shared GPU: runtime.placement.memory_share),
+less the engine's packed copy of the weights (engine.packed, built at the first step, after
+the cache is sized: `packed_bytes`) and a sampler's staging copy (`memory_budget`). That
+budget pays
 for the cache, a row of `max_len` tokens per slot plus the cache's scratch row, and for the
 outputs the decode step's CUDA graphs keep for the engine's life (the logits of every span
 bucket, `graph_bytes`), so a high fraction leaves the graphs room when they are captured; the
@@ -59,12 +61,17 @@ def graph_bytes(slots: int, vocab: int, dtype: torch.dtype, buckets: int) -> int
     return buckets * slots * (vocab * item + 8 + 4)
 
 
-def memory_budget(free_bytes: int, memory_fraction: float, own_bytes: int) -> int:
-    """The bytes an engine's KV cache and graph outputs may take: `memory_fraction` of the
-    free memory less `own_bytes`, what the engine allocates beside them (its packed weights,
-    `packed_bytes`, and a sampler process's staging copy of the weights, which its first
-    weight read allocates). 0 when those alone take the free memory."""
-    return int(memory_fraction * max(0, free_bytes - own_bytes))
+def memory_budget(
+    free_bytes: int, memory_fraction: float, own_bytes: int, share: float = 1.0
+) -> int:
+    """The bytes an engine's KV cache and graph outputs may take: `memory_fraction` of its
+    `share` of the free memory (runtime.placement.memory_share: 1 / n for the n engines of a
+    local run on one GPU, the GPU fraction a Ray actor asked for) less `own_bytes`, what the
+    engine allocates beside them (its packed weights, `packed_bytes`, and a sampler process's
+    staging copy of the weights, which its first weight read allocates). Each engine's own
+    copies come out of its share, so the engines sharing a GPU, measuring the same free
+    memory, allocate at most that memory together. 0 when its copies alone fill its share."""
+    return int(memory_fraction * max(0, int(share * free_bytes) - own_bytes))
 
 
 def fit_slots(requested: int, max_len: int, budget_tokens: int | None) -> int:
@@ -118,10 +125,12 @@ def engine_slots(
     free_bytes: int | None = None,
     reserved_bytes: int = 0,
     graphs: bool = False,
+    share: float = 1.0,
 ) -> int:
     """The engine's slots at `max_len` (at most `requested`): within `max_tokens` tokens of
     KV cache if set (`fit_slots`); else, on a device that reports `free_bytes`, within
-    `memory_budget` (`reserved_bytes`: a sampler's staging copy), which pays for the KV cache
+    `memory_budget` of its `share` of them (`reserved_bytes`: a sampler's staging copy),
+    which pays for the KV cache
     and, with `graphs` (an engine that captures its decode step, as every CUDA engine does by
     default), the graphs' outputs of every span bucket of `max_len` (`graph_bytes`); else
     `requested`. ValueError when the budget holds no sequence."""
@@ -130,7 +139,7 @@ def engine_slots(
     if memory_fraction <= 0 or free_bytes is None:
         return requested
     own = packed_bytes(cfg, dtype) + reserved_bytes
-    budget = memory_budget(free_bytes, memory_fraction, own)
+    budget = memory_budget(free_bytes, memory_fraction, own, share)
     buckets = len(span_buckets(max_len)) if graphs else 0
     per_slot = graph_bytes(1, cfg.vocab_size, dtype, buckets)
     return fit_slots_in_bytes(requested, max_len, budget, kv_bytes_per_token(cfg, dtype), per_slot)

@@ -49,6 +49,22 @@ def resolve_placement(cfg: Config) -> placement.Placement:
     return where
 
 
+def engine_share(cfg: Config, where: placement.Placement, sampler: int | None = None) -> float:
+    """The share of its GPU's free memory the engine of sampler `sampler` (None: the trainer's
+    evaluation engine) sizes itself within (`placement.memory_share`): on the local runtime,
+    the engines on its GPU split it (they measure the same free memory); on Ray, an actor
+    that asked for a fraction of a GPU (`GPU` of runtime.sampler_resources, or of
+    runtime.trainer_resources for the trainer actor; a trainer in the driver asked Ray for
+    none) takes that fraction of it."""
+    rc = cfg.runtime
+    if sampler is None:
+        device, asked = where.trainer, rc.trainer_resources if rc.trainer_actor else {}
+    else:
+        device, asked = where.samplers[sampler], rc.sampler_resources
+    gpu = asked.get("GPU", 0.0)
+    return placement.memory_share(cfg.runtime_kind, where.engines_on(device), gpu)
+
+
 LONG_MEASURE = 5_000_000  # characters of prompts from which measuring them is said (seconds)
 
 
@@ -103,15 +119,13 @@ def engine_shape(
     # in-process engine shares the trainer's float32 master weights whatever `model.dtype`)
     p = model.lm_head.weight
     free = capacity.free_device_bytes(p.device)
-    # a local run's samplers on this GPU measure the same free memory: the fraction is split
-    where = resolve_placement(cfg)
-    share = where.engines_on(where.trainer) if cfg.runtime_kind == "local" else 1
-    fraction = e.memory_fraction / share
+    share = engine_share(cfg, resolve_placement(cfg))
     graphs = p.device.type == "cuda"  # its decode step is captured (Engine.decode_graph)
     try:
         n = capacity.engine_slots(
-            model.config, p.dtype, slots, max_len, e.max_tokens, fraction, free, graphs=graphs
-        )
+            model.config, p.dtype, slots, max_len, e.max_tokens, e.memory_fraction, free,
+            graphs=graphs, share=share,
+        )  # fmt: skip
         return n, max_len
     except ValueError as err:
         raise ConfigError(str(err)) from None

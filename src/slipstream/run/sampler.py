@@ -4,9 +4,9 @@
 The runtime pickles the factory, not the model: inside the child it allocates the model on
 the sampler's device (on meta first, so no random initialisation runs: the weights arrive
 through the weight channel before the first step), sizes the engine's slots to its KV budget
-(leaving room for the staging copy of the weights its first read allocates), and builds the
-task and, for multi-turn runs, the environment factory from the config. The runtime's fork
-server preloads this module (runtime.processes.PRELOAD).
+(within its share of a GPU it shares, leaving room for the staging copy of the weights its
+first read allocates), and builds the task and, for multi-turn runs, the environment factory
+from the config. The runtime's fork server preloads this module (runtime.processes.PRELOAD).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class SamplerFactory:
     spec: SamplerSpec
 
     def __call__(self, sampler_id: int) -> SamplerWorker:
-        from slipstream.run.setup import build_task, make_engine  # (not in the preload)
+        from slipstream.run.components import engine_share  # (not in the preload)
+        from slipstream.run.setup import build_task, make_engine
 
         spec = self.spec
         p = spec.placement
@@ -40,18 +41,18 @@ class SamplerFactory:
         e = spec.cfg.engine
         free = capacity.free_device_bytes(device)
         staging = capacity.tensor_bytes(model.parameters())  # the weight channel's, at 1st read
-        local = p is not None and spec.cfg.runtime_kind == "local"  # (a Ray actor: its own GPU)
-        share = p.engines_on(p.samplers[sampler_id]) if local and p is not None else 1
+        share = engine_share(spec.cfg, p, sampler_id) if p is not None else 1.0
         slots = capacity.engine_slots(
             spec.model_config,
             spec.dtype,
             spec.num_slots,
             spec.max_len,
             e.max_tokens,
-            e.memory_fraction / share,
+            e.memory_fraction,
             free,
             staging,
             graphs=device.type == "cuda",  # its decode step is captured (Engine.decode_graph)
+            share=share,  # of a GPU it shares (run.components.engine_share)
         )
         engine = make_engine(model, spec.tokenizer, slots, spec.max_len, version=-1)
         task = build_task(spec.cfg)

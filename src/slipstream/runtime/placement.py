@@ -10,6 +10,9 @@ CPU. Rules:
   they share GPU k with it (colocated: the engine and the trainer split its memory,
   `engine.memory_fraction`, which the engines on one GPU split evenly: `engines_on`). A
   list names one device per sampler.
+- The engines on one GPU each size themselves within their share of its free memory
+  (`memory_share`): an even split on the local runtime, the GPU fraction its actor asked for
+  on Ray.
 - A sampler process sees only its own GPU: it is started with `CUDA_VISIBLE_DEVICES` set to
   that GPU (the parent's own `CUDA_VISIBLE_DEVICES` numbering respected), so inside it the
   device is `cuda:0` and nothing it does can touch another GPU's memory.
@@ -52,8 +55,8 @@ class Placement:
 
     def engines_on(self, device: str) -> int:
         """Engines of a local run that share `device` (parent numbering): its samplers' and,
-        on the trainer's, the trainer's own (the run's evaluation engine); each takes its
-        share of `engine.memory_fraction` (1 on the CPU, which has no memory bound)."""
+        on the trainer's, the trainer's own (the run's evaluation engine); each sizes itself
+        within its share of the GPU (`memory_share`; 1 on the CPU, which has no memory bound)."""
         if device == "cpu":
             return 1
         return sum(d == device for d in self.samplers) + (device == self.trainer)
@@ -61,6 +64,27 @@ class Placement:
     def local_sampler_device(self, i: int) -> str:
         """Sampler `i`'s device as its own process names it (`cuda:0`: the only one it sees)."""
         return "cpu" if self.samplers[i] == "cpu" else "cuda:0"
+
+
+def memory_share(kind: str, engines_on: int, ray_gpu: float) -> float:
+    """The share of its GPU's free memory one engine sizes itself within: it takes
+    `engine.memory_fraction` of that share less what it allocates beside its KV cache
+    (engine.capacity.memory_budget), so the engines on one GPU take the fraction of its free
+    memory together, their own copies of the weights included.
+
+    - `local`: `1 / engines_on`, the engines of the run on its GPU (`Placement.engines_on`).
+    - `ray`: `ray_gpu`, the `GPU` its actor asked for (runtime.sampler_resources, or
+      runtime.trainer_resources for the trainer actor), when below 1. Ray packs actors whose
+      fractions add up to at most 1 onto one GPU but divides nothing of it, so an actor that
+      asked for half a GPU sizes itself within half of it. A whole GPU (or more: the engine
+      uses the first) or none asked for: 1.
+    - `inprocess`: 1, the one engine.
+    """
+    if kind == "local":
+        return 1.0 / max(engines_on, 1)
+    if kind == "ray" and 0 < ray_gpu < 1:
+        return ray_gpu
+    return 1.0
 
 
 def _canonical(key: str, name: str, cuda_count: int) -> str:

@@ -124,7 +124,9 @@ def _join(address: str) -> None:
 
 
 def actor_options(resources: Mapping[str, float]) -> dict[str, Any]:
-    """`runtime.*_resources` as Ray actor options (`CPU`, `GPU`, anything else custom)."""
+    """`runtime.*_resources` as Ray actor options (`CPU`, `GPU`, anything else custom). A
+    `GPU` below 1 lets Ray pack actors onto one GPU without dividing its memory: the actor's
+    engine sizes itself within that fraction of it (run.components.engine_share)."""
     rest = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
     opts: dict[str, Any] = {
         "num_cpus": resources.get("CPU", 0.0),
