@@ -130,10 +130,10 @@ def engine_slots(
     """The engine's slots at `max_len` (at most `requested`): within `max_tokens` tokens of
     KV cache if set (`fit_slots`); else, on a device that reports `free_bytes`, within
     `memory_budget` of its `share` of them (`reserved_bytes`: a sampler's staging copy),
-    which pays for the KV cache
-    and, with `graphs` (an engine that captures its decode step, as every CUDA engine does by
-    default), the graphs' outputs of every span bucket of `max_len` (`graph_bytes`); else
-    `requested`. ValueError when the budget holds no sequence."""
+    which pays for the KV cache and, with `graphs` (an engine that captures its decode step,
+    as every CUDA engine does by default), the graphs' outputs of every span bucket of
+    `max_len` (`graph_bytes`); else `requested`. ValueError when the budget holds no
+    sequence."""
     if max_tokens > 0:
         return fit_slots(requested, max_len, max_tokens)
     if memory_fraction <= 0 or free_bytes is None:
