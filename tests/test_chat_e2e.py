@@ -12,6 +12,7 @@ import torch
 
 from chat_model import TOKENIZER_FILES, chat_dataset, chat_model, wordlevel_bos_tokenizer
 from slipstream.config import load_config
+from slipstream.files import read_jsonl
 from slipstream.model import load_pretrained, load_tokenizer
 from slipstream.model.chat import load_chat_template
 from slipstream.run.evaluate import heldout_accuracy
@@ -21,7 +22,6 @@ from slipstream.tasks import DatasetTask, load_reward
 from slipstream.train.batch import collate
 from slipstream.train.checkpoint import list_checkpoints
 from slipstream.types import FinishReason, Prompt, Sample
-from tiny import read_jsonl
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")

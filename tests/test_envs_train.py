@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from slipstream.files import read_jsonl
 from slipstream.run.launch import train_async
 from slipstream.run.sync import train_sync
-from tiny import read_jsonl, tiny_cfg
+from tiny import tiny_cfg
 
 TOOLS = (
     "task.kind=builtin_tools",

@@ -9,9 +9,10 @@ import json
 import pytest
 
 from slipstream.config import load_config
+from slipstream.files import read_jsonl
 from slipstream.run.launch import train_async
 from slipstream.run.sync import train_sync
-from tiny import read_jsonl, write_assets
+from tiny import write_assets
 
 
 @pytest.mark.slow

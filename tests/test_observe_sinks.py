@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from slipstream.config import ConfigError, load_config
+from slipstream.files import read_jsonl
 from slipstream.observe.metrics import Max, Mean
-from slipstream.observe.sinks import FanOut, JsonlSink, SafeSink, make_sinks, read_jsonl
+from slipstream.observe.sinks import FanOut, JsonlSink, SafeSink, make_sinks
 
 
 class Exploding:
@@ -288,3 +289,16 @@ def test_wandb_resumed_run_logs_to_the_same_wandb_run(
     (tmp_path / "wandb_id").write_text("not an id!\n")  # damaged: a new id, not a W&B error
     make_sinks(tmp_path, ["wandb"], resume_step=4)[1].close()
     assert inits[-1]["id"].isalnum() and inits[-1]["id"] != again
+
+
+def test_jsonl_lines_end_at_newline_only(tmp_path: Path) -> None:
+    """A JSON string may hold U+2028, U+0085 and the like unescaped (the sinks escape them, a
+    hand-edited or another tool's file may not): `read_jsonl` keeps such a line whole, where
+    str.splitlines() would cut it in two."""
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"a": "x\u2028y\u0085z"}\n\n{"step": 2}\n', encoding="utf-8")
+    assert read_jsonl(path) == [{"a": "x\u2028y\u0085z"}, {"step": 2}]
+    sink = JsonlSink(tmp_path / "w.jsonl")
+    sink.write({"step": 1, "text": "x\u2028y"})
+    sink.close()
+    assert read_jsonl(tmp_path / "w.jsonl") == [{"step": 1, "text": "x\u2028y"}]

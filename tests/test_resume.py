@@ -10,10 +10,11 @@ import torch
 from safetensors.torch import load_file
 
 from slipstream.cli import main
+from slipstream.files import read_jsonl
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.run.sync import train_sync
 from slipstream.train.checkpoint import load_trainer_state
-from tiny import read_jsonl, steady, tiny_cfg
+from tiny import steady, tiny_cfg
 
 
 class Killed(Exception):

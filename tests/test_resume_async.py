@@ -16,7 +16,8 @@ import pytest
 
 from slipstream.cli import main
 from slipstream.config import load_config
-from tiny import read_jsonl, write_assets
+from slipstream.files import read_jsonl
+from tiny import write_assets
 
 pytestmark = pytest.mark.slow
 

@@ -407,9 +407,10 @@ def test_trainer_state_is_the_version_that_scores(tmp_path, loop):
     scored by version k - 1 and the evaluation after step k by version k; an asynchronous
     sampler scores at the version it holds (at most k - 1), and a deferred evaluation of step
     k's snapshot at k, not at the final version."""
+    from slipstream.files import read_jsonl
     from slipstream.run.launch import train_async
     from slipstream.run.sync import train_sync
-    from tiny import read_jsonl, write_assets
+    from tiny import write_assets
 
     folder = write_assets(tmp_path, STATE_REWARD.replace("at_step", "reward"))
     cfg = load_config(None, [

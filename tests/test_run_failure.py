@@ -8,10 +8,11 @@ import json
 
 import slipstream.run.sync as sync
 from slipstream.cli import main
+from slipstream.files import read_jsonl
 from slipstream.observe.timeline import read_timeline
 from slipstream.run.setup import Run
 from slipstream.train.trainer import Trainer
-from tiny import read_jsonl, write_assets
+from tiny import write_assets
 
 # 2 prompts x 2 samples of at most 8 tokens a step, every group kept: ~0.6 s here (the first
 # model a process loads costs ~4 s more, once: torch imports its compiler)

@@ -10,12 +10,13 @@ import torch
 
 from slipstream.config import load_config
 from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.files import read_jsonl
 from slipstream.model.builtin import init_builtin
 from slipstream.run.sync import train_sync
 from slipstream.tasks import RunningSums
 from slipstream.train.batch import collate, token_logprobs
 from slipstream.types import FinishReason, Sample
-from tiny import read_jsonl, steady, tiny_cfg
+from tiny import steady, tiny_cfg
 
 
 def _random_model():

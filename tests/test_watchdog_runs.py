@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.tiny import read_jsonl, write_assets
+from tests.tiny import write_assets
 
 from slipstream.config import Config, load_config
+from slipstream.files import read_jsonl
 from slipstream.run.sync import train_sync
 
 REWARD = "def odd(prompt, completion):\n    return float(len(completion) % 2)\n"

@@ -52,10 +52,6 @@ def steady(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in records]
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines()]
-
-
 def write_assets(folder: Path, reward_source: str) -> Path:
     """The orchestrator tests' tiny run inputs in `folder`: the built-in model with wider
     weights than its init (varied completions, lengths and rewards), its tokenizer, 200

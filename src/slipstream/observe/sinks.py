@@ -338,8 +338,3 @@ class FanOut:
     def close(self) -> None:
         for s in self.sinks:
             s.close()
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

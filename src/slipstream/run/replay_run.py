@@ -40,15 +40,10 @@ import torch
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.dicts import changed_keys
 from slipstream.engine.stats import PASS_TIMINGS
-from slipstream.files import write_atomic
+from slipstream.files import read_jsonl, write_atomic
 from slipstream.schedule.auto_lag import lag_control, tightened
 from slipstream.schedule.record import DECIDED, FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
-from slipstream.schedule.replay_sampler import (
-    Diverged,
-    SamplerReplayer,
-    WeightStore,
-    read_jsonl,
-)
+from slipstream.schedule.replay_sampler import Diverged, SamplerReplayer, WeightStore
 from slipstream.schedule.step_stats import StepStats, discard, group_lag
 from slipstream.types import Group, Prompt
 

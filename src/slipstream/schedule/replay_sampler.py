@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,12 +64,6 @@ class WeightStore:
         if not self.pending[version]:
             del self.weights[version]  # the engine copies at its next step; the dict lives on
         return state
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    import json
-
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 class _Groups:

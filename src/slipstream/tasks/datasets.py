@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slipstream.files import jsonl_lines
 from slipstream.tasks.jsonl import TaskError
 from slipstream.text import first_line, read_text
 
@@ -161,11 +162,7 @@ def _json_error(path: Path, n: int | None, e: Exception) -> TaskError:
 def read_jsonl(path: Path) -> list[Row]:
     """One JSON object per line; a bad line raises `TaskError` naming `file:line`."""
     rows = []
-    # JSONL rows end at "\n" only: str.splitlines() would also split at U+2028, U+0085 and
-    # other characters that are legal inside a JSON string, and miscount the lines
-    for n, line in enumerate(read_text(path, TaskError).split("\n"), start=1):
-        if not line.strip():
-            continue
+    for n, line in jsonl_lines(read_text(path, TaskError)):
         try:
             data = json.loads(line)
         except (ValueError, RecursionError) as e:
