@@ -9,6 +9,7 @@ from slipstream.engine import capacity
 from slipstream.engine.forward import DecodeGraph, SlotKV, span_buckets
 from slipstream.engine.packed import PackedWeights
 from slipstream.engine.sampling import sample_static
+from slipstream.model.hf import tensor_bytes
 from slipstream.model.llama import CausalLM, ModelConfig
 from slipstream.types import Prompt
 
@@ -37,7 +38,7 @@ def test_cache_budget_from_tokens_or_memory():
     # a sampler process also sets aside its staging copy of the weights: 1 GiB less room,
     # (7,650,164,736 - 1,073,741,824) / 2 / 28,672 = 114,683.3 -> 114,683
     assert capacity.memory_budget(10 * 2**30, 0.5, packed + 2**30) // 28672 == 114683
-    assert capacity.tensor_bytes([torch.zeros(3, 4), torch.zeros(5, dtype=torch.bfloat16)]) == 58
+    assert tensor_bytes([torch.zeros(3, 4), torch.zeros(5, dtype=torch.bfloat16)]) == 58
     # no bound: the slots asked for (on a CPU, no free memory; no fraction)
     assert capacity.engine_slots(QWEN_1_5B, torch.bfloat16, 8, 1000, 0, 0.5, None) == 8
     assert capacity.engine_slots(QWEN_1_5B, torch.bfloat16, 8, 1000, 0, 0.0, 10**12) == 8
@@ -95,7 +96,7 @@ def test_graph_output_bytes_are_what_the_decode_step_keeps():
     for b in step.buckets:
         logits = step(b)
         out = sample_static(logits, torch.ones(slots), torch.zeros(slots, dtype=torch.long), pos)
-        held += sum(t.numel() * t.element_size() for t in (logits, out.tokens, out.logp))
+        held += tensor_bytes((logits, out.tokens, out.logp))
     assert step.buckets == span_buckets(max_len) == [16, 32, 40]
     assert held == capacity.graph_bytes(slots, cfg.vocab_size, torch.float32, 3)
 
@@ -123,7 +124,7 @@ def test_packed_bytes_are_what_the_engine_packs(kind: str, extra: dict[str, bool
     )  # fmt: skip
     w = PackedWeights(CausalLM(cfg), max_len=8)
     mats = [w.lm_head] + [t for layer in w.layers for t in layer if isinstance(t, torch.Tensor)]
-    held = sum(t.numel() * t.element_size() for t in mats)
+    held = tensor_bytes(mats)
     assert capacity.packed_bytes(cfg, torch.float32) == held
 
 
@@ -146,7 +147,7 @@ def test_the_cache_an_engine_allocates_stays_within_the_budget():
     )  # fmt: skip
     budget, max_len = 100, 24
     kv = SlotKV(cfg, capacity.fit_slots(8, max_len, budget), max_len, torch.float32, "cpu")
-    held = sum(t.numel() * t.element_size() for t in kv.k + kv.v)
+    held = tensor_bytes(kv.k + kv.v)
     assert held <= budget * capacity.kv_bytes_per_token(cfg, torch.float32)
 
 
@@ -265,7 +266,7 @@ def test_the_in_process_engine_is_sized_in_its_model_s_dtype(monkeypatch):
     slots, max_len = engine_shape(run_cfg, model, [8], 1000)
     packed = PackedWeights(model, max_len)
     kv = SlotKV(cfg, slots, max_len, model.lm_head.weight.dtype, "cpu")
-    cache_bytes = sum(t.numel() * t.element_size() for t in kv.k + kv.v)
+    cache_bytes = tensor_bytes(kv.k + kv.v)
     assert cache_bytes <= 0.5 * (free - capacity.packed_bytes(cfg, torch.float32))
     assert packed.lm_head.dtype == torch.float32  # what the engine packs, and pays for
 

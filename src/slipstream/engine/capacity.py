@@ -17,8 +17,6 @@ counted, never an error in the middle of a run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 
 from slipstream.engine.forward import span_buckets
@@ -143,11 +141,6 @@ def engine_slots(
     buckets = len(span_buckets(max_len)) if graphs else 0
     per_slot = graph_bytes(1, cfg.vocab_size, dtype, buckets)
     return fit_slots_in_bytes(requested, max_len, budget, kv_bytes_per_token(cfg, dtype), per_slot)
-
-
-def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes the tensors hold (a model's `parameters()`: what a staging copy of it takes)."""
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def free_device_bytes(device: torch.device) -> int | None:

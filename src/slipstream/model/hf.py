@@ -208,6 +208,12 @@ def check_weights(path: Path, cfg: ModelConfig) -> None:
             )
 
 
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes the tensors hold: a checkpoint shard's size, or (a model's `parameters()`) what a
+    staging copy of the model takes (run.sampler)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def save_pretrained(
     model: CausalLM,
     path: str | os.PathLike[str],
@@ -228,7 +234,7 @@ def save_pretrained(
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in state.items():
-        nbytes = t.numel() * t.element_size()
+        nbytes = tensor_bytes([t])
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
             size = 0
@@ -242,7 +248,7 @@ def save_pretrained(
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(path / fname), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(shard, fname))
-        total = sum(t.numel() * t.element_size() for t in state.values())
+        total = tensor_bytes(state.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     dtype = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)

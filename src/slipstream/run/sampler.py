@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from slipstream.engine import capacity
+from slipstream.model.hf import tensor_bytes
 from slipstream.model.meta import empty_model
 from slipstream.run.agentic import build_env_factory
 from slipstream.schedule.sampler import SamplerSpec, SamplerWorker
@@ -40,7 +41,7 @@ class SamplerFactory:
         model = empty_model(spec.model_config, device, spec.dtype)
         e = spec.cfg.engine
         free = capacity.free_device_bytes(device)
-        staging = capacity.tensor_bytes(model.parameters())  # the weight channel's, at 1st read
+        staging = tensor_bytes(model.parameters())  # the weight channel's, at 1st read
         share = engine_share(spec.cfg, p, sampler_id) if p is not None else 1.0
         slots = capacity.engine_slots(
             spec.model_config,
