@@ -152,3 +152,13 @@ def test_speed_128_gpus_1000_steps_under_10_s() -> None:
     elapsed = time.process_time() - t0
     assert res.groups["trained"] == 64 * 1000
     assert elapsed < 10, f"{elapsed:.1f} CPU s"
+
+
+def test_sim_command_minimum_agrees_with_the_simulator() -> None:
+    """Consistency check: `slipstream sim --steps` is checked against `SIM_MIN_STEPS` before a
+    SimConfig is built; that many steps at the default warm-up simulate, one fewer is refused."""
+    from slipstream.sim.cli import SIM_MIN_STEPS
+
+    simulate(small("sync", steps=SIM_MIN_STEPS))
+    with pytest.raises(ValueError, match="must exceed warmup_steps"):
+        simulate(small("sync", steps=SIM_MIN_STEPS - 1))

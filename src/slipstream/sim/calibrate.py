@@ -72,7 +72,7 @@ from slipstream.sim.cost import ModelShape
 from slipstream.sim.hardware import HARDWARE, Hardware
 from slipstream.sim.lengths import Empirical
 from slipstream.sim.runs import RunError, RunRecord, check_one_configuration, pool_runs, read_run
-from slipstream.sim.simulator import Cluster, SimConfig, Workload, simulate
+from slipstream.sim.simulator import Cluster, SimConfig, Workload, min_steps, simulate
 
 
 @dataclass
@@ -269,14 +269,15 @@ def sim_config(
         trained_frac=cal.trained_frac,
     )
     lag = run.max_lag if run.schedule in ("async", "pipeline") else None
+    warmup = 1
     return SimConfig(
         cluster,
         work,
         preset(run.schedule, lag),
-        steps=max(len(run.metrics), 2),
+        steps=max(len(run.metrics), min_steps(warmup)),
         seed=seed,
         lag_policy=run.lag_policy,
-        warmup_steps=1,
+        warmup_steps=warmup,
         drain=True,
     )
 

@@ -42,6 +42,7 @@ from slipstream.sim.simulator import (
     SimConfig,
     SimResult,
     Workload,
+    min_steps,
     simulate,
     steady_warmup,
 )
@@ -253,8 +254,8 @@ def _sim_parser() -> argparse.ArgumentParser:
     return p
 
 
-# the simulator's default warm-up (`SimConfig.warmup_steps`): 2 steps left out of the statistics
-SIM_MIN_STEPS = 3
+# `sim` simulates with the simulator's default warm-up (`SimConfig.warmup_steps`)
+SIM_MIN_STEPS = min_steps(SimConfig.warmup_steps)
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -409,7 +410,7 @@ def _run_forecast(req: PlanRequest, r: Candidate, args: argparse.Namespace) -> F
     cluster = Cluster(req.hardware, req.model, req.n_gpus, r.sampler_gpus)
     w = steady_warmup(r.max_lag)  # (plan_forecast simulates past it)
     cfg = SimConfig(
-        cluster, req.workload, preset(r.schedule, r.max_lag), w + 1, req.seed, warmup_steps=w
+        cluster, req.workload, preset(r.schedule, r.max_lag), min_steps(w), req.seed, warmup_steps=w
     )
     f = plan_forecast(cfg, args.run_steps, args.model_error)
     if req.failures is None:

@@ -116,7 +116,7 @@ class SimConfig:
 
     def validate(self) -> None:
         c, s = self.cluster, self.schedule
-        if self.steps <= self.warmup_steps:
+        if self.steps < min_steps(self.warmup_steps):
             raise ValueError(f"steps ({self.steps}) must exceed warmup_steps ({self.warmup_steps})")
         if c.colocated and (s.max_lag != 0 or s.batching != "fixed"):
             raise ValueError(
@@ -222,6 +222,12 @@ class SimResult:
             "cost_per_mtok": self.cost_per_mtok,
             "wall_s": self.wall_s,
         }
+
+
+def min_steps(warmup_steps: int) -> int:
+    """The fewest steps a simulation that leaves its first `warmup_steps` out of the
+    statistics takes: one more, so that one step is measured (`SimConfig.validate`)."""
+    return warmup_steps + 1
 
 
 def steady_warmup(max_lag: int) -> int:
