@@ -11,6 +11,7 @@ import pytest
 
 from chat_model import llama3_tokenizer, plain_bpe_tokenizer, qwen2_tokenizer
 from slipstream.model import Tokenizer, load_tokenizer
+from slipstream.model.tokenizer import adds_special_tokens
 from slipstream.run.components import prompt_lengths
 from slipstream.types import Prompt
 
@@ -25,16 +26,24 @@ def _prompts() -> list[Prompt]:
     ]
 
 
-def _bos_eos_tokenizer(folder: Path) -> Path:
-    """A folder with no post-processor whose config asks for BOS and EOS (`Tokenizer._added`)."""
+def _bos_eos_tokenizer(folder: Path, eos: bool = True) -> Path:
+    """A folder with no post-processor whose config asks for BOS and (`eos`) EOS
+    (`Tokenizer._added`)."""
     plain_bpe_tokenizer(folder)
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    cfg.update(add_bos_token=True, add_eos_token=True)
+    cfg.update(add_bos_token=True, add_eos_token=eos)
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
     return folder
 
 
-@pytest.mark.parametrize("make", [qwen2_tokenizer, llama3_tokenizer, _bos_eos_tokenizer])
+def _bos_tokenizer(folder: Path) -> Path:
+    return _bos_eos_tokenizer(folder, eos=False)
+
+
+MAKERS = [qwen2_tokenizer, llama3_tokenizer, _bos_eos_tokenizer, _bos_tokenizer]
+
+
+@pytest.mark.parametrize("make", MAKERS)
 @pytest.mark.parametrize("chunk", [1, 4, 1024])
 def test_batched_lengths_equal_one_by_one(tmp_path: Path, make, chunk: int) -> None:
     tok = load_tokenizer(make(tmp_path / "tok"))
@@ -49,6 +58,25 @@ def test_bos_eos_tokenizer_adds_both(tmp_path: Path) -> None:
     assert tok.prepend_bos and tok.append_eos
     plain = Prompt(id="0", text="hi", answer="1")
     assert tok.prompt_lengths([plain]) == [len(tok.encode("hi", add_special_tokens=False)) + 2]
+
+
+# special tokens each tokenizer adds to plain text: none (Qwen2), BOS from the
+# post-processor (Llama 3), BOS and EOS or BOS alone from tokenizer_config.json
+ADDED = [(qwen2_tokenizer, 0), (llama3_tokenizer, 1), (_bos_eos_tokenizer, 2), (_bos_tokenizer, 1)]
+
+
+@pytest.mark.parametrize("make, added", ADDED)
+def test_chat_and_plain_prompts_take_special_tokens_alike(tmp_path: Path, make, added) -> None:
+    """`encode_prompt` and `prompt_lengths` follow one rule (`adds_special_tokens`): the same
+    text as a chat rendering takes none of the tokens it takes as plain text."""
+    tok = load_tokenizer(make(tmp_path / "tok"))
+    chat = [{"role": "user", "content": "x"}]
+    plain, rendered = (Prompt(id="0", text="hi", answer="1", messages=m) for m in (None, chat))
+    assert adds_special_tokens(plain) and not adds_special_tokens(rendered)
+    bare = len(tok.encode("hi", add_special_tokens=False))
+    for p, n in ((plain, bare + added), (rendered, bare)):
+        assert len(tok.encode_prompt(p)) == n
+        assert tok.prompt_lengths([p]) == [n]
 
 
 def test_setup_lengths_are_logged(tmp_path: Path) -> None:

@@ -74,6 +74,14 @@ def clean_up_tokenization(text: str) -> str:
     return text
 
 
+def adds_special_tokens(prompt: Prompt) -> bool:
+    """Whether `prompt`'s text is encoded with the special tokens the tokenizer adds: plain
+    text takes BOS/EOS; a chat template's rendering (`prompt.messages` set) already holds its
+    own and takes none, as `apply_chat_template(tokenize=True)`. `Tokenizer.encode_prompt` and
+    `Tokenizer.prompt_lengths` both follow it."""
+    return prompt.messages is None
+
+
 class Tokenizer:
     """Text <-> token ids, plus the special ids generation needs.
 
@@ -125,10 +133,13 @@ class Tokenizer:
         """Token ids of `text`; with `add_special_tokens` BOS/EOS as the model's tokenizer adds
         them (module docstring). Added tokens written in the text (`<|im_start|>`) are parsed."""
         ids = self.inner.encode(text, add_special_tokens=add_special_tokens).ids
-        return self._added(ids) if add_special_tokens else ids
+        return self._added(ids, add_special_tokens)
 
-    def _added(self, ids: list[int]) -> list[int]:
-        """`ids` with the BOS/EOS this class adds where the post-processor did not (`encode`)."""
+    def _added(self, ids: list[int], add_special_tokens: bool) -> list[int]:
+        """`ids` of the inner tokenizer with, when special tokens are added, the BOS/EOS this
+        class adds where the post-processor did not (`encode`, `prompt_lengths`)."""
+        if not add_special_tokens:
+            return ids
         bos = self.bos_id
         if self.prepend_bos and bos is not None and ids[:1] != [bos]:
             ids = [bos, *ids]
@@ -137,9 +148,8 @@ class Tokenizer:
         return ids
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """A prompt's ids: a chat template's rendering (`prompt.messages` set) takes no added
-        special tokens, as `apply_chat_template(tokenize=True)`; plain text takes BOS/EOS."""
-        return self.encode(prompt.text, add_special_tokens=prompt.messages is None)
+        """A prompt's ids, with special tokens added as `adds_special_tokens(prompt)` says."""
+        return self.encode(prompt.text, add_special_tokens=adds_special_tokens(prompt))
 
     def prompt_lengths(self, prompts: Sequence[Prompt], chunk: int = 1024) -> list[int]:
         """`len(encode_prompt(p))` of each of `prompts`, encoded `chunk` at a time as one batch
@@ -149,13 +159,13 @@ class Tokenizer:
         out = [0] * len(prompts)
         for start in range(0, len(prompts), chunk):
             part = range(start, min(start + chunk, len(prompts)))
-            for special in (True, False):  # plain text takes BOS/EOS, a rendering none
-                idx = [i for i in part if (prompts[i].messages is None) == special]
+            for special in (True, False):  # one batch per `adds_special_tokens` value
+                idx = [i for i in part if adds_special_tokens(prompts[i]) == special]
                 if not idx:
                     continue
                 texts = [prompts[i].text for i in idx]
                 for i, e in zip(idx, batch(texts, add_special_tokens=special)):
-                    out[i] = len(self._added(e.ids) if special else e.ids)
+                    out[i] = len(self._added(e.ids, special))
         return out
 
     def completion_ids(self, ids: Sequence[int]) -> list[int]:
