@@ -8,7 +8,11 @@ from typing import Any
 
 
 def number(v: object) -> float | None:
-    """`v` as a float when it is a number of a JSON record (a bool is none), else None."""
+    """`v` as a float when it is a number of a JSON record (a bool is none), else None.
+
+    Not `tasks.rewards._number` on purpose: a record's `true` is a flag, never a measurement
+    to average, and a record holds no numpy scalars or tensors; a reward function's True is
+    the reward 1 (TRL's `torch.tensor(rewards)`)."""
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 

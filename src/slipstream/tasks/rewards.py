@@ -257,7 +257,8 @@ def _number(v: object) -> float | None:
     """`v` as a float when it is one number: an int, a float, a bool (True is 1, as for one
     function alone, `guard.as_reward`), a numpy scalar (np.float32 is no Python float,
     np.bool_ no Real) or a 0-d tensor/array, as TRL's `torch.tensor(rewards)` takes them; None
-    for anything else."""
+    for anything else. Not `observe.means.number` on purpose: that one reads numbers of JSON
+    records, where a bool is a flag and no number."""
     if isinstance(v, numbers.Real):
         return float(v)
     item = getattr(v, "item", None)
