@@ -214,18 +214,19 @@ def test_the_engine_checks_the_measured_length_against_the_window(tmp_path):
     from slipstream.config import ConfigError, load_config
     from slipstream.model.hf import config_from_dict
     from slipstream.model.llama import CausalLM
-    from slipstream.run.components import engine_shape
+    from slipstream.run.components import engine_shape, resolve_placement
 
     raw = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 2}
     model = CausalLM(config_from_dict({**raw, **WINDOW, "num_attention_heads": 2}))
     cfg = load_config(None, ["sampling.max_new_tokens=8"])
-    assert engine_shape(cfg, model, [8], 2)[1] == 16  # 8 + 8 fits the window
+    where = resolve_placement(cfg)
+    assert engine_shape(cfg, where, model, [8], 2)[1] == 16  # 8 + 8 fits the window
     with pytest.raises(ConfigError, match="sequences reach 17 tokens"):
-        engine_shape(cfg, model, [9], 2)
+        engine_shape(cfg, where, model, [9], 2)
     # an episode's context sets the engine's length: it was not checked against the window
     said = r"reach 40 tokens \(an episode's context.*: lower env\.max_tokens$"
     with pytest.raises(ConfigError, match=said):
-        engine_shape(cfg, model, [8], 2, context=40)
+        engine_shape(cfg, where, model, [8], 2, context=40)
 
 
 TINY_QWEN = {"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 2,

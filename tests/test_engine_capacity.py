@@ -251,7 +251,7 @@ def test_the_in_process_engine_is_sized_in_its_model_s_dtype(monkeypatch):
     `model.dtype` names), its slots took about twice `memory_fraction` of a GPU's free
     memory. Free memory is what a GPU would report; the sizing is the same arithmetic."""
     from slipstream.config import load_config
-    from slipstream.run.components import engine_shape
+    from slipstream.run.components import engine_shape, resolve_placement
 
     cfg = ModelConfig(
         vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -263,7 +263,7 @@ def test_the_in_process_engine_is_sized_in_its_model_s_dtype(monkeypatch):
     run_cfg = load_config(
         None, ["model.dtype=bfloat16", "engine.memory_fraction=0.5", "sampling.max_new_tokens=8"]
     )
-    slots, max_len = engine_shape(run_cfg, model, [8], 1000)
+    slots, max_len = engine_shape(run_cfg, resolve_placement(run_cfg), model, [8], 1000)
     packed = PackedWeights(model, max_len)
     kv = SlotKV(cfg, slots, max_len, model.lm_head.weight.dtype, "cpu")
     cache_bytes = tensor_bytes(kv.k + kv.v)
@@ -278,7 +278,7 @@ def test_engines_on_one_gpu_split_the_memory_fraction(monkeypatch):
     engines on a GPU split it, each within its part of the free memory less its own packed
     copy (placement.memory_share); on the in-process loop the one engine keeps it all."""
     from slipstream.config import load_config
-    from slipstream.run.components import engine_shape
+    from slipstream.run.components import engine_shape, resolve_placement
     from slipstream.runtime import placement as pl
 
     where = pl.Placement("cuda:0", ("cuda:0", "cuda:1", "cuda:1"))
@@ -291,9 +291,14 @@ def test_engines_on_one_gpu_split_the_memory_fraction(monkeypatch):
     monkeypatch.setattr(capacity, "free_device_bytes", lambda device: 2_000_000)
     monkeypatch.setattr(pl, "cuda_device_count", lambda: 1)
     base = ["engine.memory_fraction=0.5", "sampling.max_new_tokens=8", "trainer.device=cuda"]
-    alone = engine_shape(load_config(None, base), model, [8], 10_000)[0]
-    local = ["schedule.name=pipeline", "runtime.kind=local"]
-    shared = engine_shape(load_config(None, [*base, *local]), model, [8], 10_000)[0]
+
+    def shape(overrides: list[str], where: pl.Placement | None = None) -> int:
+        run_cfg = load_config(None, overrides)  # `where`: setup's placement unless given
+        return engine_shape(run_cfg, where or resolve_placement(run_cfg), model, [8], 10_000)[0]
+
+    alone = shape(base)
+    local = [*base, "schedule.name=pipeline", "runtime.kind=local"]
+    shared = shape(local)
     packed = capacity.packed_bytes(cfg, torch.float32)
     per_token = capacity.kv_bytes_per_token(cfg, torch.float32)
     # max_len 16: prompt 8 + 8 new. Alone: 0.5 of (2,000,000 - 65,536) B = 967,232 B =
@@ -302,13 +307,16 @@ def test_engines_on_one_gpu_split_the_memory_fraction(monkeypatch):
     # two engines on the GPU: each 0.5 of its half less its own packed copy (memory_share):
     # 0.5 x (1,000,000 - 65,536) = 467,232 B = 1,825 tokens = 114 rows, 113 slots
     assert shared == int(0.5 * (1_000_000 - packed)) // per_token // 16 - 1 == 113
+    # the split follows the placement setup passes: two samplers beside the trainer, 3 ways
+    three = shape(local, pl.Placement("cuda:0", ("cuda:0", "cuda:0")))
+    assert three == int(0.5 * (2_000_000 // 3 - packed)) // per_token // 16 - 1
 
 
 def _tiny_engine_shape(monkeypatch: pytest.MonkeyPatch, *over: str) -> int:
     """The slots `engine_shape` gives the trainer's engine of a tiny float32 model on a GPU
     reporting 2,000,000 B free (max_len 16), under the overrides `over`."""
     from slipstream.config import load_config
-    from slipstream.run.components import engine_shape
+    from slipstream.run.components import engine_shape, resolve_placement
     from slipstream.runtime import placement as pl
 
     cfg = ModelConfig(
@@ -318,7 +326,8 @@ def _tiny_engine_shape(monkeypatch: pytest.MonkeyPatch, *over: str) -> int:
     monkeypatch.setattr(capacity, "free_device_bytes", lambda device: 2_000_000)
     monkeypatch.setattr(pl, "cuda_device_count", lambda: 1)
     base = ["engine.memory_fraction=0.5", "sampling.max_new_tokens=8", "trainer.device=cuda"]
-    return engine_shape(load_config(None, [*base, *over]), CausalLM(cfg), [8], 10_000)[0]
+    run_cfg = load_config(None, [*base, *over])
+    return engine_shape(run_cfg, resolve_placement(run_cfg), CausalLM(cfg), [8], 10_000)[0]
 
 
 def test_a_ray_actor_on_a_fraction_of_a_gpu_sizes_its_engine_within_that_fraction(monkeypatch):

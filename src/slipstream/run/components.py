@@ -90,13 +90,19 @@ def prompt_lengths(
 
 
 def engine_shape(
-    cfg: Config, model: CausalLM, lengths: list[int], slots: int, context: int = 0
+    cfg: Config,
+    where: placement.Placement,
+    model: CausalLM,
+    lengths: list[int],
+    slots: int,
+    context: int = 0,
 ) -> tuple[int, int]:
     """`(slots, max_len)` of an engine for `model` on its device: `max_len` from the prompt
     lengths (`engine.max_len` caps it), or `context` when set (an episode run's,
     `run.agentic.env_max_len`; at most the model's positions), slots at most `slots` within
-    the KV budget at that `max_len` (engine.capacity). ConfigError when no prompt fits or the
-    budget holds no sequence."""
+    the KV budget at that `max_len` (engine.capacity), shared with the engines `where` (the
+    run's placement, `resolve_placement`) puts on the trainer's device. ConfigError when no
+    prompt fits or the budget holds no sequence."""
     e, new = cfg.engine, cfg.sampling.max_new_tokens
     max_len = capacity.engine_max_len(max(lengths), new, model.config, e.max_len)
     said = f"engine.max_len = {e.max_len}" if e.max_len else "longest prompt + max_new_tokens"
@@ -119,7 +125,7 @@ def engine_shape(
     # in-process engine shares the trainer's float32 master weights whatever `model.dtype`)
     p = model.lm_head.weight
     free = capacity.free_device_bytes(p.device)
-    share = engine_share(cfg, resolve_placement(cfg))
+    share = engine_share(cfg, where)
     graphs = p.device.type == "cuda"  # its decode step is captured (Engine.decode_graph)
     try:
         n = capacity.engine_slots(

@@ -554,7 +554,7 @@ def setup(cfg: Config, resume_step: int | None = None) -> Run:
     pos, rows = model.config.max_position_embeddings, train + heldout
     context = env_max_len(cfg, factory, rows, tok, pos) if factory is not None else 0
     slots, max_len = engine_shape(
-        cfg, model, every, cfg.trainer.batch_prompts * cfg.sampling.group_size, context
+        cfg, where, model, every, cfg.trainer.batch_prompts * cfg.sampling.group_size, context
     )
     skip_len = max_len  # prompts longer than this with a completion are skipped (Run.fits)
     if factory is not None:
