@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from slipstream.text import read_lines
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -35,17 +37,17 @@ def write_atomic(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def jsonl_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(line number from 1, line) of each non-blank line of JSONL `text`. Lines end at "\n"
-    only: str.splitlines() would also split at U+2028, U+0085 and other characters that are
-    legal inside a JSON string, and miscount the lines."""
-    for n, line in enumerate(text.split("\n"), start=1):
+def jsonl_lines(lines: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(line number from 1, line) of each non-blank line of a JSONL file's `lines`
+    (`text.read_lines`: lines end at "\n" only, where str.splitlines() would also split at
+    U+2028, U+0085 and other characters legal inside a JSON string, and miscount them)."""
+    for n, line in enumerate(lines, start=1):
         if line.strip():
             yield n, line
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The object on each non-blank line of `path`, a JSONL file this program wrote (a bad
-    line raises json.JSONDecodeError). Users' datasets are read by tasks.datasets instead,
-    whose errors name the file and line."""
-    return [json.loads(line) for _, line in jsonl_lines(path.read_text(encoding="utf-8"))]
+    """The object on each non-blank line of `path`, a JSONL file this program wrote, read a
+    line at a time (a bad line raises json.JSONDecodeError; an unreadable file OSError).
+    Users' datasets are read by tasks.datasets instead, whose errors name the file and line."""
+    return [json.loads(line) for _, line in jsonl_lines(read_lines(path, OSError))]

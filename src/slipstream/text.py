@@ -3,7 +3,10 @@ byte, and their values shortened for a one-line message."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+
+BOM = b"\xef\xbb\xbf"
 
 
 def read_text(path: Path, error: type[Exception]) -> str:
@@ -13,6 +16,30 @@ def read_text(path: Path, error: type[Exception]) -> str:
         return path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise error(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def read_lines(path: Path, error: type[Exception]) -> Iterator[str]:
+    """The lines of `path` as `read_text(path, error).split("\n")` gives them, read one at a
+    time: a file of millions of rows is never held whole (as bytes, text and list of lines)
+    beside what is made of it. Lines end at "\n" only, as JSON lines do (a "\r" before it is
+    kept): `str.splitlines()` would also end one at U+2028 or U+0085, legal inside a JSON
+    string, and a text-mode file (unless opened with `newline="\n"`) at a lone "\r". Read as
+    bytes, so that an error names the byte as `read_text`'s does (counted after a BOM)."""
+    at = 0  # bytes before this line, a leading BOM left out
+    try:
+        with path.open("rb") as f:
+            for n, raw in enumerate(f):  # a binary file's lines end at b"\n" only
+                if n == 0 and raw.startswith(BOM):
+                    raw = raw[len(BOM) :]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    reason = f"{e.reason} at byte {at + e.start}"
+                    raise error(f"{path}: not UTF-8 text ({reason})") from None
+                at += len(raw)
+                yield line.removesuffix("\n")
     except OSError as e:
         raise error(f"{path}: cannot be read ({e.strerror})") from None
 

@@ -2,8 +2,9 @@
 
 `read_table(path, split)` gives the rows of a file or folder, each with where it came from
 (`train.jsonl:17`, `train.parquet: row 5`), so a bad row is named in one line. JSON and JSONL
-are read here, line-exact and without any optional package; Parquet, CSV and Arrow files and
-hub dataset ids go through the `datasets` library (`pip install 'slipstream[data]'`).
+are read here, line-exact (JSONL a line at a time) and without any optional package; Parquet,
+CSV and Arrow files and hub dataset ids go through the `datasets` library
+(`pip install 'slipstream[data]'`).
 
 A folder holds files of one or several splits (a `save_to_disk` folder of `datasets` too, its
 metadata JSON files left out): files whose path names the split (`train.jsonl`,
@@ -25,7 +26,7 @@ from typing import Any
 
 from slipstream.files import jsonl_lines
 from slipstream.tasks.jsonl import TaskError
-from slipstream.text import first_line, read_text
+from slipstream.text import first_line, read_lines, read_text
 
 JSON_SUFFIXES = (".jsonl", ".json")
 ARROW_SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".arrow": "arrow"}
@@ -160,9 +161,11 @@ def _json_error(path: Path, n: int | None, e: Exception) -> TaskError:
 
 
 def read_jsonl(path: Path) -> list[Row]:
-    """One JSON object per line; a bad line raises `TaskError` naming `file:line`."""
+    """One JSON object per line; a bad line raises `TaskError` naming `file:line`. The file is
+    read a line at a time (`read_lines`: lines end at "\n" only), so that a large dataset's
+    peak memory is its rows, not its text too."""
     rows = []
-    for n, line in jsonl_lines(read_text(path, TaskError)):
+    for n, line in jsonl_lines(read_lines(path, TaskError)):
         try:
             data = json.loads(line)
         except (ValueError, RecursionError) as e:
@@ -176,16 +179,20 @@ def read_jsonl(path: Path) -> list[Row]:
 def read_json(path: Path) -> list[Row]:
     """A JSON array of objects (or `{"data": [...]}`); a file of JSON lines is read as JSONL."""
     text = read_text(path, TaskError)
+    lines = False
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         # JSON lines under a .json name, as `datasets` accepts: a first value on one line, then
         # more; any other error (a pretty-printed array's stray comma) is named at its own line
-        if e.msg == "Extra data" and "\n" not in text[: e.pos].strip():
-            return read_jsonl(path)
-        raise _json_error(path, e.lineno, e) from None
+        if e.msg != "Extra data" or "\n" in text[: e.pos].strip():
+            raise _json_error(path, e.lineno, e) from None
+        lines = True  # read outside this block: the error being handled holds the text
     except (ValueError, RecursionError) as e:
         raise _json_error(path, None, e) from None
+    del text  # not held beside the rows
+    if lines:
+        return read_jsonl(path)
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if isinstance(data, dict):
