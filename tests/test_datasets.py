@@ -207,6 +207,26 @@ def test_path_selects_the_dataset_kind_or_conflicts():
         load_config(None, ["task.path=x.jsonl", "task.colums={}"])
 
 
+@pytest.mark.slow  # imports datasets (2 s)
+def test_arrow_rows_are_the_rows_datasets_iterates(tmp_path):
+    """Consistency check: Parquet rows, now formatted a batch at a time (`table_rows`), are
+    those `datasets`' own row by row iteration gives, nested and missing values included, for
+    more rows than one batch."""
+    import datasets
+
+    from slipstream.tasks.datasets import read_arrow
+
+    rows = [
+        {"p": f"q{i}", "n": i if i % 7 else None, "xs": list(range(i % 3)), "s": {"a": i % 2}}
+        for i in range(2500)
+    ]
+    f = _parquet(tmp_path / "d.parquet", rows)
+    want = [dict(r) for r in datasets.Dataset.from_parquet(str(f), keep_in_memory=True)]
+    got = read_arrow(f)
+    assert [r.data for r in got] == want == rows
+    assert got[2499].where == f"{f}: row 2499"
+
+
 def test_missing_datasets_library_names_the_install(tmp_path, monkeypatch):
     f = _parquet(tmp_path / "d.parquet", ROWS)
     monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
@@ -389,11 +409,15 @@ def test_a_hub_dataset_is_loaded_with_its_config_name(monkeypatch):
 
     calls = []
 
+    class Table:  # what read_hub reads of a `datasets.Dataset`: batches of columns
+        def iter(self, batch_size):
+            yield {"question": ["1+1"], "answer": ["2"]}
+
     def load_dataset(name, config=None, split=None):
         calls.append((name, config, split))
         if config is None:
             raise ValueError("Config name is missing. Please pick one among ['main', 'socratic']")
-        return [{"question": "1+1", "answer": "2"}]
+        return Table()
 
     monkeypatch.setattr(d, "_datasets", lambda: SimpleNamespace(load_dataset=load_dataset))
     fmt = RowFormat(columns={"prompt": "question"})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,15 @@ def read_arrow(path: Path) -> list[Row]:
             table = ds.Dataset.from_file(str(path), in_memory=True)
     except Exception as e:  # pyarrow's and pandas' errors: one line, naming the file
         raise TaskError(f"{path}: cannot be read as {kind} ({first_line(e)})") from None
-    return [Row(f"{path}: row {i}", dict(r)) for i, r in enumerate(table)]
+    return [Row(f"{path}: row {i}", r) for i, r in enumerate(table_rows(table))]
+
+
+def table_rows(table: Any, batch: int = 1000) -> Iterator[dict[str, Any]]:
+    """The rows of a `datasets.Dataset`, as its own iteration gives them, formatted `batch` at
+    a time: its row by row iteration formats a one-row Arrow slice per row (60 us a row, 10
+    minutes for 10M rows; 8 us a row this way)."""
+    for columns in table.iter(batch_size=batch):
+        yield from (dict(zip(columns, values)) for values in zip(*columns.values()))
 
 
 def looks_like_hub_id(path: str) -> bool:
@@ -254,4 +263,4 @@ def read_hub(name: str, split: str, config: str | None = None) -> list[Row]:
             f"{name}: no such local file or folder, and the hub dataset could not be loaded "
             f"({which}): {first_line(e)}{hint}"
         ) from None
-    return [Row(f"{name} ({split}): row {i}", dict(r)) for i, r in enumerate(table)]
+    return [Row(f"{name} ({split}): row {i}", r) for i, r in enumerate(table_rows(table))]
