@@ -13,7 +13,7 @@ from slipstream.config import ConfigError, load_config
 from slipstream.engine import Completion, Request
 from slipstream.engine.stats import EngineStats
 from slipstream.run.evaluate import pass_at_k, summarize
-from slipstream.types import FinishReason
+from slipstream.types import FinishReason, Prompt
 
 
 @pytest.mark.parametrize(
@@ -139,3 +139,34 @@ def test_greedy_evaluation_asks_for_no_top_k_or_top_p(temperature, top_p, top_k)
     (params,) = {r.params for r in run.eval_engine.requests}
     assert (params.top_p, params.top_k) == (top_p, top_k)
     assert params.filters == (top_k > 0)
+
+
+def test_held_out_prompts_are_encoded_at_the_first_evaluation_only():
+    """Every evaluation encoded each held-out prompt twice (to skip those too long, `Run.fits`,
+    and to generate): 8 encodings an evaluation here, thousands with a real held-out set. Now
+    each prompt is encoded once a run, and every evaluation asks the engine for the same
+    requests as before: the ids of encoding each prompt anew, the same seeds and results."""
+    from test_algo_integration import CharTok, _prompt, _run
+
+    class Counting(CharTok):
+        calls = 0
+
+        def encode_prompt(self, prompt: Prompt) -> list[int]:
+            self.calls += 1
+            return super().encode_prompt(prompt)
+
+    long = Prompt("long", "x" * 40 + "=", "1")
+    run = _run([_prompt("a")], "sampling.max_new_tokens=8")
+    run.tok, run.max_len, run.eval_engine = Counting(), 16, _Recorder()
+    run.heldout = [_prompt("a"), long, _prompt("b")]
+    run.eval_sets = {"hard": [long, _prompt("c")]}
+    assert [run.evaluate() for _ in range(3)] == [1.0] * 3
+    assert run.tok.calls == 5  # the 5 prompts of the two sets, once each
+    assert run.eval_metrics["heldout/skipped_too_long"] == 1
+    want = [(CharTok().encode_prompt(_prompt(p)), i) for i, p in enumerate("ab")]
+    want += [(CharTok().encode_prompt(_prompt("c")), 0)]
+    got = [(r.prompt_tokens, r.seed) for r in run.eval_engine.requests]
+    assert got == want * 3
+    run.heldout = [_prompt("d")]  # another list: encoded anew
+    run.evaluate()
+    assert run.tok.calls == 6 and run.eval_engine.requests[-2].prompt_tokens == [*map(ord, "d=")]

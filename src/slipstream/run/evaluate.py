@@ -31,6 +31,24 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
+class PromptIds:
+    """The token ids of each held-out set, encoded at its first evaluation and kept: a run's
+    sets do not change, and a run evaluates them often (thousands of prompts, each encoded
+    twice an evaluation before: to skip those too long, and to generate). A set replaced by
+    another list (or a tokenizer by another) is encoded anew."""
+
+    def __init__(self) -> None:
+        self._sets: dict[str, tuple[Sequence[Prompt], Tokenizer, list[list[int]]]] = {}
+
+    def of(self, name: str, prompts: Sequence[Prompt], tokenizer: Tokenizer) -> list[list[int]]:
+        """The ids of set `name`, whose prompts are `prompts`."""
+        held = self._sets.get(name)
+        if held is None or held[0] is not prompts or held[1] is not tokenizer:
+            held = (prompts, tokenizer, [tokenizer.encode_prompt(p) for p in prompts])
+            self._sets[name] = held
+        return held[2]
+
+
 def rewards_of(
     engine: Engine,
     tokenizer: Tokenizer,
@@ -40,16 +58,20 @@ def rewards_of(
     n: int = 1,
     seed: int = 0,
     state: TrainerState | None = None,
+    ids: Sequence[list[int]] | None = None,
 ) -> list[list[float]]:
     """Rewards `[P][n]` of n completions of each prompt (one reward round trip per prompt),
     scored at `state` (what a TRL-shaped reward gets as `trainer_state`).
 
     Seeds are `seed + i * n + j`: every evaluation samples with the same random numbers, so
-    two evaluations of a run differ by the weights only.
+    two evaluations of a run differ by the weights only. `ids`: the prompts' token ids where
+    known (`PromptIds`), else encoded here.
     """
+    if ids is None:
+        ids = [tokenizer.encode_prompt(p) for p in prompts]
     reqs = [
-        Request(tokenizer.encode_prompt(p), params, seed=seed + i * n + j, key=(i, j))
-        for i, p in enumerate(prompts)
+        Request(ids[i], params, seed=seed + i * n + j, key=(i, j))
+        for i in range(len(prompts))
         for j in range(n)
     ]
     texts: list[list[str]] = [[""] * n for _ in prompts]

@@ -42,7 +42,7 @@ from slipstream.run.components import (
     prompt_lengths,
     resolve_placement,
 )
-from slipstream.run.evaluate import heldout_accuracy, rewards_of, summarize
+from slipstream.run.evaluate import PromptIds, heldout_accuracy, rewards_of, summarize
 from slipstream.run.folder import make_run_dir
 from slipstream.runtime import placement
 from slipstream.schedule.agentic import episode_group, make_runner
@@ -96,6 +96,7 @@ class Run:
     ends_said: set[str] = field(default_factory=set)  # episode ends warned of (_count_error)
     eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
+    eval_ids: PromptIds = field(default_factory=PromptIds)  # the held-out sets' token ids
     env_factory: EnvFactory | None = None  # env.tools: every sample is an episode
     env_workers: Workers | None = None  # where its environments step (made on first use)
     max_len: int = 0  # longest prompt + completion the engine holds; 0: no bound (see `fits`)
@@ -140,21 +141,20 @@ class Run:
             self.eval_metrics = {f"heldout/mean@{n}": acc}
             return acc
         out: dict[str, float] = {}
-        acc = 0.0
         at = TrainerState(version, self.cfg.run.steps)  # TRL's trainer_state
         for name, prompts in {"": self.heldout, **self.eval_sets}.items():
-            kept = [p for p in prompts if self.fits(p)]  # the rest skipped, as `draw` skips them
+            ids = self.eval_ids.of(name, prompts, self.tok)  # encoded at the first evaluation
+            kept = [i for i, x in enumerate(ids) if self.fits(x)]  # the rest skipped, as in `draw`
             rewards = rewards_of(
-                self.eval_engine, self.tok, self.task, kept, params, e.samples_per_prompt, state=at
-            )
+                self.eval_engine, self.tok, self.task, [prompts[i] for i in kept], params,
+                e.samples_per_prompt, state=at, ids=[ids[i] for i in kept],
+            )  # fmt: skip
             found = summarize(rewards, e.pass_threshold)
             if len(kept) < len(prompts):
                 found["skipped_too_long"] = len(prompts) - len(kept)
             out.update({f"heldout/{name + '/' if name else ''}{k}": v for k, v in found.items()})
-            if not name:
-                acc = found.get(f"mean@{e.samples_per_prompt}", 0.0)
         self.eval_metrics = out
-        return acc
+        return out.get(f"heldout/mean@{e.samples_per_prompt}", 0.0)  # the held-out split's
 
     def requests(self, prompt: Prompt, group_size: int) -> list[Request]:
         """G requests for one prompt, each with its own seed (reproducible, batch-independent)."""
@@ -190,12 +190,12 @@ class Run:
                 self.counters["filters/prompts_skipped"] += 1
         return out
 
-    def fits(self, prompt: Prompt) -> bool:
-        """The prompt and a whole completion fit the engine's longest sequence."""
+    def fits(self, prompt: Prompt | list[int]) -> bool:
+        """The prompt (or its ids) and a whole completion fit the engine's longest sequence."""
         if not self.max_len:
             return True
-        n = len(self.tok.encode_prompt(prompt))
-        return capacity.fits(n, self.cfg.sampling.max_new_tokens, self.max_len)
+        ids = self.tok.encode_prompt(prompt) if isinstance(prompt, Prompt) else prompt
+        return capacity.fits(len(ids), self.cfg.sampling.max_new_tokens, self.max_len)
 
     def group_sizes(self, prompts: list[Prompt]) -> list[int]:
         """G of each prompt `[B]`: `group_size` each, or with `adaptive_group_size` the split
