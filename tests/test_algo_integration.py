@@ -8,11 +8,13 @@ lists the completions its samples produce, so every count below is known in adva
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from slipstream.algo import losses
 from slipstream.config import ConfigError, load_config
@@ -507,3 +509,34 @@ def test_every_algorithm_knob_on_in_a_real_run_keeps_exact_accounts(
     assert sum(r["filters/prompts_skipped"] for r in records) == sum(
         summary["prompts_skipped"].values()
     )
+
+
+@pytest.mark.slow
+def test_tokens_the_loss_drops_as_non_finite_are_wasted_not_trained(tmp_path, monkeypatch):
+    """A token whose log-prob is not finite leaves the loss: `tokens/trained` is the loss mask
+    less those tokens, and `tokens/wasted` counts them, so the accounts still add up.
+    (`tokens/trained` was the whole loss mask.)"""
+    from slipstream.train.trainer import Trainer
+
+    monkeypatch.setattr(RunningSums, "reward", lambda self, prompt, text: float(len(text) % 2 == 0))
+    forward, step = Trainer.logprobs, Trainer.step
+    masked: list[int] = []  # each step's loss-mask tokens
+
+    def first_token_nan(self, batch):  # of each micro-batch's first row: a nan forward
+        logp, entropy = forward(self, batch)
+        first = batch.loss_mask[0].nonzero()[0, 0]
+        return logp.index_put((torch.tensor(0), first), torch.tensor(math.nan)), entropy
+
+    def counting_step(self, groups):
+        masked.append(int(self.batch(groups).loss_mask.sum()))
+        return step(self, groups)
+
+    monkeypatch.setattr(Trainer, "logprobs", first_token_nan)
+    monkeypatch.setattr(Trainer, "step", counting_step)
+    train_sync(_tiny_cfg(tmp_path, "nan"))
+    records = [json.loads(x) for x in (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == len(masked) == 3
+    for r, n in zip(records, masked):
+        assert r["train/nonfinite_tokens"] >= 1
+        assert r["tokens/trained"] == n - r["train/nonfinite_tokens"]
+        assert r["tokens/generated"] == r["tokens/trained"] + r["tokens/wasted"]  # no replay

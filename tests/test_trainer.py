@@ -216,3 +216,51 @@ def test_step_kl_is_accurate_for_a_small_step():
     log_r = (after.detach() - before)[mask].double()  # as float32 holds them
     want = float((log_r.exp() - 1 - log_r).mean())
     assert trainer.step_kl(full, [(rows, before)]) == pytest.approx(want, rel=1e-2)
+
+
+def test_tokens_trained_and_entropy_leave_out_a_non_finite_token(monkeypatch):
+    """`tokens/trained` counts the tokens the loss took (`LossOutput.valid`) and
+    `train/entropy` is the mean over those same tokens. They were the whole loss mask: a token
+    the loss dropped as non-finite was counted as trained, and its entropy (nan here, as a
+    non-finite forward gives) made the step's entropy nan."""
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(model, TrainerConfig(), 1.0, tok.pad_id)
+    forward = trainer.logprobs
+    # per loss token, in row order (both rows are as wide: the batch keeps their order)
+    entropies = torch.tensor([0.5, math.nan, 1.5, 2.5])
+
+    def pinned(batch):
+        logp, entropy = forward(batch)
+        mask = batch.loss_mask.bool()
+        entropy = torch.zeros_like(entropy).masked_scatter(mask, entropies.to(entropy))
+        bad = mask & entropy.isnan()  # the first row's second token: its log-prob is nan too
+        return torch.where(bad, math.nan, logp), entropy
+
+    monkeypatch.setattr(trainer, "logprobs", pinned)
+    metrics = trainer.step([_group(tok, [1.0, -1.0])])
+    assert metrics["train/nonfinite_tokens"] == 1.0
+    assert metrics["tokens/trained"] == 3.0  # was 4.0
+    assert metrics["train/entropy"] == pytest.approx((0.5 + 1.5 + 2.5) / 3)  # was nan
+    assert metrics["train/skipped"] == 0.0
+
+
+def test_the_learner_counts_the_tokens_the_loss_dropped_as_wasted():
+    """The orchestrated loop's learner (as the in-process loop, tests/test_algo_integration.py)
+    adds the tokens the step's loss dropped as non-finite to `tokens/wasted`: they are out of
+    `tokens/trained`, so tokens/generated = trained - replayed + wasted still holds."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from slipstream.run.learner import RunLearner
+
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(model, TrainerConfig(), 1.0, tok.pad_id)
+    engine = SimpleNamespace(version=0)
+    run = SimpleNamespace(
+        trainer=trainer, engine=engine, eval_engine=engine, counters=Counter(), ledger=None
+    )
+    group = _group(tok, [1.0, -1.0])
+    group.samples[0].behavior_logp_T[1] = -math.inf  # the sampler's log-prob of one token
+    metrics = RunLearner(run, defer_eval=False).train([group])  # type: ignore[arg-type]
+    assert metrics["tokens/trained"] == 3.0 and run.counters["tokens/wasted"] == 1
+    assert engine.version == 1

@@ -103,6 +103,8 @@ class RunLearner:
         if self.watchdog is not None:
             self.watchdog.before_step()
         metrics = self.run.trainer.step(groups)
+        # as the in-process loop counts them (schedule.sync): dropped as non-finite, wasted
+        self.run.counters["tokens/wasted"] += int(metrics["train/nonfinite_tokens"])
         self.run.engine.version = self.run.eval_engine.version = self.run.trainer.version
         return metrics
 

@@ -309,10 +309,12 @@ class Run:
         `Group`: inputs keep exactly what was generated.
 
         `tokens/wasted` (in `counters`) grows by every generated token that does not enter
-        the loss mask of an optimizer step: all of a dropped group, masked samples, samples
-        replaced by replayed ones. A kept sample whose advantage is 0 is *not* wasted: it is
-        in the loss mask and the token-mean normaliser, and regularised losses (dro) act on
-        it. So per step: tokens/generated = tokens/trained - tokens/replayed + tokens/wasted.
+        the loss of an optimizer step: all of a dropped group, masked samples, samples
+        replaced by replayed ones, and (counted where the trainer steps) the tokens its loss
+        dropped as non-finite, which `tokens/trained` leaves out. A kept sample whose
+        advantage is 0 is *not* wasted: it is in the loss mask and the token-mean normaliser,
+        and regularised losses (dro) act on it. So per step: tokens/generated =
+        tokens/trained - tokens/replayed + tokens/wasted.
         """
         kept = []
         for g in groups:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 # Counters of a run's `counters`, cumulative over the run (the step records report per-step
 # deltas); settling and drawing count them (run.setup.Run).
 COUNTERS = (
-    "tokens/wasted",  # generated tokens that never enter an optimizer step's loss mask
+    "tokens/wasted",  # generated tokens that never enter an optimizer step's loss
     "tokens/replayed",  # tokens of replayed samples trained on (generated in an earlier step)
     "replay/samples",  # stored successes mixed into groups with none
     "filters/overlong_masked",  # truncated samples out of the loss (overlong = mask, mask_loss)
@@ -195,6 +195,9 @@ def _step(
     if wd is not None:
         wd.before_step()  # the learning-rate multiplier of tighten / rollback / injection
     metrics = run.trainer.step(kept)
+    # tokens the loss dropped as non-finite were in no gradient: wasted (so tokens/generated =
+    # tokens/trained - tokens/replayed + tokens/wasted holds, run.setup.Run.settle)
+    run.counters["tokens/wasted"] += int(metrics["train/nonfinite_tokens"])
     run.engine.version = run.eval_engine.version = run.trainer.version
     run.ledger.trained += len(kept)
     t_train = time.perf_counter() - t1

@@ -166,7 +166,9 @@ class Trainer:
         self.model.train()
         full = to_device(self.batch(groups), self.device)
         agg = self.cfg.agg or losses.METHODS[self.cfg.loss].agg
-        parts, ent_sum, seq_lr, tok_lr = [], full.advantages.new_zeros(()), [], []
+        parts, seq_lr, tok_lr = [], [], []
+        ent_sum = full.advantages.new_zeros(())
+        num_tokens = torch.zeros((), dtype=torch.long, device=self.device)  # tokens/trained
         self.opt.zero_grad(set_to_none=True)
         total = full.advantages.new_zeros(())  # sum of the micro-batches' numerators
         old_by_mb: list[tuple[slice, torch.Tensor]] = []
@@ -193,12 +195,14 @@ class Trainer:
             out.loss.backward()
             total += out.loss.detach()
             parts.append(out.metrics)
-            ent_sum += (entropy.detach() * batch.loss_mask).sum()
             prox = logp.detach() if old_logp is None else old_logp
-            # the loss's tokens before the correction: a non-finite one is in no metric, and a
-            # row without any (an episode that crashed before the model spoke) is no sequence
-            # of the batch: its w = 1 would pull the sequence ESS and VCPO's scale
+            # the loss's tokens before the correction: a non-finite one is in no metric (not in
+            # tokens/trained, nor in the entropy's mean: where(), as its entropy may be nan),
+            # and a row without any (an episode that crashed before the model spoke) is no
+            # sequence of the batch: its w = 1 would pull the sequence ESS and VCPO's scale
             valid = out.valid
+            num_tokens += valid.sum()
+            ent_sum += torch.where(valid, entropy.detach(), 0.0).sum()
             seq = staleness.seq_log_ratio(prox, batch.behavior_logp, valid)
             seq_lr.append(seq[valid.any(dim=1)])
             tok_lr.append((logp.detach() - batch.behavior_logp)[valid])
@@ -225,7 +229,6 @@ class Trainer:
             self.skipped_steps += 1  # weights and optimizer state untouched
         self.opt.zero_grad(set_to_none=True)
         self.version += 1
-        num_tokens = full.loss_mask.sum()
         metrics = {k if "/" in k else f"train/{k}": v for k, v in losses.to_floats(merged).items()}
         metrics.update(
             {
