@@ -132,6 +132,45 @@ def test_pipeline_with_two_samplers_replays_bit_for_bit(recorded, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_replay_ends_with_the_runs_ledger_and_goodput_figures(recorded, tmp_path):
+    """The per-step records were equal, but the replay's summary.json was another run's: no
+    end-of-run settling (requests the samplers had started when the run ended were not counted
+    `unfinished`, nor generated, nor their tokens wasted) and no sampler count (goodput was
+    taken as the in-process loop's, one actor). Now every figure goodput is computed from is
+    the run's but the wall time and the trainer's seconds, which the replay measures itself
+    (and `trainer_wait`, the trainer's measured wait)."""
+    replay(recorded, [], str(tmp_path / "replay"))
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (recorded, tmp_path / "replay"))
+    assert b["ledger"] == a["ledger"] and a["ledger"]["balanced"]  # (the run's: unfinished 2-4)
+    ledger = [json.loads((d / "ledger.json").read_text()) for d in (recorded, tmp_path / "replay")]
+    assert ledger[0] == ledger[1]
+    for key in (
+        "samplers",
+        "tokens_generated",  # and the samplers' generating seconds, which the record holds
+        "busy_s",
+        "tokens_unfinished",
+        "tokens_lost",
+        "tokens_wasted",
+        "groups_issued",
+        "groups_unfinished",
+        "sampler_busy",
+        "lag_mean",
+        "lag_max",
+        "ess_token",
+        "ess_seq",
+    ):
+        assert b[key] == a[key], key
+    # goodput = (train_s + gen_s * useful share) / (wall_s * actors): the same actors, and
+    # the same generation part; only the trainer's seconds and the wall time are the replay's
+    assert b["actor_s"] / b["wall_s"] == pytest.approx(a["actor_s"] / a["wall_s"]) == 3
+    gen = [
+        s["useful_s"] - sum(r["time/train_s"] for r in _records(d))
+        for s, d in ((a, recorded), (b, tmp_path / "replay"))
+    ]
+    assert gen[1] == pytest.approx(gen[0], rel=1e-9)
+
+
+@pytest.mark.slow
 def test_a_changed_trainer_setting_replays_the_schedule_to_other_weights(recorded, tmp_path):
     """Up to the recorded rollback: a what-if replay could not follow it (its watchdog would
     act on other metrics), so one that reaches it is refused with one line."""
@@ -338,6 +377,7 @@ def test_the_record_and_the_replay_discard_the_same_groups_after_a_rollback(tmp_
 
     r = TrainerReplay.__new__(TrainerReplay)  # the message half only: no run, no samplers
     r.exact, r.undone, r.window, r.popped, r.stats = True, undone, {}, 0, StepStats()
+    r.delivered = set()
     r.learner = type("L", (), {"ledger": Ledger()})()  # type: ignore[assignment]
     r._group(events[1], bad)
     assert r.learner.ledger.discarded == 1 and r.learner.ledger.generated == 1 and not r.window

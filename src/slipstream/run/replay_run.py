@@ -209,6 +209,7 @@ class TrainerReplay:
         self.kept: list[Group] = []
         self.started = False
         self.issued = self.popped = 0
+        self.delivered: set[int] = set()  # ids of the groups whose message came back
         self._step: tuple[list[Group], dict[str, Any], dict[str, Any], float] | None = None
         self._publish_s = 0.0
 
@@ -236,6 +237,7 @@ class TrainerReplay:
             if e["e"] == "after" and self.learner.version >= self.stop:
                 break
         self._checkpoint_stop()
+        self._end()
         self.learner.evaluate_deferred()
         curve = sorted(self.learner.curve, key=lambda c: c["step"])
         self.run.info.update(replay_of=str(self.meta.get("run_dir", "")), exact=self.exact)
@@ -244,6 +246,32 @@ class TrainerReplay:
         summary = finish(self.run, acc_start, curve[-1]["heldout_acc"], time.perf_counter() - t0)
         self.learner.drop_snapshots()
         return summary
+
+    def _end(self) -> None:
+        """The run's end, as the orchestrated run settles it (`Orchestrator.settle_unfinished`
+        and `summary`, and the sampler count `run.launch` adds), so that the replay's ledger and
+        goodput are the run's: groups back and not trained are `in_flight`; requests a sampler
+        had started (the first `started` of its last report, of the requests it took, in
+        order) and not sent back are `unfinished`, generated, their tokens and those of the
+        groups in flight `tokens_unfinished`. Computed from the re-execution, not copied from
+        the record; a replay stopped early ends as a run ending there would."""
+        led = self.learner.ledger
+        received = [*self.window.values(), *self.kept]
+        led.in_flight = len(received)
+        for i, sampler in enumerate(self.samplers):
+            report = self.stats.reports.get(i)
+            started = sampler.taken[: report.started if report else 0]
+            led.unfinished += sum(g not in self.delivered for g in started)
+        led.generated += led.unfinished
+        held = sum(self.stats.undelivered_tokens(i) for i in self.stats.reports)
+        self.run.info.update(
+            schedule=self.spec.name,
+            **self.stats.summary(),
+            groups_issued=self.issued,
+            groups_unfinished=self.issued - self.popped,
+            samplers=len(self.samplers),
+            tokens_unfinished=held + sum(g.num_tokens for g in received),
+        )
 
     def _checkpoint_stop(self) -> None:
         """A replay stopped before the run's last step ends with a checkpoint of where it
@@ -282,6 +310,7 @@ class TrainerReplay:
         """What the orchestrator did with a group's message (its recorded verdict)."""
         assert group is not None
         led, verdict = self.learner.ledger, e["v"]
+        self.delivered.add(e["g"])  # the router forgets its owner, a late copy's too
         if verdict == "late":
             self.stats.late_groups += 1
             return

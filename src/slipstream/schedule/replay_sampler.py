@@ -118,6 +118,7 @@ class SamplerReplayer:
         self.reqs: defaultdict[int, list[dict[str, Any]]] = defaultdict(list)
         self.steps: dict[int, dict[str, Any]] = {}
         self.stale: dict[int, int] = {}
+        self.taken: list[int] = []  # group ids of the requests taken, in order (inbox order)
         for e in events:
             if "engine" in e:
                 shape = [worker.engine.num_slots, worker.engine.max_len]
@@ -125,6 +126,7 @@ class SamplerReplayer:
                     raise Diverged(f"sampler {worker.id}: engine {shape} != recorded {e['engine']}")
             elif "req" in e:
                 self.reqs[e["c"]].append(e["req"])
+                self.taken.append(e["req"]["g"])
             elif "stale" in e:
                 self.stale[e["c"]] = e["stale"]
             else:
@@ -186,6 +188,9 @@ class SamplerReplayer:
             out.append(found)
         if not self.exact and not out and not self._admit and self.c > self.last:
             out = [backlog.popleft() for _ in range(min(n, len(backlog)))]  # past the record
+        # counted as the worker's own refill counts them: a group starts with its first member
+        # (its report's `started`, which the replay's end reads)
+        self.w.state.report.started += sum(r.key[1] == 0 for r in out)  # type: ignore[index]
         return out
 
     def _advance(self, done: Callable[[], bool]) -> None:
