@@ -433,7 +433,11 @@ def test_overlong_mask_loss_keeps_truncated_rewards_in_the_group_as_trl_does():
     assert run.counters["filters/overlong_masked"] == 1 + 3 + 4  # as `mask` counts them
     assert run.counters["tokens/wasted"] == 10 + 30 + 40  # every cut token, none trained
     _assert_accounts(run, generated, kept)
-    # the cut sample's loss mask is all zero: a zero row is the row left out, in every agg
+    # the cut samples still count as sequences of the step's normaliser, as in TRL (the trainer
+    # adds them: tests/test_trainer.py::test_mask_loss_keeps_a_truncated_sequence_in_the_...)
+    assert [g.masked for g in kept] == [1, 3]
+    # the cut sample's loss mask is all zero: a zero row is the row left out of the loss, in
+    # every agg (`aggregate` counts the sequences with a loss token)
     full = collate(generated[0].samples, [half_sqrt3, -half_sqrt3, 0.0, half_sqrt3], [0] * 4, 0)
     full.loss_mask[2] = False
     ours = collate(kept[0].samples, kept[0].advantages_G, [0] * 3, 0)

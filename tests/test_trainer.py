@@ -264,3 +264,55 @@ def test_the_learner_counts_the_tokens_the_loss_dropped_as_wasted():
     metrics = RunLearner(run, defer_eval=False).train([group])  # type: ignore[arg-type]
     assert metrics["tokens/trained"] == 3.0 and run.counters["tokens/wasted"] == 1
     assert engine.version == 1
+
+
+@pytest.mark.parametrize(
+    ("agg", "loss"),
+    [
+        # TRL's loss_type "grpo": the mean over all 3 rows of the per-row means (-1, 0.5, 0)
+        ("seq-mean-token-mean", (-1.0 + 0.5 + 0.0) / 3),  # was / 2: -0.25
+        # "dr_grpo": the token sum (-2 + 1 + 0) over rows x max_completion_length
+        ("token-sum-norm", (-2.0 + 1.0) / (3 * 8)),  # was / (2 * 8): -0.0625
+        ("seq-mean-token-sum", (-2.0 + 1.0) / 3),  # (no TRL twin) was / 2
+        # "bnpo": the token sum over the 4 tokens in the loss (TRL's "dapo" divides by all 6)
+        ("token-mean", (-2.0 + 1.0) / 4),
+    ],
+)
+def test_mask_loss_keeps_a_truncated_sequence_in_the_sequence_count(monkeypatch, agg, loss):
+    """Golden values of TRL's normalisers with `mask_truncated_completions` (its
+    `_compute_loss`: the truncated row's loss mask is zero, yet `grpo` averages over every row
+    and `dr_grpo` divides by every row times the completion length). Overlong `mask_loss` takes
+    the truncated sample out of the group (`filters.without_truncated`), so it was no sequence
+    of the step's normaliser. Each token's loss is `-A` here: the log-probs are pinned to the
+    behaviour ones, so every ratio is 1."""
+    from slipstream.algo.filters import without_truncated
+
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(model, TrainerConfig(agg=agg), 1.0, tok.pad_id, max_new_tokens=8)
+    forward = trainer.logprobs
+
+    def pinned(batch):
+        logp, entropy = forward(batch)
+        return logp - logp.detach() - 1.0, entropy  # -1, as every behaviour log-prob
+
+    monkeypatch.setattr(trainer, "logprobs", pinned)
+    ids = tok.encode("1+2=")
+
+    def sample(text, finish):
+        comp = tok.encode(text)
+        return Sample("p", ids, comp, [-1.0] * len(comp), [0] * len(comp), finish)
+
+    group = Group(
+        Prompt("p", "1+2=", "3"),
+        [
+            sample("3;", FinishReason.STOP),
+            sample("4;", FinishReason.STOP),
+            sample("12", FinishReason.LENGTH),  # cut at max_new_tokens: its advantage unused
+        ],
+        advantages_G=[1.0, -0.5, 2.0],
+    )
+    masked = without_truncated(group)
+    assert len(masked.samples) == 2
+    metrics = trainer.step([masked])
+    assert metrics["train/seqs"] == 2.0 and metrics["tokens/trained"] == 4.0
+    assert metrics["train/loss"] == pytest.approx(loss, rel=1e-6)

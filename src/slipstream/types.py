@@ -210,6 +210,9 @@ class Group:
     prompt: Prompt
     samples: list[Sample]
     advantages_G: list[float] | None = None
+    # samples overlong `mask_loss` took out after advantages (algo.filters.without_truncated):
+    # no token in the loss, but sequences of the step's per-sequence normaliser, as in TRL
+    masked: int = 0
 
     @property
     def rewards_G(self) -> list[float]:

@@ -105,16 +105,19 @@ def without_truncated(group: Group) -> Group:
     """`group` (advantages set) less its truncated samples and their advantages: overlong
     `mask_loss`, TRL's `mask_truncated_completions`, where a truncated completion's reward is
     in the statistics of its group's advantages and its loss mask is all zero. A row whose
-    loss mask is all zero adds nothing to the loss nor to its normaliser (masked tokens, or
-    sequences with a masked token: `algo.losses.aggregate`), so leaving it out of the trained
-    group is that mask, without its forward pass. `group` itself when none is truncated."""
+    loss mask is all zero adds nothing to the loss nor to the token count, so leaving it out
+    of the trained group is that mask, without its forward pass; but TRL's per-sequence
+    normalisers (loss_type `grpo`, `dr_grpo`) count it as a sequence of the batch, so the new
+    group counts it in `masked`, which the trainer adds to the step's sequences
+    (docs/algorithms.md, "Aggregation"). `group` itself when none is truncated."""
     if group.advantages_G is None:
         raise ValueError(f"group of prompt {group.prompt.id!r}: advantages not computed")
     keep = [s.finish_reason != FinishReason.LENGTH for s in group.samples]
     if all(keep):
         return group
     pairs = [(s, a) for s, a, k in zip(group.samples, group.advantages_G, keep) if k]
-    return Group(group.prompt, [s for s, _ in pairs], [a for _, a in pairs])
+    masked = group.masked + len(group.samples) - len(pairs)
+    return Group(group.prompt, [s for s, _ in pairs], [a for _, a in pairs], masked)
 
 
 def dynamic_sampling_done(

@@ -17,7 +17,9 @@ The proximal policy of the decoupled objective (docs/algorithms.md, "Proximal po
 Micro-batches: every micro-batch's loss is the *sum* of its aggregation's numerator; once all
 are back, the gradient is divided by the step's denominator (`losses.normaliser`), counted
 over the tokens that stayed in the loss. So a token the correction masks leaves the
-denominator of the whole step, and no split of the step changes the gradient.
+denominator of the whole step, and no split of the step changes the gradient. The sequences
+that overlong `mask_loss` took out of the groups (`Group.masked`) still count as sequences,
+as in TRL's `mask_truncated_completions` (docs/algorithms.md, "Aggregation").
 """
 
 from __future__ import annotations
@@ -207,8 +209,10 @@ class Trainer:
             seq_lr.append(seq[valid.any(dim=1)])
             tok_lr.append((logp.detach() - batch.behavior_logp)[valid])
         merged = losses.merge_metrics(parts)
+        # sequences of the step: those in the loss, and those overlong `mask_loss` masked (TRL)
+        seqs = merged["seqs"] + sum(g.masked for g in groups)
         norm = losses.normaliser(
-            agg, tokens=merged["tokens"], seqs=merged["seqs"], max_len=self.max_new_tokens
+            agg, tokens=merged["tokens"], seqs=seqs, max_len=self.max_new_tokens
         )
         for p in self.model.parameters():
             if p.grad is not None:
