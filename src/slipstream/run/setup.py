@@ -308,13 +308,11 @@ class Run:
         A kept group is the input object (advantages set) or, when its samples changed, a new
         `Group`: inputs keep exactly what was generated.
 
-        `tokens/wasted` (in `counters`) grows by every generated token that does not enter
-        the loss of an optimizer step: all of a dropped group, masked samples, samples
-        replaced by replayed ones, and (counted where the trainer steps) the tokens its loss
-        dropped as non-finite, which `tokens/trained` leaves out. A kept sample whose
-        advantage is 0 is *not* wasted: it is in the loss mask and the token-mean normaliser,
-        and regularised losses (dro) act on it. So per step: tokens/generated =
-        tokens/trained - tokens/replayed + tokens/wasted.
+        `tokens/wasted` (in `counters`) grows by every generated token no optimizer step's
+        loss takes: dropped groups, masked samples, those replaced by replayed ones, and (where
+        the trainer steps) tokens its loss dropped as non-finite. A kept sample whose advantage
+        is 0 is *not* wasted (in the loss mask and the normaliser; dro acts on it). Per step:
+        tokens/generated = tokens/trained - tokens/replayed + tokens/wasted.
         """
         kept = []
         for g in groups:
