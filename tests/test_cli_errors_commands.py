@@ -3,6 +3,8 @@ expects, exit 2, before any work (the house standard of tests/test_cli_errors.py
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,81 @@ def test_replay_out_is_a_file(capsys, tmp_path, monkeypatch):
 def test_sim_model_a_folder_that_is_not_a_run(capsys, tmp_path):
     # "unknown model '/tmp/...'; valid: qwen2.5-0.5b, ...": as if a folder were a preset name
     _one_line(capsys, ["sim", "--gpus", "8", "--model", str(tmp_path)], "without model_info.json")
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        # argparse's usage block, then the error: several lines before the one that matters
+        (["train", "--bogus"], "unrecognized arguments: --bogus"),
+        (["bench", "schedules", "--bogus"], "unrecognized arguments: --bogus"),
+        (["bench", "schedules", "--eval-every", "x"], "--eval-every: invalid int value: 'x'"),
+        (["bench", "schedules", "--seeds", "a,b"], "--seeds: expected comma-separated integers"),
+        # (and it named RUN_DIR and the optional key=value items as both required)
+        (["replay"], "the following arguments are required: RUN_DIR"),
+        (["replay", str(DATA / "run_small"), "--out"], "argument --out: expected one argument"),
+        # "eval.every: Input should be ...": a config key, not the flag given
+        (["bench", "schedules", "--eval-every", "0"], "--eval-every must be >= 1, got 0"),
+        # never reached, or reached at time 0 by every configuration: the bench trained anyway
+        (["bench", "schedules", "--target", "nan"], "--target must be a finite held-out accuracy"),
+        (["bench", "schedules", "--target-gain", "0"], "--target-gain must be a finite number > 0"),
+        (["bench", "schedules", "--target-gain", "inf"], "--target-gain must be a finite number"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(capsys, tmp_path, monkeypatch, argv, said):
+    def trained(*a, **k):
+        raise AssertionError("a run trained before the bad argument was refused")
+
+    monkeypatch.setattr("slipstream.run.bench.run_config", trained)
+    monkeypatch.chdir(tmp_path)  # (the bench's default --out is runs/bench-<time> here)
+    with pytest.raises(SystemExit) as e:  # argparse's exit, as `slipstream CMD` exits
+        main([*argv, "--out", str(tmp_path / "b")] if argv[0] == "bench" else argv)
+    err = capsys.readouterr().err.strip()
+    prog = "slipstream bench schedules" if argv[0] == "bench" else f"slipstream {argv[0]}"
+    assert e.value.code == 2 and err.startswith(f"{prog}: error: ") and "\n" not in err, err
+    assert said in err, err
+    assert not (tmp_path / "b").exists()
+
+
+def _record(tmp_path, meta: object, files: dict[str, str]) -> str:
+    """A copy of tests/data/run_small with a schedule record of `meta` and `files`."""
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "run_small", run)
+    (run / "schedule").mkdir()
+    (run / "schedule" / "meta.json").write_text(json.dumps(meta))
+    for name, text in files.items():
+        (run / "schedule" / name).write_text(text)
+    return str(run)
+
+
+META = {"format": "slipstream-schedule", "version": 1, "complete": True}
+COUNTS = {"samplers": 1, "trainer_threads": 1, "sampler_threads": 1}
+
+
+@pytest.mark.parametrize(
+    "meta, files, said",
+    [
+        # AttributeError: 'list' object has no attribute 'get'
+        ([], {}, "meta.json: expected a JSON object, got list"),
+        # KeyError: 'trainer_threads', after building the run
+        (META, {}, "meta.json: samplers is None, expected a count >= 1"),
+        # FileNotFoundError: [Errno 2] No such file or directory: '.../trainer.jsonl'
+        ({**META, **COUNTS}, {}, "trainer.jsonl: missing from the schedule record"),
+        # FileNotFoundError for the sampler's log, after the model was built
+        ({**META, **COUNTS}, {"trainer.jsonl": '{"e": "draw"}\n'}, "sampler0.jsonl: missing"),
+        # json.JSONDecodeError from a torn line, after the model was built
+        (
+            {**META, **COUNTS},
+            {"trainer.jsonl": "{}\n", "sampler0.jsonl": '{"e": \n'},
+            "sampler0.jsonl:1: not JSON",
+        ),
+    ],
+)
+def test_replay_of_a_damaged_record_is_one_line(capsys, tmp_path, monkeypatch, meta, files, said):
+    def built(*a, **k):
+        raise AssertionError("the replay was built before the record was checked")
+
+    monkeypatch.setattr("slipstream.run.replay_run.TrainerReplay", built)
+    rc = main(["replay", _record(tmp_path, meta, files)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and said in err, err

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 # "Threads"). A value the user set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from slipstream.argv import OneLineParser
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.tasks import TaskError
 
@@ -34,7 +34,7 @@ commands:
 
 
 def _train(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="slipstream train", description="Train with RL on verifiable rewards."
     )
     parser.add_argument(

@@ -51,11 +51,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
+from slipstream.argv import OneLineParser
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.observe.censored import finite_or_none, median_bounds, point, ratio_bounds
 from slipstream.observe.clock import EVAL_S, EVAL_START_S, Reached, time_to_target, training_total
@@ -273,8 +275,8 @@ def table(agg: dict[str, Any], targets: list[float], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def _parser() -> OneLineParser:
+    p = OneLineParser(
         prog="slipstream bench schedules", description=(__doc__ or "").split("\n\n")[0]
     )
     p.add_argument("overrides", nargs="*", help="key=value config overrides, applied to every run")
@@ -354,6 +356,21 @@ def read_back_or_train(cfg: Config, reuse: bool, flag: str = "--reuse") -> dict[
     return train_async(cfg)
 
 
+def _check_numbers(args: argparse.Namespace, parser: OneLineParser) -> None:
+    """`--eval-every`, `--target` and `--target-gain`, checked before any run trains: a NaN or
+    an infinite target is never reached, so every configuration would train its whole budget
+    to end "never"; a gain (what sets the target without `--target`) of 0 or below puts the
+    target at or under the warm start's accuracy, which every configuration reaches at time 0
+    (module doc); an evaluation interval below 1 was refused by the config, naming eval.every,
+    which is no flag here."""
+    if args.eval_every < 1:
+        parser.error(f"--eval-every must be >= 1, got {args.eval_every}")
+    if args.target is not None and not math.isfinite(args.target):
+        parser.error(f"--target must be a finite held-out accuracy, got {args.target}")
+    if args.target is None and not (math.isfinite(args.target_gain) and args.target_gain > 0):
+        parser.error(f"--target-gain must be a finite number > 0, got {args.target_gain}")
+
+
 def _ints(text: str, parser: argparse.ArgumentParser) -> list[int]:
     """`--seeds`: distinct integers, comma-separated, at least one; else `parser.error`."""
     try:
@@ -375,6 +392,7 @@ def bench_schedules_main(argv: list[str]) -> int:
     if not names or len(set(names)) != len(names):
         parser.error(f"--presets: expected distinct presets, got {args.presets!r}")
     seeds = _ints(args.seeds, parser)
+    _check_numbers(args, parser)
     out = Path(args.out or f"runs/bench-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
     cfgs = {
         (seed, n): bench_config(

@@ -40,11 +40,12 @@ import torch
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.dicts import changed_keys
 from slipstream.engine.stats import PASS_TIMINGS
-from slipstream.files import read_jsonl, write_atomic
+from slipstream.files import jsonl_lines, write_atomic
 from slipstream.schedule.auto_lag import lag_control, tightened
 from slipstream.schedule.record import DECIDED, FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
 from slipstream.schedule.replay_sampler import Diverged, SamplerReplayer, WeightStore
 from slipstream.schedule.step_stats import StepStats, discard, group_lag
+from slipstream.text import read_lines
 from slipstream.types import Group, Prompt
 
 # Wall-clock measurements: a replay measures its own, so they are not compared
@@ -87,6 +88,7 @@ EDITABLE = (
     "run.rollouts_per_step",
 )
 FIXED = ("trainer.batch_prompts",)  # read by the orchestrator: the schedule's window size
+Events = list[dict[str, Any]]  # one file of the schedule record, a dict per line
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
@@ -100,6 +102,8 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
         raise ConfigError(
             f"{path}: format {meta.get('format')!r} version {meta.get('version')!r}, "
@@ -113,6 +117,35 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
             why = f"the run was resumed from step {meta['resumed_from']}, which it does not record"
         raise ConfigError(f"{path}: the record is incomplete ({why}); only a complete run replays")
     return meta
+
+
+def read_record(record: Path, meta: dict[str, Any]) -> tuple[Events, list[Events]]:
+    """The record's trainer.jsonl and each sampler's log (`meta`: its meta.json, `read_meta`),
+    read whole before the replay builds anything: a count of meta.json that is not one, a file
+    missing or a line that is not a JSON object (a record copied in part) is a ConfigError
+    naming the file and line."""
+    for key in ("samplers", "trainer_threads", "sampler_threads"):
+        if not isinstance(meta.get(key), int) or meta[key] < 1:
+            path = record / "meta.json"
+            raise ConfigError(f"{path}: {key} is {meta.get(key)!r}, expected a count >= 1")
+    return _events(record / "trainer.jsonl"), [
+        _events(record / f"sampler{i}.jsonl") for i in range(meta["samplers"])
+    ]
+
+
+def _events(path: Path) -> Events:
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing from the schedule record; only a complete run replays")
+    out = []
+    for n, line in jsonl_lines(read_lines(path, ConfigError)):
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{n}: not JSON ({e.msg}); the record is damaged") from None
+        if not isinstance(event, dict):
+            raise ConfigError(f"{path}:{n}: expected a JSON object; the record is damaged")
+        out.append(event)
+    return out
 
 
 def replay_config(run_dir: Path, overrides: list[str], out: Path) -> tuple[Config, list[str], int]:
@@ -150,12 +183,12 @@ class TrainerReplay:
         self,
         cfg: Config,
         meta: dict[str, Any],
-        record: Path,
-        events: list[dict[str, Any]],
+        events: Events,
+        logs: list[Events],
         exact: bool,
         stop: int | None = None,
     ) -> None:
-        """`events`: the record's trainer.jsonl, read by the caller (`replay` checks it);
+        """`events`, `logs`: the record's trainer.jsonl and each sampler's log (`read_record`);
         `stop`: the step to stop after (None: the run's last, `run.steps`)."""
         from slipstream.run.learner import RunLearner
         from slipstream.run.rollback import Undone, make_watchdog
@@ -189,7 +222,6 @@ class TrainerReplay:
             SamplerSpec(cfg, run.model.config, dtype, run.tok, self.spec, slots, run.engine.max_len)
         )
         n = int(meta["samplers"])
-        logs = [read_jsonl(record / f"sampler{i}.jsonl") for i in range(n)]
         self.store = WeightStore([SamplerReplayer.loads(ev) for ev in logs])
         self.store.publish(0, dict(run.model.named_parameters()))
         self.prompts: dict[str, Prompt] = {}
@@ -497,7 +529,7 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
     meta = read_meta(run_dir)
     path = _out_dir(run_dir, out)
     cfg, changed, stop = replay_config(run_dir, overrides, path)
-    events = read_jsonl(run_dir / "schedule" / "trainer.jsonl")
+    events, logs = read_record(run_dir / "schedule", meta)
     rollbacks = [e["bad"] for e in events if e["e"] == "rollback" and e["bad"] <= stop]
     if changed and rollbacks:
         raise ConfigError(
@@ -507,7 +539,7 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
         )
     meta["run_dir"] = str(run_dir)
     t0 = time.perf_counter()
-    TrainerReplay(cfg, meta, run_dir / "schedule", events, not changed, stop).run_all()
+    TrainerReplay(cfg, meta, events, logs, not changed, stop).run_all()
     wall = time.perf_counter() - t0
     result = {
         "out": str(path),
@@ -525,15 +557,23 @@ def replay(run_dir: Path, overrides: list[str], out: str | None = None) -> dict[
 
 def replay_main(argv: list[str]) -> int:
     """`slipstream replay RUN_DIR [key=value ...] [--out DIR]`."""
-    import argparse
     import sys
 
-    parser = argparse.ArgumentParser(
+    from slipstream.argv import OneLineParser
+
+    parser = OneLineParser(
         prog="slipstream replay",
         description="Re-execute a run recorded with run.record_schedule=true, in one process.",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR")
-    parser.add_argument("items", nargs="*", help="key=value: trainer-side settings to change")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the recorded run's folder")
+    # (a default, or argparse names these among the required arguments when RUN_DIR is missing)
+    parser.add_argument(
+        "items",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="trainer-side settings to change (trainer.*, eval.*, run.steps lowered, ...)",
+    )
     parser.add_argument("--out", metavar="DIR", help="the replay's run folder (RUN_DIR/replay)")
     args = parser.parse_args(argv)
     try:

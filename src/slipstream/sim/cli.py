@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn
 
+from slipstream.argv import OneLineParser
 from slipstream.schedule.presets import PRESETS, preset
 from slipstream.sim.calibrate import (
     Calibration,
@@ -56,12 +56,6 @@ def fmt_duration(seconds: float) -> str:
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -209,7 +203,7 @@ def _run_main(
 
 
 def _sim_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="slipstream sim",
         description="Simulate an RL run on a cluster, or calibrate the CPU profile.",
     )
@@ -371,7 +365,7 @@ def sim_main(argv: list[str]) -> int:
 
 
 def _plan_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="slipstream plan", description="Recommend the split, schedule and max lag for a run."
     )
     _common(p)
