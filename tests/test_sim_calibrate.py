@@ -428,3 +428,82 @@ def test_cli_sim_with_a_profile_takes_its_workload_and_model(
     assert abs(got / measured - 1) < 0.15, (got, measured)
     assert sim_main([*argv, "--trained-frac", "1.5"]) == 2
     assert "--trained-frac must be in (0, 1]" in capsys.readouterr().err
+
+
+def _planned(run: Path, steps: int) -> Path:
+    """`run` with the `[run] steps` a run folder's config.toml holds (fake_run writes none)."""
+    with (run / "config.toml").open("a") as f:
+        f.write(f"[run]\nsteps = {steps}\n")
+    return run
+
+
+def test_cli_names_a_partial_run_it_calibrates_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that stopped short of its `[run] steps` (crashed, or still running) was fitted
+    as if whole, without a word; its steps are measurements, so they are still used."""
+    a = _planned(fake_run(tmp_path / "a", batch_prompts=8, steps=6), steps=10)
+    assert sim_main(["--calibrate", str(a)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"slipstream sim: warning: --calibrate {a}: 6 of its 10 steps recorded (a run that "
+        "stopped or is still running); using those"
+    )
+    whole = _planned(fake_run(tmp_path / "b", batch_prompts=8, steps=6), steps=6)
+    assert sim_main(["--calibrate", str(whole)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_calibrates_on_the_whole_steps_of_a_run_killed_mid_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A metrics.jsonl whose last line was cut short was refused as "not JSON", as if the
+    run were corrupt; now its whole steps are fitted, as on a copy without the cut line, and
+    the warning says so. A bad line that ends with its newline is still an error."""
+    a = fake_run(tmp_path / "a", batch_prompts=8, steps=7)
+    lines = (a / "metrics.jsonl").read_text().splitlines(keepends=True)
+    whole = fake_run(tmp_path / "whole", batch_prompts=8, steps=7)
+    (whole / "metrics.jsonl").write_text("".join(lines[:-1]))
+    (a / "metrics.jsonl").write_text("".join(lines[:-1]) + lines[-1][:40])
+    assert sim_main(["--calibrate", str(a), "--json"]) == 0
+    err = capsys.readouterr().err
+    assert f"--calibrate {a}: 6 steps recorded (its last line cut short" in err, err
+    got = load_calibration(a / "sim_profile.json").hardware
+    want = fit_profile(read_run(whole)).hardware
+    assert replace(got, name="") == replace(want, name="")
+    (a / "metrics.jsonl").write_text("".join(lines[:-1]) + lines[-1][:40] + "\n")
+    assert sim_main(["--calibrate", str(a)]) == 2
+    assert "metrics.jsonl:7: not JSON" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_run_of_too_few_steps_to_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One step fitted every cost into the per-pass one with a fit error of 0; three steps,
+    as many as the generation line's costs, pass through every step as well."""
+    a = fake_run(tmp_path / "a", batch_prompts=8, steps=3)
+    assert sim_main(["--calibrate", str(a)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"slipstream sim: error: {a}: 3 step(s) recorded; a calibration needs at least 4 "
+        "(more steps, or more runs of the configuration, fit better)"
+    )
+    assert not (a / "sim_profile.json").exists()
+    b = fake_run(tmp_path / "b", batch_prompts=8, steps=2, seed=1)  # pooled: 5 steps fit
+    assert sim_main(["--calibrate", str(a), str(b)]) == 0
+
+
+def test_cli_calibrate_given_twice_pools_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--calibrate A --calibrate B` fitted B alone (argparse kept the last list): A, and a
+    missing folder in its place, were dropped without a word. A folder named twice would
+    count its steps twice: refused."""
+    a = fake_run(tmp_path / "a", batch_prompts=8, steps=4, seed=1)
+    b = fake_run(tmp_path / "b", batch_prompts=8, steps=4, seed=2)
+    assert sim_main(["--calibrate", str(a), "--calibrate", str(b)]) == 0
+    assert load_calibration(a / "sim_profile.json").sources == (str(a), str(b))
+    assert sim_main(["--calibrate", str(tmp_path / "no"), "--calibrate", str(b)]) == 2
+    assert "no: not a run folder" in capsys.readouterr().err
+    assert sim_main(["--calibrate", str(a), "--predict", str(b), "--predict", str(b)]) == 2
+    assert f"--predict: {b} is named twice" in capsys.readouterr().err

@@ -36,7 +36,7 @@ from slipstream.sim.planner import (
     plot_plan,
     searched_split,
 )
-from slipstream.sim.runs import RunError, pool_runs, read_run
+from slipstream.sim.runs import RunError, RunRecord, incomplete, pool_runs, read_run
 from slipstream.sim.simulator import (
     Cluster,
     SimConfig,
@@ -228,9 +228,11 @@ def _sim_parser() -> argparse.ArgumentParser:
         "--calibrate",
         type=Path,
         nargs="+",
+        action="extend",
         metavar="RUN_DIR",
         help="fit the CPU profile from a local run, or from several runs of one configuration "
-        "(seeds) pooled; with --predict, then predict those runs with it",
+        "(seeds) pooled; with --predict, then predict those runs with it. A run with fewer "
+        "steps than it set out to train is used, with a warning naming it",
     )
     p.add_argument(
         "--out",
@@ -241,6 +243,7 @@ def _sim_parser() -> argparse.ArgumentParser:
         "--predict",
         type=Path,
         nargs="+",
+        action="extend",
         metavar="RUN_DIR",
         help="predict a local run with --profile, or with the profile --calibrate fits in the "
         "same command, and compare; several runs of one configuration (seeds): their means",
@@ -307,13 +310,32 @@ def _format_result(res: SimResult) -> str:
     return "\n".join(lines)
 
 
+def read_runs(dirs: list[Path], flag: str) -> list[RunRecord]:
+    """The run folders `flag` names, read. A folder named twice is a `ValueError` (pooled, its
+    steps would count twice); one holding fewer steps than it set out to train (a run that
+    crashed, or is still running: `runs.incomplete`) is used, and named in a warning line on
+    stderr, so a profile or a comparison resting on part of a run says so."""
+    seen: dict[Path, Path] = {}
+    for d in dirs:
+        first = seen.setdefault(d.resolve(), d)
+        if first is not d:
+            same = f"{d} is named twice" if first == d else f"{first} and {d} are one folder"
+            raise ValueError(f"{flag}: {same}; its steps would count twice")
+    runs = [read_run(d) for d in dirs]
+    for r in runs:
+        why = incomplete(r)
+        if why is not None:
+            print(f"slipstream sim: warning: {flag} {r.path}: {why}", file=sys.stderr)
+    return runs
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     """Fit and write the profile; with --predict, predict those runs with it."""
     if args.predict and args.profile:
         raise ValueError(
             "--calibrate with --predict predicts with the profile it fits: drop --profile"
         )
-    cal = fit_profile(pool_runs([read_run(d) for d in args.calibrate]))
+    cal = fit_profile(pool_runs(read_runs(args.calibrate, "--calibrate")))
     out = args.out or args.calibrate[0] / "sim_profile.json"
     save_calibration(cal, out)
     hw = cal.hardware
@@ -327,7 +349,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         "fit error generate": cal.fit_error["generate"],
         "fit error train": cal.fit_error["train"],
     }
-    cmp = predict_runs(cal, [read_run(d) for d in args.predict]) if args.predict else None
+    cmp = predict_runs(cal, read_runs(args.predict, "--predict")) if args.predict else None
     if args.json:
         print(json.dumps({**rows, "profile": str(out), **({"predict": cmp} if cmp else {})}))
         return 0
@@ -341,7 +363,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _predict(args: argparse.Namespace) -> int:
     if not args.profile:
         raise ValueError("--predict needs --profile (or --calibrate)")
-    cmp = predict_runs(load_calibration(args.profile), [read_run(d) for d in args.predict])
+    cmp = predict_runs(load_calibration(args.profile), read_runs(args.predict, "--predict"))
     print(json.dumps(cmp) if args.json else _format_prediction(cmp, len(args.predict)))
     return 0
 

@@ -6,7 +6,9 @@ The simulator needs only a few keys; each is looked up under the names the orche
 processes (`[runtime] num_samplers`, default 1) and the most sequences an engine decodes at
 once (`[runtime] sampler_slots` or `[engine] max_batch`, default: the whole batch at once).
 The local runtime's `runtime/sampler_busy` is read as `sampler_busy`. Errors name the file and, for
-metrics, the line. `pool_runs` reads several runs of one configuration (seeds) as one record.
+metrics, the line; a last line a run killed mid-write cut short is left out, and `incomplete`
+says so, or that the run recorded fewer steps than its `[run] steps`. `pool_runs` reads several
+runs of one configuration (seeds) as one record.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from slipstream.dicts import changed_keys
+from slipstream.files import jsonl_lines
 from slipstream.schedule.presets import preset
 from slipstream.sim.simulator import LagPolicy
+from slipstream.text import read_text
 
 # Per-step metrics the calibration fits on (see calibrate.py).
 REQUIRED_METRICS = (
@@ -52,6 +56,8 @@ class RunRecord:
     metrics: list[dict[str, Any]]
     pooled: tuple[Path, ...] = ()
     """Further run folders whose steps follow this one's in `metrics` (`pool_runs`)."""
+    torn: bool = False
+    """metrics.jsonl's last line was cut short (the run stopped mid-write) and left out."""
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -143,28 +149,30 @@ class RunRecord:
         return out
 
 
-def read_metrics(path: Path, require: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """One dict per line of a JSONL file; a bad line or a missing `require`d key raises,
+def read_metrics(path: Path, require: tuple[str, ...] = ()) -> tuple[list[dict[str, Any]], bool]:
+    """One dict per line of a JSONL file, and whether its last line was torn: a last line
+    without its newline that is not JSON, what a run killed mid-write leaves, is left out
+    (the steps before it are whole). Any other bad line or a missing `require`d key raises,
     naming the file and line."""
-    rows = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RunError(f"{path}:{i}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise RunError(f"{path}:{i}: expected a JSON object")
-            for name, alias in ALIASES.items():
-                if name not in row and alias in row:
-                    row[name] = row[alias]
-            missing = [k for k in require if k not in row]
-            if missing:
-                raise RunError(f"{path}:{i}: missing {', '.join(missing)}")
-            rows.append(row)
-    return rows
+    rows: list[dict[str, Any]] = []
+    lines = read_text(path, RunError).split("\n")  # (a newline at the end: a last "")
+    for i, line in jsonl_lines(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):  # the last line, without its newline
+                return rows, True
+            raise RunError(f"{path}:{i}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise RunError(f"{path}:{i}: expected a JSON object")
+        for name, alias in ALIASES.items():
+            if name not in row and alias in row:
+                row[name] = row[alias]
+        missing = [k for k in require if k not in row]
+        if missing:
+            raise RunError(f"{path}:{i}: missing {', '.join(missing)}")
+        rows.append(row)
+    return rows, False
 
 
 def read_run(run_dir: Path, require: tuple[str, ...] = REQUIRED_METRICS) -> RunRecord:
@@ -183,10 +191,23 @@ def read_run(run_dir: Path, require: tuple[str, ...] = REQUIRED_METRICS) -> RunR
     info_path = run_dir / "model_info.json"
     model_info = json.loads(info_path.read_text()) if info_path.is_file() else {}
     model_info = model_info or config.get("model", {})
-    metrics = read_metrics(metrics_path, require)
+    metrics, torn = read_metrics(metrics_path, require)
     if not metrics:
         raise RunError(f"{metrics_path}: no steps")
-    return RunRecord(run_dir, config, model_info, metrics)
+    return RunRecord(run_dir, config, model_info, metrics, torn=torn)
+
+
+def incomplete(run: RunRecord) -> str | None:
+    """Why `run` holds fewer steps than it set out to train, in words; None when it holds them
+    all (or its config does not say how many). Its recorded steps still measure its
+    configuration, so they are used; the caller says which folder is partial."""
+    planned = run.config.get("run", {}).get("steps")
+    short = isinstance(planned, int) and len(run.metrics) < planned
+    if not (short or run.torn):
+        return None
+    what = f"{len(run.metrics)} of its {planned} steps" if short else f"{len(run.metrics)} steps"
+    why = "its last line cut short, " if run.torn else ""
+    return f"{what} recorded ({why}a run that stopped or is still running); using those"
 
 
 def check_one_configuration(runs: Sequence[RunRecord]) -> None:
