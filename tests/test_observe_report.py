@@ -17,7 +17,13 @@ from matplotlib.image import imread
 
 from slipstream.observe.figures import FIGURES, save
 from slipstream.observe.report import report_main, summary_rows
-from slipstream.observe.runs import RunData, load_run, load_runs
+from slipstream.observe.runs import (
+    RunData,
+    comparison_notice,
+    differing_settings,
+    load_run,
+    load_runs,
+)
 from slipstream.schedule.ledger import Ledger
 
 RUN_SMALL = Path(__file__).parent / "data" / "run_small"
@@ -240,3 +246,67 @@ def test_lag_figure_counts_tokens_from_the_step_histograms(tmp_path):
     assert dist is not None
     share, what = dist
     assert what == "tokens" and share.tolist() == [0.375, 0.375, 0.25]  # 3/8, 3/8, 2/8
+
+
+def _relabelled(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
+    """A copy of the recorded run named `name`, its config.toml edited (old, new)."""
+    d = tmp_path / name
+    shutil.copytree(RUN_SMALL, d)
+    text = (d / "config.toml").read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    (d / "config.toml").write_text(text)
+    return d
+
+
+def _report(monkeypatch, capsys, runs: list[Path], out: Path) -> tuple[str, str]:
+    """`slipstream report` of `runs` without its figures (drawing them takes seconds; the
+    notice and the table do not depend on them): its stderr and the page."""
+    monkeypatch.setattr("slipstream.observe.report.FIGURES", {})
+    assert report_main([*map(str, runs), "--out", str(out)]) == 0
+    return capsys.readouterr().err, (out / "index.html").read_text()
+
+
+def test_runs_of_different_settings_are_named_not_mixed_silently(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Runs of another schedule, seed, task or held-out set were overlaid and tabled as if
+    comparable, the table showing six fixed settings: now one line on stderr and on the page
+    names every setting they differ in (a warning where the curves are not on one scale), and
+    the table has a row for each; runs of one configuration get no line."""
+    a = _relabelled(tmp_path, "a", ('dir = "tests/data/run_small"', 'dir = "a"'))  # (no matter)
+    b = _relabelled(tmp_path, "b", ('name = "pipeline"', 'name = "sync"'), ("seed = 0", "seed = 1"))
+    err, page = _report(monkeypatch, capsys, [a, b], tmp_path / "o1")
+    note = "note: the runs differ in run.seed, schedule.name (side by side in the summary table)"
+    assert err == f"slipstream report: {note}\n"
+    assert f'<p class="notice">{note}</p>' in page
+    assert "<tr><th>run.seed</th><td>0</td><td>1</td></tr>" in page
+
+    c = _relabelled(tmp_path, "c", ('kind = "builtin"', 'kind = "jsonl"'), ("= 256", "= 64"))
+    err, page = _report(monkeypatch, capsys, [a, b, c], tmp_path / "o2")
+    assert (
+        err.startswith(
+            "slipstream report: warning: the runs differ in eval.num_prompts, run.seed, "
+            "schedule.name, task.kind; with different eval.num_prompts, task.kind their rewards "
+            "and held-out accuracies are not on one scale"
+        )
+        and err.count("\n") == 1
+    ), err
+    assert "<tr><th>task.kind</th><td>builtin</td><td>builtin</td><td>jsonl</td></tr>" in page
+
+    err, page = _report(monkeypatch, capsys, [RUN_SMALL, a], tmp_path / "o3")
+    assert err == "" and 'class="notice"' not in page
+
+
+def test_differing_settings_compares_only_runs_with_a_config(tmp_path: Path) -> None:
+    def run(config: dict[str, Any]) -> RunData:
+        return RunData(tmp_path, "r", [{"step": 1}], config)
+
+    one = {"run": {"dir": "a", "seed": 0}, "model": {}, "wandb": {"project": "x"}}
+    other = {"run": {"dir": "b", "seed": 0}, "model": {"path": "m"}, "wandb": {"project": "y"}}
+    assert differing_settings([run(one), run({}), run(other)]) == ["model.path"]
+    assert differing_settings([run(one), run({})]) == [] == differing_settings([run(one)])
+    assert comparison_notice([run(one), run(other)]) == (
+        "note: the runs differ in model.path (side by side in the summary table)"
+    )

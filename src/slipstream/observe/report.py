@@ -3,7 +3,10 @@
 DIR receives `index.html` and one PNG per figure (observe/figures.py): reward and held-out
 accuracy against wall time and generated tokens, the timeline of each sampler and the trainer,
 the lag histogram, ESS over time, completion lengths and the ledger; several runs overlay in
-every figure, and the summary table puts them side by side. The page needs no network and no
+every figure, and the summary table puts them side by side, with a row for each setting
+their config.toml differ in. Nothing is averaged over runs. Runs of different settings are
+named in one line on stderr and on the page (`observe.runs.comparison_notice`), a warning where
+they are not on one scale (another task or held-out set). The page needs no network and no
 server: open it from disk, or attach the folder to an issue.
 """
 
@@ -20,7 +23,14 @@ from typing import Any, NoReturn
 
 from slipstream.observe.figures import FIGURES, save
 from slipstream.observe.means import lag_tokens, number, weighted_mean
-from slipstream.observe.runs import ReportError, RunData, load_runs
+from slipstream.observe.runs import (
+    ReportError,
+    RunData,
+    comparison_notice,
+    differing_settings,
+    load_runs,
+    setting,
+)
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -67,8 +77,11 @@ def trained_per_s(run: RunData) -> float | None:
     return trained / wall if trained is not None and wall else None
 
 
-def summary_rows(run: RunData, first: RunData | None) -> dict[str, str]:
-    """Quantity -> text for one run's column of the summary table; `first`: the baseline."""
+def summary_rows(
+    run: RunData, first: RunData | None, settings: Sequence[str] = ()
+) -> dict[str, str]:
+    """Quantity -> text for one run's column of the summary table; `first`: the baseline;
+    `settings`: dotted settings shown besides the usual ones (those the runs differ in)."""
     s = run.summary or {}
     last = run.metrics[-1]
     wall = _wall(run)
@@ -123,11 +136,15 @@ def summary_rows(run: RunData, first: RunData | None) -> dict[str, str]:
         value = cfg.get(section, {}).get(key)
         if value is not None:
             rows[f"{section}.{key}"] = str(value)
+    for name in settings:
+        value = setting(cfg, name)
+        rows[name] = "–" if value is None else str(value)
     return rows
 
 
 def _table(runs: list[RunData]) -> str:
-    columns = [summary_rows(r, runs[0] if len(runs) > 1 else None) for r in runs]
+    differ = [k for k in differing_settings(runs) if k != "schedule.name"]  # row "schedule"
+    columns = [summary_rows(r, runs[0] if len(runs) > 1 else None, differ) for r in runs]
     names = list(dict.fromkeys(k for c in columns for k in c))
     head = "".join(f"<th>{html.escape(r.label)}</th>" for r in runs)
     body = "".join(
@@ -168,6 +185,7 @@ img { max-width: 100%; height: auto; }
 pre { background: #f6f6f6; padding: 0.75rem; overflow-x: auto; font-size: 0.8rem; }
 .broken { color: #b00; font-weight: bold; }
 .meta { color: #666; font-size: 0.85rem; }
+.notice { background: #fff4d6; padding: 0.5rem 0.75rem; }
 </style>"""
 
 
@@ -180,6 +198,11 @@ def render_html(runs: list[RunData], figures: list[str], out: Path) -> str:
         f'<body data-figures="{len(figures)}">',
         "<h1>slipstream report</h1>",
         f'<p class="meta">{len(runs)} run(s), written {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC</p>',
+    ]
+    notice = comparison_notice(runs)
+    if notice is not None:
+        parts.append(f'<p class="notice">{html.escape(notice)}</p>')
+    parts += [
         "<h2>Summary</h2>",
         _table(runs),
     ]
@@ -204,9 +227,9 @@ def render_html(runs: list[RunData], figures: list[str], out: Path) -> str:
     return "\n".join(parts)
 
 
-def write_report(run_dirs: Sequence[str | Path], out: str | Path) -> Path:
-    """Writes the figures and `index.html` into `out`; returns the page's path."""
-    runs = load_runs(run_dirs)
+def write_report(runs: list[RunData], out: str | Path) -> Path:
+    """Writes the figures and `index.html` of `runs` (`load_runs`) into `out`; returns the
+    page's path."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -230,14 +253,21 @@ def report_main(argv: list[str]) -> int:
         prog="slipstream report", description="Figures and an HTML page from run folders."
     )
     parser.add_argument(
-        "run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (several overlay)"
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders (several overlay; the settings they differ in are named)",
     )
     parser.add_argument(
         "--out", required=True, metavar="DIR", help="folder for index.html and the PNGs"
     )
     try:
         args = parser.parse_args(argv)
-        page = write_report(args.run_dirs, args.out)
+        runs = load_runs(args.run_dirs)
+        notice = comparison_notice(runs)
+        if notice is not None:
+            print(f"slipstream report: {notice}", file=sys.stderr)
+        page = write_report(runs, args.out)
     except ReportError as e:
         print(f"slipstream report: error: {e}", file=sys.stderr)
         return 2

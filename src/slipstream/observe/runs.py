@@ -185,6 +185,69 @@ def load_runs(dirs: Sequence[str | Path]) -> list[RunData]:
     return runs
 
 
+# Settings that never change what a run measures: not reported as differences between runs
+UNCOMPARED = ("run.dir", "run.quiet", "run.sinks", "wandb.")
+# Settings that change what rewards and held-out accuracy measure (the prompts, the verifier,
+# the environment, the held-out set and how it is scored): runs differing in one are not on
+# one scale, though the report's figures overlay them on one axis
+SCALE = (
+    "task.",
+    "env.",
+    "eval.num_prompts",
+    "eval.samples_per_prompt",
+    "eval.temperature",
+    "eval.pass_threshold",
+    "eval.sets",
+    "eval.split",
+)
+SHOWN_SETTINGS = 8  # differing settings a notice names; the summary table shows them all
+
+
+def _among(key: str, names: Sequence[str]) -> bool:
+    """`key` is one of `names`, lies in one of their tables (a name ending in "."), or is a
+    whole table holding one (`changed_keys` names a table one side lacks by the table)."""
+    return any(
+        key == n or (n.endswith(".") and key.startswith(n)) or n.startswith(key + ".")
+        for n in names
+    )
+
+
+def differing_settings(runs: Sequence[RunData]) -> list[str]:
+    """The settings (dotted names) in which the runs' config.toml differ, sorted, those of
+    `UNCOMPARED` aside; a run without a config.toml is compared with none."""
+    configs = [r.config for r in runs if r.config]
+    differ = {k for c in configs[1:] for k in changed_keys(configs[0], c)}
+    return sorted(k for k in differ if not _among(k, UNCOMPARED))
+
+
+def comparison_notice(runs: Sequence[RunData]) -> str | None:
+    """One line naming the settings the runs differ in, or None when they differ in none: the
+    report overlays every run on one axis and sets them side by side, as TensorBoard and W&B
+    compare runs, so the reader must know what changed between them. A `warning` where a
+    setting of `SCALE` differs: their rewards and accuracies are then not on one scale."""
+    differ = differing_settings(runs)
+    if not differ:
+        return None
+    names = ", ".join(differ[:SHOWN_SETTINGS])
+    if len(differ) > SHOWN_SETTINGS:
+        names += f" and {len(differ) - SHOWN_SETTINGS} more"
+    scale = [k for k in differ if _among(k, SCALE)]
+    if not scale:
+        return f"note: the runs differ in {names} (side by side in the summary table)"
+    return (
+        f"warning: the runs differ in {names}; with different {', '.join(scale)} their "
+        "rewards and held-out accuracies are not on one scale, though the figures overlay them"
+    )
+
+
+def setting(config: dict[str, Any], dotted: str) -> Any:
+    """The value of a dotted setting (`trainer.lr`) in a run's config; None where it has none."""
+    value: Any = config
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def saved_changes(folder: Path, cfg: Config) -> list[str] | None:
     """The settings (dotted names) where `cfg` differs from the config.toml saved in `folder`,
     `run.dir` aside (a folder named by a relative or an absolute path, or moved, is the same
