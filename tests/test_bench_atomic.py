@@ -32,6 +32,8 @@ IN_PLACE = {
     # runs in TRL's environment, which has no slipstream; peer_trl reads trl.json only after
     # the worker exited with status 0
     "peer_trl_worker.py": ['"trl.json"'],
+    # the dataset it measures the reading of, generated into a temporary folder, removed after
+    "dataset_memory.py": ['path.write_text("".join(', "path.write_text(json.dumps(data)"],
 }
 """Each script's writes in place that are meant to be, one marker a line."""
 
