@@ -166,8 +166,63 @@ def test_prompts_too_long_for_the_engine_are_skipped_and_counted():
     run = _run([_prompt("a", *MIXED), long, _prompt("b", *MIXED)], "sampling.max_new_tokens=8")
     run.max_len = 16  # "a=" + 8 fits; 41 + 8 does not
     drawn = run.draw(4)
-    assert [p.id for p in drawn] == ["a", "b", "a", "b"]
+    assert [d.prompt.id for d in drawn] == ["a", "b", "a", "b"]
     assert run.prompts_skipped["too_long"] == 2 and run.counters["prompts/skipped_too_long"] == 2
+
+
+def _counting_run():
+    """A run over prompts a, long, b (cycled) whose tokenizer counts `encode_prompt` calls;
+    `long` does not fit its engine (16 tokens with a completion of 8)."""
+    from test_algo_integration import MIXED, CharTok, _prompt, _run
+
+    class Counting(CharTok):
+        calls = 0
+
+        def encode_prompt(self, prompt: Prompt) -> list[int]:
+            self.calls += 1
+            return super().encode_prompt(prompt)
+
+    long = Prompt("long", "x" * 40 + "=", "1", {"outs": MIXED})
+    run = _run([_prompt("a", *MIXED), long, _prompt("b", *MIXED)], "sampling.max_new_tokens=8")
+    run.tok, run.max_len = Counting(), 16
+    return run
+
+
+def _want_seeds(seed: int, draws: range, group_size: int) -> list[int]:
+    """The seeds of members 0..G-1 of draws `draws` as the loop has always given them."""
+    return [(seed * 1_000_003 + k * 4099) % 2**31 + g for k in draws for g in range(group_size)]
+
+
+def test_a_drawn_prompt_is_encoded_once_per_step():
+    """`Run.fits` encoded each drawn prompt to measure it, and `Run.requests` encoded it again
+    to generate: 2 encodings of each of the B prompts a step (a chat-rendered prompt of
+    thousands of tokens with a real tokenizer). Now the ids that measured it are the ones
+    generated from: 6 encodings a step here (4 prompts, 2 too long), 10 before. The requests
+    are the same: the ids of encoding each prompt anew, the seeds of the draw counter."""
+    from test_algo_integration import CharTok
+
+    run = _counting_run()
+    for _ in range(3):
+        run.collect(4)
+    assert run.tok.calls == 3 * 6
+    reqs = run.engine.requests
+    assert [r.key[0].id for r in reqs[::4]] == ["a", "b"] * 6
+    assert all(r.prompt_tokens == CharTok().encode_prompt(r.key[0]) for r in reqs)
+    assert [r.seed for r in reqs] == _want_seeds(run.cfg.run.seed, range(1, 13), 4)
+
+
+def test_the_orchestrators_draw_and_seeds_encode_a_prompt_once():
+    """An orchestrated run's trainer encoded each prompt twice (to measure it when drawn, and
+    again to build requests only their seeds were taken from); its samplers encode the
+    prompts they are sent. Now once, when drawn, with the same seeds."""
+    from slipstream.run.learner import RunLearner
+
+    run = _counting_run()
+    learner = RunLearner(run)
+    prompts = learner.draw(4)
+    seeds = [s for p in prompts for s in learner.seeds(p, 5)]
+    assert [p.id for p in prompts] == ["a", "b", "a", "b"] and run.tok.calls == 6
+    assert seeds == _want_seeds(run.cfg.run.seed, range(1, 5), 5)
 
 
 class _Echo:

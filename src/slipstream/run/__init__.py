@@ -8,6 +8,8 @@ commands that run whole runs.
 - `setup`: the `Run` that `setup(cfg)` builds (folder, model, tokenizer, task, engines,
   trainer, sinks) and what it does between generation and the trainer (draws, scoring,
   filters, replay, group sizes).
+- `drawing`: the prompts of a step drawn (too long and out-of-band ones skipped), each with the
+  ids that measured it, which its requests reuse.
 - `agentic`: multi-turn runs from the config: the environment factory (`env.tools`,
   `env.factory`, the built-in agentic task), its warm start, held-out accuracy of episodes.
 - `sync`: `train_sync`, the in-process synchronous run: built, resumed, handed to the loop

@@ -88,13 +88,15 @@ class RunLearner:
         return self.run.trainer.version
 
     def draw(self, n: int) -> list[Prompt]:
-        return self.run.draw(n)
+        # the prompts alone (the ids that measured them stay here): a sampler encodes each
+        # prompt it is sent once, in its own process (schedule.sampler)
+        return [d.prompt for d in self.run.draw(n)]
 
     def group_sizes(self, prompts: list[Prompt]) -> list[int]:
         return self.run.group_sizes(prompts)
 
     def seeds(self, prompt: Prompt, n: int) -> list[int]:
-        return [r.seed for r in self.run.requests(prompt, n)]
+        return self.run.seeds(n)
 
     def settle(self, groups: list[Group]) -> list[Group]:
         return self.run.settle(groups)

@@ -28,6 +28,7 @@ from slipstream.observe.progress import ProgressView
 from slipstream.observe.rollouts import RolloutWriter
 from slipstream.observe.sinks import FanOut, make_sinks
 from slipstream.observe.timeline import TimelineWriter
+from slipstream.run import drawing
 from slipstream.run.agentic import (
     build_env_factory,
     env_max_len,
@@ -156,46 +157,31 @@ class Run:
         self.eval_metrics = out
         return out.get(f"heldout/mean@{e.samples_per_prompt}", 0.0)  # the held-out split's
 
-    def requests(self, prompt: Prompt, group_size: int) -> list[Request]:
-        """G requests for one prompt, each with its own seed (reproducible, batch-independent)."""
+    def requests(
+        self, prompt: Prompt, group_size: int, ids: list[int] | None = None
+    ) -> list[Request]:
+        """G requests for one prompt, of its `ids` where `draw` encoded them (else encoded here)."""
+        ids = self.tok.encode_prompt(prompt) if ids is None else ids
+        seeds = self.seeds(group_size)
+        return [Request(ids, self.params, seed=s, key=(prompt, g)) for g, s in enumerate(seeds)]
+
+    def seeds(self, group_size: int) -> list[int]:
+        """The G seeds of the next prompt to generate, each its own (reproducible,
+        batch-independent): from the run's seed and the draw counter, which this advances."""
         self.draws += 1
         base = (self.cfg.run.seed * 1_000_003 + self.draws * 4099) & 0x7FFFFFFF
-        ids = self.tok.encode_prompt(prompt)
-        return [
-            Request(ids, self.params, seed=base + g, key=(prompt, g)) for g in range(group_size)
-        ]
+        return [base + g for g in range(group_size)]
 
-    def draw(self, n: int) -> list[Prompt]:
-        """n prompts; with the pass-rate band on, mastered and hopeless prompts are skipped here,
-        before any generation is spent on them, and replaced by further draws, or with
-        `pass_rate_refill` off not replaced: the batch is the n drawn minus the skipped (at
-        least one prompt)."""
-        out: list[Prompt] = []
-        tries = 0
-        refill = self.cfg.filters.pass_rate_refill
-        while len(out) < n and (refill or tries < n or not out):
-            p = self.source.draw()
-            tries += 1
-            if not self.fits(p):  # setup checked that some prompts fit (check_too_long)
-                self.prompts_skipped["too_long"] += 1  # the engine cannot hold it: not generated
-                self.counters["prompts/skipped_too_long"] += 1
-                continue
-            ok, reason = (
-                self.pass_rates.should_draw(p.id) if self.cfg.filters.pass_rate_band else (True, "")
-            )
-            if ok or tries > 50 * n:  # never spin forever on a fully filtered dataset
-                out.append(p)
-            else:
-                self.prompts_skipped[reason] += 1  # nothing generated: not a ledger entry
-                self.counters["filters/prompts_skipped"] += 1
-        return out
+    def draw(self, n: int) -> list[drawing.Drawn]:
+        """n prompts, those too long or outside the pass-rate band skipped, with the ids that
+        measured them (`drawing.draw`)."""
+        return drawing.draw(self, n)
 
-    def fits(self, prompt: Prompt | list[int]) -> bool:
-        """The prompt (or its ids) and a whole completion fit the engine's longest sequence."""
-        if not self.max_len:
-            return True
-        ids = self.tok.encode_prompt(prompt) if isinstance(prompt, Prompt) else prompt
-        return capacity.fits(len(ids), self.cfg.sampling.max_new_tokens, self.max_len)
+    def fits(self, ids: list[int]) -> bool:
+        """A prompt of these ids and a whole completion fit the engine's longest sequence."""
+        return not self.max_len or capacity.fits(
+            len(ids), self.cfg.sampling.max_new_tokens, self.max_len
+        )
 
     def group_sizes(self, prompts: list[Prompt]) -> list[int]:
         """G of each prompt `[B]`: `group_size` each, or with `adaptive_group_size` the split
@@ -235,13 +221,14 @@ class Run:
         that stopped on an error."""
         write_atomic(self.dir / "ledger.json", json.dumps(self.ledger.as_dict(), indent=2))
 
-    def rollout(self, prompts: list[Prompt]) -> list[Group]:
+    def rollout(self, drawn: list[drawing.Drawn]) -> list[Group]:
         """One scored group per prompt, of the sizes `group_sizes` gives (waits for the longest)."""
+        prompts = [d.prompt for d in drawn]
         sizes = self.group_sizes(prompts)
         if self.env_factory is not None:
             return self._episodes(prompts, sizes)
         completions = self.engine.generate(
-            [r for p, g in zip(prompts, sizes) for r in self.requests(p, g)]
+            [r for d, g in zip(drawn, sizes) for r in self.requests(d.prompt, g, d.ids)]
         )
         at = TrainerState(self.engine.version, self.cfg.run.steps)  # TRL's trainer_state
         groups, start = [], 0
@@ -252,12 +239,13 @@ class Run:
         return groups
 
     def _episodes(self, prompts: list[Prompt], sizes: list[int]) -> list[Group]:
-        """`rollout` of multi-turn episodes: members' seeds as `requests` draws them."""
+        """`rollout` of multi-turn episodes: members' seeds as a single turn's (`seeds`); the
+        environment gives each its first turn's ids."""
         assert self.env_factory is not None
         items = [
-            (p, (i, m), r.seed)
+            (p, (i, m), seed)
             for i, (p, g) in enumerate(zip(prompts, sizes))
-            for m, r in enumerate(self.requests(p, g))
+            for m, seed in enumerate(self.seeds(g))
         ]
         runner = make_runner(self.cfg, self.env_factory, self.engine, self.params, self.workers())
         try:
