@@ -173,3 +173,19 @@ def test_checkpointed_groups_keep_kept_logmass_and_read_old_records() -> None:
     assert [s.kept_logmass_T for s in _group_from_json(d).samples] == [None, None]
     with pytest.raises(ValueError, match="kept masses"):
         Sample("p", [1], [2, 3], [0.0, 0.0], [0, 0], FinishReason.STOP, kept_logmass_T=[0.0])
+
+
+def test_a_checkpointed_group_keeps_its_masked_count() -> None:
+    """`Group.masked` (sequences overlong `mask_loss` took out, still counted by TRL's
+    per-sequence normalisers) is written with the group (asdict) and read back; a checkpoint
+    written before the field existed reads as 0."""
+    from dataclasses import asdict
+
+    from slipstream.schedule.pipeline_state import _group_from_json
+
+    g = _group("p", [1.0, 0.0])
+    g.masked = 2
+    d = json.loads(json.dumps(asdict(g)))
+    assert _group_from_json(d).masked == 2
+    del d["masked"]
+    assert _group_from_json(d).masked == 0

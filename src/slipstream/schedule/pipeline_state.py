@@ -177,4 +177,4 @@ def _group_from_json(d: dict[str, Any]) -> Group:
     samples = [
         Sample(**{**s, "finish_reason": FinishReason(s["finish_reason"])}) for s in d["samples"]
     ]
-    return Group(Prompt(**d["prompt"]), samples, d.get("advantages_G"))
+    return Group(Prompt(**d["prompt"]), samples, d.get("advantages_G"), d.get("masked", 0))
