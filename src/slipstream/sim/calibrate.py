@@ -193,21 +193,26 @@ def _generate_columns(run: RunRecord, prompt: float) -> np.ndarray:
     return np.array(rows)
 
 
-# Fewest steps a calibration fits on: one more than the generation line's three costs. With
-# as many steps as costs or fewer, least squares passes through every step (one step fitted
-# every cost into the per-pass one, with a fit error of 0): a profile that looks exact.
+# Fewest steps a saved calibration (`slipstream sim --calibrate`) fits on: one more than the
+# generation line's three costs. With as many steps as costs or fewer, least squares passes
+# through every step (one step fitted every cost into the per-pass one, with a fit error of
+# 0): a profile that looks exact. The run's own forecast (sim.forecast) fits from its third
+# step after the warm-up on, as measured; its interval comes from the step times' spread.
 MIN_FIT_STEPS = 4
 
 
-def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration:
-    """Fit the CPU profile's measured lines from `run` (module doc); a `RunError` naming its
-    folders when it has fewer than `MIN_FIT_STEPS` steps."""
+def check_fit_steps(run: RunRecord) -> None:
+    """A `RunError` naming `run`'s folders when it has fewer than `MIN_FIT_STEPS` steps."""
     if len(run.metrics) < MIN_FIT_STEPS:
         raise RunError(
             f"{', '.join(str(p) for p in run.paths)}: {len(run.metrics)} step(s) recorded; a "
             f"calibration needs at least {MIN_FIT_STEPS} (more steps, or more runs of the "
             "configuration, fit better)"
         )
+
+
+def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration:
+    """Fit the CPU profile's measured lines from `run` (module doc)."""
     prompt = run.prompt_len
     X = _generate_columns(run, prompt)
     y_gen = np.array([float(m["time/generate_s"]) for m in run.metrics])

@@ -18,6 +18,7 @@ from slipstream.argv import OneLineParser
 from slipstream.schedule.presets import PRESETS, preset
 from slipstream.sim.calibrate import (
     Calibration,
+    check_fit_steps,
     fit_profile,
     load_calibration,
     predict_runs,
@@ -335,7 +336,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ValueError(
             "--calibrate with --predict predicts with the profile it fits: drop --profile"
         )
-    cal = fit_profile(pool_runs(read_runs(args.calibrate, "--calibrate")))
+    pooled = pool_runs(read_runs(args.calibrate, "--calibrate"))
+    check_fit_steps(pooled)
+    cal = fit_profile(pooled)
     out = args.out or args.calibrate[0] / "sim_profile.json"
     save_calibration(cal, out)
     hw = cal.hardware
