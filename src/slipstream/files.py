@@ -1,8 +1,9 @@
 """Files written whole or not at all (`write_atomic`): what a run ends with (summary.json,
 ledger.json), what a resume rewrites (metrics.jsonl, config.toml), and the small records a
 later command reads (the W&B run id, a schedule record's meta.json, replay.json); and the
-JSONL files a run writes (metrics.jsonl, a schedule record's event logs) read back
-(`read_jsonl`)."""
+JSONL files a run writes read back: those it appends to while it runs (metrics.jsonl,
+timeline.jsonl), whose last line a kill may cut short (`read_run_jsonl`), and any of them
+whole (`read_jsonl`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from slipstream.text import read_lines
+from slipstream.text import first_line, read_lines
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -51,3 +52,41 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     line at a time (a bad line raises json.JSONDecodeError; an unreadable file OSError).
     Users' datasets are read by tasks.datasets instead, whose errors name the file and line."""
     return [json.loads(line) for _, line in jsonl_lines(read_lines(path, OSError))]
+
+
+class JsonLine(NamedTuple):
+    """A non-blank line of a JSONL file: its number (from 1, blank lines counted), its text
+    (without its "\n"), and its JSON value, or why it is not JSON (`error`; `value` None)."""
+
+    n: int
+    text: str
+    value: Any
+    error: str | None = None
+
+
+def read_run_jsonl(path: Path, error: type[Exception]) -> tuple[list[JsonLine], bool]:
+    """The non-blank lines of `path`, a JSONL file a run appends to (metrics.jsonl,
+    timeline.jsonl), and whether its last line was torn. The writer ends each line with its
+    "\n", written last, so a run killed mid-write (or still writing) leaves a last line
+    without one: when that is not JSON it is left out and `torn` is True (the lines before it
+    are whole). Any other line that is not JSON comes back with its `error`, for the caller to
+    refuse (the report, the simulator) or skip (a run's own bookkeeping, which a failing
+    metrics sink must not stop). Lines end at "\n" only (`text.read_lines`); a file that
+    cannot be read or is not UTF-8 raises `error` naming it."""
+    lines: list[JsonLine] = []
+    last = 0  # the number of the file's last line, blank or not
+    for last, text in enumerate(read_lines(path, error), start=1):
+        if not text.strip():
+            continue
+        try:
+            lines.append(JsonLine(last, text, json.loads(text)))
+        except (ValueError, RecursionError) as e:  # also an int of 4300+ digits, deep nesting
+            lines.append(JsonLine(last, text, None, _why(e)))
+    torn = bool(lines) and lines[-1].n == last and lines[-1].error is not None
+    return (lines[:-1] if torn else lines), torn
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    return "nested too deeply" if isinstance(e, RecursionError) else first_line(e)

@@ -25,9 +25,12 @@ def read_lines(path: Path, error: type[Exception]) -> Iterator[str]:
     time: a file of millions of rows is never held whole (as bytes, text and list of lines)
     beside what is made of it. Lines end at "\n" only, as JSON lines do (a "\r" before it is
     kept): `str.splitlines()` would also end one at U+2028 or U+0085, legal inside a JSON
-    string, and a text-mode file (unless opened with `newline="\n"`) at a lone "\r". Read as
-    bytes, so that an error names the byte as `read_text`'s does (counted after a BOM)."""
+    string, and a text-mode file (unless opened with `newline="\n"`) at a lone "\r". As with
+    split, a file that ends with "\n" (or is empty) ends with a line "": so a last line that
+    is not blank is one its writer did not finish (`files.read_run_jsonl`). Read as bytes, so
+    that an error names the byte as `read_text`'s does (counted after a BOM)."""
     at = 0  # bytes before this line, a leading BOM left out
+    ended = True  # the lines so far ended with "\n" (none yet: the "" of an empty file)
     try:
         with path.open("rb") as f:
             for n, raw in enumerate(f):  # a binary file's lines end at b"\n" only
@@ -39,7 +42,10 @@ def read_lines(path: Path, error: type[Exception]) -> Iterator[str]:
                     reason = f"{e.reason} at byte {at + e.start}"
                     raise error(f"{path}: not UTF-8 text ({reason})") from None
                 at += len(raw)
+                ended = line.endswith("\n")
                 yield line.removesuffix("\n")
+        if ended:
+            yield ""
     except OSError as e:
         raise error(f"{path}: cannot be read ({e.strerror})") from None
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from slipstream.config import Config, load_config
 from slipstream.dicts import changed_keys
+from slipstream.files import read_run_jsonl
 from slipstream.observe.rollouts import last_steps
 from slipstream.observe.timeline import Interval, read_timeline
 
@@ -93,21 +94,16 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The step records of a metrics.jsonl: a torn last line (a run killed mid-write, or still
+    running) is left out, and the steps before it are shown; any other line that is not a JSON
+    object raises ReportError naming the file and line."""
     rows = []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            # A run killed mid-write leaves a partial last line: keep what came before it.
-            if n == len(lines):
-                break
-            raise ReportError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ReportError(f"{path}:{n}: expected a JSON object per line")
-        rows.append(row)
+    for line in read_run_jsonl(path, ReportError)[0]:
+        if line.error is not None:
+            raise ReportError(f"{path}:{line.n}: not valid JSON ({line.error})")
+        if not isinstance(line.value, dict):
+            raise ReportError(f"{path}:{line.n}: expected a JSON object per line")
+        rows.append(line.value)
     if not rows:
         raise ReportError(f"{path}: no steps recorded yet")
     return rows

@@ -14,12 +14,12 @@ group queue (backpressure from the trainer).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from slipstream.files import read_run_jsonl
 from slipstream.observe.sinks import JsonlSink, SafeSink
 
 KINDS = ("generate", "train", "weight_sync", "eval", "wait", "blocked", "down")
@@ -73,34 +73,29 @@ class TimelineWriter:
 
 
 def read_timeline(path: str | Path) -> list[Interval]:
-    """Intervals of a `timeline.jsonl`. A last line that is not valid JSON (torn: a live run
-    writing it, or a run killed mid-write) is skipped, as `observe.runs.read_metrics` skips
-    one; any other malformed line raises ValueError naming file and line."""
+    """Intervals of a `timeline.jsonl`. A torn last line (a live run writing it, or a run
+    killed mid-write: `files.read_run_jsonl`) is skipped, as `observe.runs.read_metrics` skips
+    one; any other malformed line, or a file that cannot be read, raises ValueError naming
+    file and line."""
     out = []
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            if n == len(lines):
-                break
-            raise _bad_line(path, n, line, e) from None
+    for line in read_run_jsonl(path, ValueError)[0]:
+        n, d = line.n, line.value
+        if line.error is not None:
+            raise _bad_line(path, n, line.text, line.error)
         try:
             iv = Interval(str(d["actor"]), str(d["kind"]), float(d["t0"]), float(d["t1"]))
         except (ValueError, KeyError, TypeError) as e:
-            raise _bad_line(path, n, line, e) from None
+            raise _bad_line(path, n, line.text, str(e)) from None
         if iv.t1 < iv.t0:
             raise ValueError(f"{path}:{n}: interval ends before it starts (t0 {iv.t0}, t1 {iv.t1})")
         out.append(iv)
     return out
 
 
-def _bad_line(path: Path, n: int, line: str, e: Exception) -> ValueError:
+def _bad_line(path: Path, n: int, line: str, why: str) -> ValueError:
     return ValueError(
-        f"{path}:{n}: expected {{actor, kind, t0, t1}}, got {line.strip()[:80]!r} ({e})"
+        f"{path}:{n}: expected {{actor, kind, t0, t1}}, got {line.strip()[:80]!r} ({why})"
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from slipstream.config import Config, ConfigError, load_config
-from slipstream.files import write_atomic
+from slipstream.files import read_run_jsonl, write_atomic
 from slipstream.observe.rollouts import STEP_MARK
 from slipstream.observe.runs import saved_changes
 from slipstream.run.folder import write_config
@@ -205,12 +205,12 @@ def rewind(ckpt: Path) -> None:
     timeline = run_dir / "timeline.jsonl"
     if wall is not None and timeline.exists():
         keep = []
-        for line in timeline.read_text(encoding="utf-8").splitlines():
+        for line in read_run_jsonl(timeline, OSError)[0]:
             try:
-                if json.loads(line)["t0"] <= wall:
-                    keep.append(line + "\n")
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue  # a torn last line
+                if line.error is None and line.value["t0"] <= wall:
+                    keep.append(line.text + "\n")
+            except (KeyError, TypeError):
+                continue  # not an interval: dropped, as a line that is not JSON is
         write_atomic(timeline, "".join(keep))
 
 
@@ -231,18 +231,17 @@ def void_record(run_dir: Path, step: int) -> None:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records after `step` (and a torn last line), written by a run killed after its
-    checkpoint, so that the resumed run's records do not repeat them."""
+    """Drop records after `step` (and a torn last line, and any other line that is not JSON),
+    written by a run killed after its checkpoint, so that the resumed run's records do not
+    repeat them."""
     if not path.exists():
         return
     keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step):
-            keep.append(line + "\n")
+    for line in read_run_jsonl(path, OSError)[0]:
+        rec = line.value
+        later = isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step
+        if line.error is None and not later:
+            keep.append(line.text + "\n")
     write_atomic(path, "".join(keep))
 
 

@@ -11,22 +11,24 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slipstream.files import write_atomic
+from slipstream.files import read_run_jsonl, write_atomic
 from slipstream.run.setup import Run
 from slipstream.schedule.step_stats import goodput
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The step records of a metrics.jsonl (a torn last line skipped)."""
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            out.append(rec)
-    return out
+    """The step records of a metrics.jsonl (none when there is none yet): objects with an
+    integer `step`. A line that is not JSON, anywhere (a torn last line, or what a failing
+    metrics sink left), is skipped: the end of a run, its resume and a bench's table read
+    what the run recorded, and a damaged line must not stop them."""
+    if not path.exists():
+        return []
+    lines, _ = read_run_jsonl(path, OSError)
+    return [
+        line.value
+        for line in lines
+        if isinstance(line.value, dict) and isinstance(line.value.get("step"), int)
+    ]
 
 
 def finish(run: Run, acc_start: float, acc_end: float, wall: float) -> dict[str, Any]:

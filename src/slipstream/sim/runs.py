@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from slipstream.dicts import changed_keys
-from slipstream.files import jsonl_lines
+from slipstream.files import read_run_jsonl
 from slipstream.schedule.presets import preset
 from slipstream.sim.simulator import LagPolicy
-from slipstream.text import read_text
 
 # Per-step metrics the calibration fits on (see calibrate.py).
 REQUIRED_METRICS = (
@@ -155,14 +154,11 @@ def read_metrics(path: Path, require: tuple[str, ...] = ()) -> tuple[list[dict[s
     (the steps before it are whole). Any other bad line or a missing `require`d key raises,
     naming the file and line."""
     rows: list[dict[str, Any]] = []
-    lines = read_text(path, RunError).split("\n")  # (a newline at the end: a last "")
-    for i, line in jsonl_lines(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines):  # the last line, without its newline
-                return rows, True
-            raise RunError(f"{path}:{i}: not JSON ({e.msg})") from None
+    lines, torn = read_run_jsonl(path, RunError)
+    for line in lines:
+        i, row = line.n, line.value
+        if line.error is not None:
+            raise RunError(f"{path}:{i}: not JSON ({line.error})")
         if not isinstance(row, dict):
             raise RunError(f"{path}:{i}: expected a JSON object")
         for name, alias in ALIASES.items():
@@ -172,7 +168,7 @@ def read_metrics(path: Path, require: tuple[str, ...] = ()) -> tuple[list[dict[s
         if missing:
             raise RunError(f"{path}:{i}: missing {', '.join(missing)}")
         rows.append(row)
-    return rows, False
+    return rows, torn
 
 
 def read_run(run_dir: Path, require: tuple[str, ...] = REQUIRED_METRICS) -> RunRecord:
