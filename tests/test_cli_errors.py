@@ -20,7 +20,7 @@ def _train(capsys, tmp_path, *overrides: str) -> tuple[int, str]:
 
 
 def _one_line(err: str, *parts: str) -> None:
-    assert err.startswith("slipstream: error: ") and "\n" not in err, err
+    assert err.startswith("slipstream train: error: ") and "\n" not in err, err
     assert "Traceback" not in err and all(p in err for p in parts), err
 
 
@@ -262,13 +262,13 @@ def test_a_model_folder_whose_weights_cannot_load_is_refused_before_any_work(cap
     shards[1].unlink()
     rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
     _one_line(err, shards[1].name, "named by model.safetensors.index.json, but missing")
-    assert err.startswith(f"slipstream: error: model.path: {d}: {shards[1].name}: "), err
+    assert err.startswith(f"slipstream train: error: model.path: {d}: {shards[1].name}: "), err
     d = _sharded(tmp_path / "again")
     (d / "config.json").write_text(json.dumps({**TINY_QWEN, "intermediate_size": 16}))
     rc, err = _train(capsys, tmp_path, f'model.path="{d}"')
     assert rc == 2
     _one_line(err, "mlp.", "[8, 8] in the weights but [16, 8] by config.json")
-    assert err.startswith(f"slipstream: error: model.path: {d}: model.layers.0."), err
+    assert err.startswith(f"slipstream train: error: model.path: {d}: model.layers.0."), err
 
 
 @pytest.mark.parametrize(

@@ -146,3 +146,27 @@ def test_replay_of_a_damaged_record_is_one_line(capsys, tmp_path, monkeypatch, m
     rc = main(["replay", _record(tmp_path, meta, files)])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and said in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, prog",
+    [
+        # each of these began "slipstream: error: ", where a usage error of the same command
+        # began "slipstream CMD: error: " (argparse's form)
+        (["train", "run.steps=0"], "slipstream train"),
+        (["replay", str(DATA / "run_small")], "slipstream replay"),
+        (["bench"], "slipstream bench"),
+        (["bench", "schedules", "trainer.lr=-1"], "slipstream bench schedules"),
+        (["trian"], "slipstream"),  # no command known: the program's name alone
+    ],
+)
+def test_every_error_of_a_command_starts_with_its_name(capsys, tmp_path, monkeypatch, argv, prog):
+    def trained(*a, **k):
+        raise AssertionError("a run trained before the bad input was refused")
+
+    monkeypatch.setattr("slipstream.run.bench.run_config", trained)
+    monkeypatch.chdir(tmp_path)  # (a run's or the bench's default folder is made here)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{prog}: error: ") and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())  # nothing started

@@ -35,6 +35,7 @@ _DOTTED = re.compile(rf"(?:{'|'.join(SECTIONS)})(?:\.[A-Za-z_]\w*)+")
 _COMMAND = re.compile(
     r"slipstream (?:train|sim|plan|report|replay|bench)\b|python3? bench/\w+\.py\b"
 )
+_PRINTED = re.compile(r"slipstream(?: [a-z]+)*: ")  # a line it prints: `slipstream train: error:`
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _REPO_PATH = re.compile(r"(?<![\w/.$-])((?:bench|tests|docs|src)/[\w./*-]*[\w*/])")
 _MODULE_PATH = re.compile(r"(?<![\w/.$-])((?:[a-z_]+/)+[a-z_]+\.py)\b")
@@ -75,11 +76,12 @@ def commands(code: str) -> Iterator[list[str]]:
     """The slipstream and bench commands of one snippet, as argv lists: each `&&` / `;` part
     that starts with one (after `VAR=value` assignments), its `# comment` dropped. Parts with
     placeholders (`run.dir=...`, `$VAR`, `RUN_DIR`, a bare `S`) are left out, as are names in prose
-    (`slipstream replay`, `slipstream train / replay / report`): they are not runnable."""
+    (`slipstream replay`, `slipstream train / replay / report`) and lines a command prints
+    (`slipstream train: error: ...`): they are not runnable."""
     for part in re.split(r"&&|;|\|", code):
         part = part.strip().lstrip("(")
         part = re.sub(r"^(?:[A-Z_]+=\S+\s+)+", "", part)
-        if not _COMMAND.match(part):
+        if not _COMMAND.match(part) or _PRINTED.match(part):
             continue
         try:
             argv = shlex.split(part, comments=True)
@@ -461,7 +463,7 @@ def test_commands_are_read_from_fences_and_code_spans() -> None:
         "```bash\nslipstream train run.steps=3 \\\n    trainer.lr=1e-3   # a comment\n"
         "pip install x && python bench/engine.py --quick\n```\n"
         "and `OMP_WAIT_POLICY=ACTIVE slipstream train ...`, `slipstream replay RUN_DIR`, `slipstream\n"
-        "plan --gpus 8`.\n"
+        "plan --gpus 8`.\n```\nslipstream bench schedules: error: --seeds: expected integers, got 'a'\n```\n"
     )
     found = [argv for _, code in snippets(text) for argv in commands(code)]
     assert found == [

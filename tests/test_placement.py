@@ -61,7 +61,7 @@ def test_train_with_cuda_on_a_cpu_machine_exits_2_before_writing(tmp_path, capsy
     rc = cli.main(["train", "trainer.device=cuda", f'run.dir="{run_dir}"', "run.quiet=true"])
     err = capsys.readouterr().err.strip()
     assert rc == 2
-    assert err.startswith("slipstream: error: trainer.device: 'cuda'") and "\n" not in err
+    assert err.startswith("slipstream train: error: trainer.device: 'cuda'") and "\n" not in err
     assert not run_dir.exists()  # checked before the run folder is made
 
 

@@ -100,7 +100,7 @@ def test_a_reward_that_fails_the_run_after_a_checkpoint_says_where_to_resume(tmp
     ])  # fmt: skip
     err = capsys.readouterr().err.rstrip("\n").splitlines()
     assert rc == 2 and "Traceback (most recent call last):" not in err, err
-    assert err[-2].startswith("slipstream: error: reward ") and " on prompt " in err[-2], err
+    assert err[-2].startswith("slipstream train: error: reward ") and " on prompt " in err[-2], err
     assert err[-2].endswith("injected reward failure (task.reward_errors = 'fail')"), err
     assert err[-1] == (
         f"slipstream: newest checkpoint {run / 'checkpoints' / 'step_000002'}; "

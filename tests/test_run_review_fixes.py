@@ -37,9 +37,9 @@ def trained(monkeypatch) -> list[Any]:
     return calls
 
 
-def _one_line(err: str, *parts: str) -> None:
+def _one_line(err: str, *parts: str, prog: str = "slipstream train") -> None:
     err = err.strip()
-    assert err.startswith("slipstream: error: ") and "\n" not in err, err
+    assert err.startswith(f"{prog}: error: ") and "\n" not in err, err
     assert "Traceback" not in err and all(p in err for p in parts), err
 
 
@@ -113,7 +113,7 @@ def test_a_resume_marks_a_complete_schedule_record_incomplete(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"incomplete \(the run was resumed from step 2"):
         read_meta(run)
     assert main(["replay", str(run)]) == 2
-    _one_line(capsys.readouterr().err, "resumed from step 2")
+    _one_line(capsys.readouterr().err, "resumed from step 2", prog="slipstream replay")
 
 
 def test_replay_says_why_the_weights_were_not_compared(tmp_path, monkeypatch, capsys):
@@ -295,6 +295,9 @@ def _write_run(folder: Path, *overrides: str, finished: bool = True) -> dict[str
     return summary
 
 
+BENCH_PROG = "slipstream bench schedules"
+
+
 def _bench(out: Path, *more: str) -> list[str]:
     return ["bench", "schedules", *TINY, "--presets", NAME, "--seeds", "0", "--out", str(out), *more]  # fmt: skip
 
@@ -325,7 +328,13 @@ def test_bench_reuse_reads_back_a_run_of_the_same_settings(tmp_path, bench_train
 def test_bench_reuse_refuses_a_finished_run_of_other_settings(tmp_path, capsys, bench_trained):
     _write_run(tmp_path / "b" / NAME, "trainer.lr=0.5")
     assert main(_bench(tmp_path / "b", "--reuse")) == 2 and bench_trained == []
-    _one_line(capsys.readouterr().err, "--reuse", "other settings (trainer.lr)", "another --out")
+    _one_line(
+        capsys.readouterr().err,
+        "--reuse",
+        "other settings (trainer.lr)",
+        "another --out",
+        prog=BENCH_PROG,
+    )
 
 
 def test_bench_reuse_trains_an_unfinished_run_again(tmp_path, bench_trained):
@@ -359,14 +368,14 @@ def test_bench_reuse_keeps_an_unfinished_run_of_other_settings(
         (folder / "config.toml").unlink()
     assert main(_bench(tmp_path / "b", "--reuse")) == 2 and bench_trained == []
     why = "trainer.lr" if config == "other" else "no config.toml"
-    _one_line(capsys.readouterr().err, "an unfinished run of other settings", why)
+    _one_line(capsys.readouterr().err, "an unfinished run of other settings", why, prog=BENCH_PROG)
     assert (folder / "metrics.jsonl").is_file()
 
 
 def test_bench_without_reuse_refuses_a_folder_holding_a_run(tmp_path, capsys, bench_trained):
     _write_run(tmp_path / "b" / NAME)
     assert main(_bench(tmp_path / "b")) == 2 and bench_trained == []
-    _one_line(capsys.readouterr().err, "already holds a run", "--reuse")
+    _one_line(capsys.readouterr().err, "already holds a run", "--reuse", prog=BENCH_PROG)
 
 
 @pytest.mark.parametrize("seeds", ["--seeds=a,b", "--seeds=", "--seeds=1,1"])

@@ -3,7 +3,8 @@
 argparse prints its whole usage block before the error, several lines that bury the one that
 says what was wrong; every other bad input of the `slipstream` command is one line naming the
 flag or setting (`slipstream CMD -h` still prints the usage). The exit status stays argparse's
-2 for a usage error.
+2 for a usage error. Every error of a subcommand begins as argparse begins this one,
+`slipstream CMD: error: ` (`cli.main` prints the config errors it catches so).
 """
 
 from __future__ import annotations

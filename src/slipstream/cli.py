@@ -33,6 +33,9 @@ commands:
 """
 
 
+COMMANDS = ("train", "sim", "plan", "report", "replay", "bench")
+
+
 def _train(argv: list[str]) -> int:
     parser = OneLineParser(
         prog="slipstream train", description="Train with RL on verifiable rewards."
@@ -92,7 +95,7 @@ def _train(argv: list[str]) -> int:
         hint = _resume_hint(cfg)
         if hint is None:  # nothing to resume from: main's one line
             raise
-        print(f"slipstream: error: {e}\nslipstream: {hint}", file=sys.stderr)
+        print(f"{parser.prog}: error: {e}\nslipstream: {hint}", file=sys.stderr)
         return 2
     except BaseException as e:
         _where_to_resume(cfg, e)
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             print(USAGE)
             return 0
     cmd, rest = argv[0], argv[1:]
+    prog = _prog(cmd, rest)
     try:
         if cmd == "train":
             return _train(rest)
@@ -166,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         if cmd == "bench":
             if not rest or rest[0] != "schedules":
                 print(
-                    "slipstream: error: usage: slipstream bench schedules [options]",
-                    file=sys.stderr,
+                    f"{prog}: error: usage: slipstream bench schedules [options]", file=sys.stderr
                 )
                 return 2
             from slipstream.run.bench import bench_schedules_main
@@ -186,13 +189,27 @@ def main(argv: list[str] | None = None) -> int:
 
             return plan_main(rest)
     except (ConfigError, TaskError) as e:
-        print(f"slipstream: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("slipstream: interrupted", file=sys.stderr)
         return 130
-    print(f"slipstream: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+    print(f"{prog}: error: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return 2
+
+
+def _prog(cmd: str, rest: list[str]) -> str:
+    """What an error of the command line `slipstream CMD REST` starts with: the subcommand as
+    its usage names it (`slipstream train`, `slipstream bench schedules`), as argparse starts
+    its usage errors (`argv.OneLineParser`), so that every error of one subcommand reads
+    `slipstream CMD: error: ...`; `slipstream` alone for a command it does not know."""
+    if cmd not in COMMANDS:
+        return "slipstream"
+    return (
+        f"slipstream {cmd} schedules"
+        if cmd == "bench" and rest[:1] == ["schedules"]
+        else f"slipstream {cmd}"
+    )
 
 
 if __name__ == "__main__":

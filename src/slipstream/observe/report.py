@@ -12,15 +12,15 @@ server: open it from disk, or attach the folder to an issue.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import html
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from slipstream.argv import OneLineParser
 from slipstream.observe.figures import FIGURES, save
 from slipstream.observe.means import lag_tokens, number, weighted_mean
 from slipstream.observe.runs import (
@@ -242,14 +242,8 @@ def write_report(runs: list[RunData], out: str | Path) -> Path:
     return page
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line on stderr and exit 2, like every other bad input of `slipstream report`.
-        raise ReportError(message)
-
-
 def report_main(argv: list[str]) -> int:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="slipstream report", description="Figures and an HTML page from run folders."
     )
     parser.add_argument(
@@ -263,6 +257,9 @@ def report_main(argv: list[str]) -> int:
     )
     try:
         args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error, said in one line (or -h): its status returned
+        return int(e.code or 0)
+    try:
         runs = load_runs(args.run_dirs)
         notice = comparison_notice(runs)
         if notice is not None:

@@ -579,7 +579,7 @@ def replay_main(argv: list[str]) -> int:
     try:
         r = replay(Path(args.run_dir), list(args.items), args.out)
     except Diverged as e:
-        print(f"slipstream: replay diverged from the record: {e}", file=sys.stderr)
+        print(f"{parser.prog}: error: the replay diverged from the record: {e}", file=sys.stderr)
         return 1
     # differs: a metric, or final weights both runs kept (not compared is said, not failed)
     same = r["metric_differences"] == 0 and r["weights_equal"] is not False
