@@ -68,6 +68,7 @@ import numpy as np
 
 from slipstream.files import write_atomic
 from slipstream.sim.calibrate import (
+    computed_tokens,
     fit_passes,
     fit_profile,
     nonneg_lstsq,
@@ -172,7 +173,7 @@ def forward_line_err(source: list[dict], target: list[dict]) -> float | None:
 
 
 def train_line_err(source: list[dict], target: list[dict]) -> float:
-    """The calibration run's training line (`time/train_s = c + d * tokens/trained`, the form
+    """The calibration run's training line (`time/train_s = c + d * tokens/computed`, the form
     `fit_profile` fits, here on the steps after the first, as compared) on the target's own
     steps after the first, their summed seconds predicted over measured, less 1: how much
     slower the target's trainer ran than the calibration run's (about 2x on a pipeline with
@@ -182,9 +183,9 @@ def train_line_err(source: list[dict], target: list[dict]) -> float:
 
 def train_rows_err(src: list[dict], tgt: list[dict]) -> float:
     """`train_line_err` on the steps given, every one of them (no warm-up left out)."""
-    T = np.array([[1.0, float(m["tokens/trained"])] for m in src])
+    T = np.array([[1.0, computed_tokens(m)] for m in src])
     c, d = nonneg_lstsq(T, np.array([float(m["time/train_s"]) for m in src]))
-    pred = sum(c + d * float(m["tokens/trained"]) for m in tgt)
+    pred = sum(c + d * computed_tokens(m) for m in tgt)
     return pred / sum(float(m["time/train_s"]) for m in tgt) - 1
 
 

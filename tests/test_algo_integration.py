@@ -544,3 +544,38 @@ def test_tokens_the_loss_drops_as_non_finite_are_wasted_not_trained(tmp_path, mo
         assert r["train/nonfinite_tokens"] >= 1
         assert r["tokens/trained"] == n - r["train/nonfinite_tokens"]
         assert r["tokens/generated"] == r["tokens/trained"] + r["tokens/wasted"]  # no replay
+
+
+@pytest.mark.slow
+def test_a_step_skipped_as_non_finite_trains_no_token_and_wastes_them_all(tmp_path, monkeypatch):
+    """A non-finite gradient at step 2 (injected on one parameter) skips the step: it trained
+    no token (`tokens/trained` 0, where it counted the whole loss mask) and every one of them
+    is wasted, so tokens/generated = trained + wasted still holds on each step; its
+    `tokens/computed` is the loss mask, as a taken step's."""
+    from slipstream.train.trainer import Trainer
+
+    monkeypatch.setattr(RunningSums, "reward", lambda self, prompt, text: float(len(text) % 2 == 0))
+    step = Trainer.step
+    masked: list[int] = []  # each step's loss-mask tokens
+
+    def nan_grad_at_step_2(self, groups):
+        masked.append(int(self.batch(groups).loss_mask.sum()))
+        if self.version != 1:
+            return step(self, groups)
+        hook = next(self.model.parameters()).register_hook(lambda g: g * math.nan)
+        try:
+            return step(self, groups)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(Trainer, "step", nan_grad_at_step_2)
+    summary = train_sync(_tiny_cfg(tmp_path, "skip"))
+    records = [
+        json.loads(x) for x in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert summary["skipped_steps"] == 1 and len(records) == len(masked) == 3
+    assert [r["train/skipped"] for r in records] == [0.0, 1.0, 0.0]
+    for r, n in zip(records, masked):
+        assert r["tokens/trained"] == (0 if r["train/skipped"] else n)
+        assert r["tokens/generated"] == r["tokens/trained"] + r["tokens/wasted"]  # no replay
+    assert [r["tokens/computed"] for r in records] == masked

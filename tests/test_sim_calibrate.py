@@ -161,6 +161,28 @@ def test_fit_recovers_the_true_costs(tmp_path: Path) -> None:
     assert cal.fit_error["generate"] < 0.05 and cal.fit_error["train"] < 0.05
 
 
+def test_the_training_line_is_fitted_on_the_tokens_computed_a_skipped_steps_too(
+    tmp_path: Path,
+) -> None:
+    """A step the trainer skipped as non-finite trained no token (`tokens/trained` 0) yet
+    spent its forward and backward passes: the line is fitted on `tokens/computed`, so every
+    fourth step skipped leaves the recovered cost per token and the trained share as they were
+    (fitted on `tokens/trained`, those steps pulled the line's slope down and its intercept up,
+    and the share to 0.75)."""
+    path = fake_run(tmp_path / "a", batch_prompts=8)
+    rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r["tokens/computed"] = r["tokens/trained"]
+        if i % 4 == 3:
+            r["tokens/trained"], r["train/skipped"] = 0, 1.0
+    path.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cal = fit_profile(read_run(path))
+    assert cal.hardware.train_token_s == pytest.approx(TRUE["d"], rel=0.2)
+    assert cal.hardware.train_overhead_s == pytest.approx(TRUE["c"], rel=0.5)
+    assert cal.trained_frac == 1.0  # the fake run's filters keep every token
+    assert cal.fit_error["train"] < 0.05
+
+
 @pytest.mark.parametrize(
     ("batch_prompts", "schedule"),
     [(16, "sync"), (4, "sync"), (8, "double_buffer")],

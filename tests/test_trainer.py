@@ -45,6 +45,34 @@ def test_non_finite_step_is_skipped_and_changes_nothing():
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_skipped_step_trains_no_token_and_the_learner_counts_them_wasted():
+    """A step skipped as non-finite moves no weight, so none of its 4 loss tokens entered a
+    gradient: `tokens/trained` is 0 (it was 4) and the learner adds all 4 to `tokens/wasted`,
+    so tokens/generated = trained - replayed + wasted still holds (it was short by 4).
+    `tokens/computed` is the 4 tokens the step's passes went over, skipped or not."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from slipstream.run.learner import RunLearner
+
+    model, tok = init_builtin(seed=0)
+    trainer = Trainer(model, TrainerConfig(), 1.0, tok.pad_id)
+    engine = SimpleNamespace(version=0)
+    run = SimpleNamespace(
+        trainer=trainer, engine=engine, eval_engine=engine, counters=Counter(), ledger=None
+    )
+    learner = RunLearner(run, defer_eval=False)  # type: ignore[arg-type]
+    hook = model.model.norm.weight.register_hook(lambda g: g * float("nan"))
+    metrics = learner.train([_group(tok, [1.0, -1.0])])
+    hook.remove()
+    assert metrics["train/skipped"] == 1.0 and metrics["train/nonfinite_tokens"] == 0.0
+    assert metrics["tokens/trained"] == 0.0 and metrics["tokens/computed"] == 4.0
+    assert run.counters["tokens/wasted"] == 4
+    metrics = learner.train([_group(tok, [1.0, -1.0])])  # a step taken wastes none
+    assert metrics["tokens/trained"] == metrics["tokens/computed"] == 4.0
+    assert run.counters["tokens/wasted"] == 4 and engine.version == 2
+
+
 def test_a_skipped_step_logs_the_learning_rate_it_would_have_applied():
     """train/lr of a skipped step holds the watchdog's scale as a taken step's does (it was
     the schedule's rate alone: the metric jumped for the skipped step)."""

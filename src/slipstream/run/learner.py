@@ -105,8 +105,10 @@ class RunLearner:
         if self.watchdog is not None:
             self.watchdog.before_step()
         metrics = self.run.trainer.step(groups)
-        # as the in-process loop counts them (schedule.sync): dropped as non-finite, wasted
-        self.run.counters["tokens/wasted"] += int(metrics["train/nonfinite_tokens"])
+        # as the in-process loop counts them (schedule.sync): tokens in no gradient (dropped
+        # as non-finite, or all of a skipped step's) are wasted
+        computed, trained = metrics["tokens/computed"], metrics["tokens/trained"]
+        self.run.counters["tokens/wasted"] += int(computed - trained)
         self.run.engine.version = self.run.eval_engine.version = self.run.trainer.version
         return metrics
 

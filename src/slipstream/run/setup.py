@@ -298,7 +298,8 @@ class Run:
 
         `tokens/wasted` (in `counters`) grows by every generated token no optimizer step's
         loss takes: dropped groups, masked samples, those replaced by replayed ones, and (where
-        the trainer steps) tokens its loss dropped as non-finite. A kept sample whose advantage
+        the trainer steps) tokens its loss dropped as non-finite and every token of a step it
+        skipped (`tokens/computed - tokens/trained`, train.trainer). A kept sample whose advantage
         is 0 is *not* wasted (in the loss mask and the normaliser; dro acts on it). Per step:
         tokens/generated = tokens/trained - tokens/replayed + tokens/wasted.
         """

@@ -256,7 +256,8 @@ class StepStats:
             "tokens/cancelled": d["cancelled_tokens"],
             "tokens/aborted": d["aborted_tokens"],  # cut in a sampler by lag policy `abort`
             "engine/tokens_per_s": d["tokens_generated"] / max(span_s, 1e-9),
-            "train/tokens_per_s": trained / max(t_train, 1e-9),
+            # the trainer's speed: the tokens it computed on, a skipped step's too
+            "train/tokens_per_s": metrics.get("tokens/computed", trained) / max(t_train, 1e-9),
             "engine/decode_steps": d["decode_steps"],
             "engine/prefill_tokens": d["prefill_tokens"],
             **{f"engine/{k}": d[k] for k in PASS_SUMS},
@@ -355,17 +356,18 @@ def goodput(
 ) -> dict[str, float]:
     """Useful time over wall time, from a run's step records.
 
-    Useful is the trainer's optimizer steps plus the samplers' generation that reached the
-    trainer as training data: generating time scaled by the share of generated tokens not
-    wasted (filtered, stale, cancelled, aborted, lost to a failure, or unfinished: cut off by
-    the end of the run). The denominator is the wall time of every actor: the trainer and
+    Useful is the trainer's optimizer steps (not a skipped step's time) plus the samplers'
+    generation that reached the trainer as training data: generating time scaled by the share
+    of generated tokens not wasted (filtered, stale, cancelled, aborted, lost to a failure,
+    in a skipped step, or unfinished: cut off by the end of the run). The denominator is the wall time of every actor: the trainer and
     `samplers` sampler processes, or one process doing both in the in-process loop
     (`samplers = 0`). Idle time (a sampler waiting for weights, a trainer waiting for groups)
     is not useful, so sync runs score low on it too. `totals`: (tokens generated, generating
     seconds) of the whole run, where known (the samplers' final reports), in place of the
     records' sums, which end at the last step record.
     """
-    train_s = sum(r.get("time/train_s", 0.0) for r in records)
+    # a skipped step (train.trainer: non-finite, or nothing to train) is no optimizer step
+    train_s = sum(r.get("time/train_s", 0.0) for r in records if not r.get("train/skipped"))
     gen_s = sum(r.get("time/generate_s", 0.0) for r in records) * max(samplers, 1)
     generated = sum(r.get("tokens/generated", 0) for r in records)
     if totals is not None:

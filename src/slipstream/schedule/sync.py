@@ -195,9 +195,10 @@ def _step(
     if wd is not None:
         wd.before_step()  # the learning-rate multiplier of tighten / rollback / injection
     metrics = run.trainer.step(kept)
-    # tokens the loss dropped as non-finite were in no gradient: wasted (so tokens/generated =
-    # tokens/trained - tokens/replayed + tokens/wasted holds, run.setup.Run.settle)
-    run.counters["tokens/wasted"] += int(metrics["train/nonfinite_tokens"])
+    # tokens in no gradient (dropped by the loss as non-finite, or all of a skipped step's):
+    # wasted, so tokens/generated = tokens/trained - tokens/replayed + tokens/wasted holds
+    # (run.setup.Run.settle)
+    run.counters["tokens/wasted"] += int(metrics["tokens/computed"] - metrics["tokens/trained"])
     run.engine.version = run.eval_engine.version = run.trainer.version
     run.ledger.trained += len(kept)
     t_train = time.perf_counter() - t1
@@ -257,7 +258,7 @@ def step_record(
         "tokens/generated": gen_tokens,
         **{k: d[k] for k in COUNTERS},  # tokens/wasted, replay/samples, filters/...
         "engine/tokens_per_s": gen_tokens / max(t_gen, 1e-9),
-        "train/tokens_per_s": metrics["tokens/trained"] / max(t_train, 1e-9),
+        "train/tokens_per_s": metrics["tokens/computed"] / max(t_train, 1e-9),  # its speed
         "engine/decode_steps": d["decode_steps"],
         "engine/prefill_tokens": d["prefill_tokens"],
         **{f"engine/{k}": d[k] for k in PASS_SUMS},

@@ -32,9 +32,12 @@ fewer on the built-in task, whose larger operands make both longer); `e` is scal
 ratio, measured on the calibration run's own steps (`context_scale`). Before, a pipeline's
 generation was predicted about 10 % short on this machine.
 
-Training is `time/train_s = c + d * tokens/trained`, where `tokens/trained` is the loss
-(completion) tokens of the groups the filters kept, so the profile also records the trained
-share of generated tokens (`trained_frac`), which the simulator applies to its completions.
+Training is `time/train_s = c + d * tokens/computed`, where `tokens/computed` is the loss
+(completion) tokens of the groups the filters kept, the tokens the trainer's passes went over:
+unlike `tokens/trained` it holds a skipped step's (a non-finite one still cost its forward and
+backward passes) and tokens the loss dropped as non-finite (`computed_tokens`; a run recorded
+before the metric existed: `tokens/trained`). The profile also records that share of generated
+tokens (`trained_frac`), which the simulator applies to its completions.
 `step_time_s` is generation + training (evaluation excluded) and `sampler_busy` is
 `time/generate_s / step_time_s`. Both fits are least squares over the run's steps with
 non-negative coefficients (exact, by trying every subset of columns: there are three at most).
@@ -88,8 +91,8 @@ class Calibration:
     fit_error: dict[str, float]
     """In-sample relative RMS error of the generate and train time fits."""
     trained_frac: float = 1.0
-    """Tokens trained per token generated (`tokens/trained` / `tokens/generated`): the share
-    the filters keep. The trainer's cost line is per trained token, so the simulator trains
+    """Tokens trained on per token generated (`tokens/computed` / `tokens/generated`): the
+    share the filters keep. The trainer's cost line is per such token, so the simulator trains
     this share of the completion tokens it generated."""
 
 
@@ -171,6 +174,13 @@ def context_scale(metrics: list[dict[str, Any]]) -> float:
     return measured / counted if counted > 0 else 1.0
 
 
+def computed_tokens(m: dict[str, Any]) -> float:
+    """The tokens a step record's training went over (`tokens/computed`, a skipped step's
+    too); in a run recorded before that metric, `tokens/trained`, the same but for tokens the
+    loss dropped as non-finite and the steps it skipped."""
+    return float(m.get("tokens/computed", m["tokens/trained"]))
+
+
 def _rel_rms(pred: np.ndarray, y: np.ndarray) -> float:
     return float(np.sqrt(np.mean((pred - y) ** 2)) / max(np.mean(y), 1e-12))
 
@@ -221,11 +231,11 @@ def fit_profile(run: RunRecord, base: Hardware = HARDWARE["cpu"]) -> Calibration
     if passes is not None:
         pass_s = sum(float(m["engine/pass_s"]) for m in run.metrics)
         a, b, e = passes * (float(y_gen.sum()) / pass_s)
-    T = np.array([[1.0, float(m["tokens/trained"])] for m in run.metrics])
+    T = np.array([[1.0, computed_tokens(m)] for m in run.metrics])
     y_train = np.array([float(m["time/train_s"]) for m in run.metrics])
     c, d = nonneg_lstsq(T, y_train)
     generated = sum(float(m["tokens/generated"]) for m in run.metrics)
-    trained = sum(float(m["tokens/trained"]) for m in run.metrics)
+    trained = sum(computed_tokens(m) for m in run.metrics)
     hw = replace(
         base,
         name=f"cpu@{run.path.name}" + (f"+{len(run.pooled)}" if run.pooled else ""),

@@ -352,11 +352,11 @@ def forecast(
 
 
 NEEDED = ("step", "wall_s", *(m for m in REQUIRED_METRICS[1:] if m != "sampler_busy"))
-KEEP = (*NEEDED, "prompt_len_mean", "completion_lens", *PASS_KEYS)
+KEEP = (*NEEDED, "prompt_len_mean", "completion_lens", "tokens/computed", *PASS_KEYS)
 """The keys of a step record the forecast reads: the calibration's (`sim.runs`) but the
 sampler's busy share, which a forecast does not use, with the wall clock (NEEDED); and when
-present, the lengths and the engine's forward-pass sums (the decode line is fitted from them:
-sim.calibrate)."""
+present, the lengths, the tokens the trainer computed on (its line is fitted on them) and the
+engine's forward-pass sums (the decode line is fitted from them: sim.calibrate)."""
 
 
 class OnlineForecast:

@@ -164,13 +164,14 @@ class Trainer:
         """Train on `groups`; bump the version. Skips (and counts) a non-finite step, and a
         step without a trainable token (every episode crashed before the model spoke, or the
         rollout correction masked every token): AdamW would move the weights on zero
-        gradients through its moments and weight decay."""
+        gradients through its moments and weight decay. A skipped step trained no token
+        (`tokens/trained` 0); `tokens/computed` is the loss mask either way."""
         self.model.train()
         full = to_device(self.batch(groups), self.device)
         agg = self.cfg.agg or losses.METHODS[self.cfg.loss].agg
         parts, seq_lr, tok_lr = [], [], []
         ent_sum = full.advantages.new_zeros(())
-        num_tokens = torch.zeros((), dtype=torch.long, device=self.device)  # tokens/trained
+        num_tokens = torch.zeros((), dtype=torch.long, device=self.device)  # in the loss
         self.opt.zero_grad(set_to_none=True)
         total = full.advantages.new_zeros(())  # sum of the micro-batches' numerators
         old_by_mb: list[tuple[slice, torch.Tensor]] = []
@@ -242,7 +243,12 @@ class Trainer:
                 # a skipped step's too: the rate it would have applied (no jump in the metric)
                 "train/lr": step_lr,
                 "train/skipped": 0.0 if stepped else 1.0,
-                "tokens/trained": float(num_tokens),
+                # a skipped step's tokens entered no update: none trained (the loops count
+                # them as wasted, tokens/computed - tokens/trained), none useful to goodput
+                "tokens/trained": float(num_tokens) if stepped else 0.0,
+                # the loss-mask tokens its forward and backward passes went over, trained or
+                # not: what the step cost (sim.calibrate fits time/train_s on it)
+                "tokens/computed": float(full.num_tokens),
                 # how far the data's policy is from this one: 1 on-policy (docs/algorithms.md)
                 "staleness/ess_token": staleness.ess(torch.cat(tok_lr)),
                 "staleness/ess_seq": staleness.ess(torch.cat(seq_lr)),
