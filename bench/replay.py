@@ -4,7 +4,7 @@ Each case trains a random model of the built-in architecture on a JSONL copy of 
 task (a reward a random model earns half the time: odd-length completions), on the local
 runtime with `run.record_schedule=true`, then runs `slipstream replay` on it in this process.
 Reported per case: the steps, metric values that differ (timings excluded,
-`run.replay_run.TIMINGS`), whether the final weights are equal (torch.equal), the record's
+`run.replay_compare.TIMINGS`), whether the final weights are equal (torch.equal), the record's
 size (bytes of RUN_DIR/schedule/ per step), the original run's wall time (its `wall_s`, from the
 first work issued to the end; the process start and sampler spawn before it are given apart as
 `total_s`) and the replay's.

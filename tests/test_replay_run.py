@@ -153,6 +153,7 @@ def test_a_replay_ends_with_the_runs_ledger_and_goodput_figures(recorded, tmp_pa
         "tokens_wasted",
         "groups_issued",
         "groups_unfinished",
+        "windows",  # recounted by the replay (missing before)
         "sampler_busy",
         "lag_mean",
         "lag_max",
@@ -168,6 +169,14 @@ def test_a_replay_ends_with_the_runs_ledger_and_goodput_figures(recorded, tmp_pa
         for s, d in ((a, recorded), (b, tmp_path / "replay"))
     ]
     assert gen[1] == pytest.approx(gen[0], rel=1e-9)
+    # the rest of the run's summary that a replay has (missing before): the held-out curve
+    # (where `slipstream report` finds deferred evaluations) is the run's but its clock; the
+    # runtime, placement and weight channel are the replay's own, in this one process
+    curves = [[(c["step"], c["heldout_acc"]) for c in s["heldout_curve"]] for s in (a, b)]
+    assert curves[1] == curves[0] and len(curves[0]) == 3  # steps 0, 2, 5 (eval.every=2)
+    assert b["runtime"] == "replay" and b["replayed_runtime"] == a["runtime"] == "local"
+    assert b["placement"] == a["placement"] == {"trainer": "cpu", "samplers": ["cpu", "cpu"]}
+    assert b["weight_channel"] == "WeightStore" and "sampler_pids" not in b
 
 
 @pytest.mark.slow
@@ -236,6 +245,7 @@ def test_a_replay_stopped_early_is_the_recorded_run_up_to_there(assets, tmp_path
     assert result["weights_equal"] is True  # both have step 2's checkpoint
     summary = json.loads((tmp_path / "bisect" / "summary.json").read_text())
     assert summary["exact"] is True and summary["heldout_acc_end_step"] == 0
+    assert summary["windows"] == 2  # as the run had closed when it trained step 2
 
 
 # `_overrides` made a 1-sampler pipeline run of 4 steps (K = 1, no watchdog) whose learning
@@ -410,6 +420,7 @@ def test_a_rollback_in_the_replay_does_not_discard_the_groups_of_a_window_that_k
     waiting = _group_of_versions("c", [4])
     r.window, r.settled, r.kept, r.undone = dict(filtered), {}, [], Rollback()
     r.learner = SimpleNamespace(ledger=Ledger(), version=4, settle=lambda groups: [])
+    r.cfg, r.windows, r.extra = load_config(None, []), 0, 0
     r.run = SimpleNamespace(model=torch.nn.Linear(1, 1))
     r.store = SimpleNamespace(publish=lambda version, params: None)
     r._settle({"e": "settle", "g": [5, 6]})  # kept nothing: no train, no after
@@ -418,6 +429,49 @@ def test_a_rollback_in_the_replay_does_not_discard_the_groups_of_a_window_that_k
     assert r.rolled_back == [7] and r.learner.ledger.discarded == 1
     assert r.stats.discarded_tokens == waiting.num_tokens == 1
     r._rolled_back({"e": "rollback", "ckpt": 2, "bad": 4, "g": [7]})  # as recorded: no raise
+
+
+@pytest.mark.parametrize(
+    ("dynamic", "windows"),
+    [
+        # B = 2, at most 1 extra draw: {drop, drop} waits for a replacement (1 extra), which
+        # keeps 1 and closes it (extras spent); {keep, keep} closes one; {drop, drop} waits,
+        # {drop} closes one that kept nothing
+        (True, [0, 1, 2, 2, 3]),
+        (False, [1, 2, 3, 4, 5]),  # every settle closes its window
+    ],
+)
+def test_the_replay_counts_the_windows_the_run_closed(dynamic, windows):
+    """A replay's summary.json lacked `windows`, the orchestrator's count of windows closed
+    (with a step or having kept nothing). The replay counts a window at each settle, as
+    `Orchestrator.close_window` closes one, except while dynamic sampling waits for
+    replacements of filtered groups (golden counts derived by hand in the cases)."""
+    from types import SimpleNamespace
+
+    from slipstream.run.replay_run import TrainerReplay
+
+    r = TrainerReplay.__new__(TrainerReplay)
+    r.cfg = load_config(
+        None,
+        [
+            "trainer.batch_prompts=2",
+            f"filters.dynamic_sampling={str(dynamic).lower()}",
+            "filters.max_extra_draws=1",
+        ],
+    )
+    r.settled, r.kept, r.windows, r.extra = {}, [], 0, 0
+    keep = {"k1", "k2", "k3"}
+    r.learner = SimpleNamespace(settle=lambda gs: [g for g in gs if g.prompt.id in keep])
+    settles = [["d1", "d2"], ["k1"], ["k2", "k3"], ["d3", "d4"], ["d5"]]
+    got = []
+    for ids in settles:
+        r.window = {i: _group_of_versions(pid, [0]) for i, pid in enumerate(ids)}
+        closed = r.windows
+        r._settle({"e": "settle", "g": list(r.window)})
+        if r.windows > closed:
+            r.kept = []  # a closed window's kept groups are trained (`_train`)
+        got.append(r.windows)
+    assert got == windows
 
 
 def test_a_rollback_counts_the_tokens_of_the_groups_it_discards_as_wasted(monkeypatch):

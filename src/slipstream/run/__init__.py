@@ -27,7 +27,7 @@ commands that run whole runs.
   back.
 - `evaluate`: held-out evaluation (`mean@n`, `pass@1`, `pass@k`).
 - `replay_run`: `slipstream replay RUN_DIR`, a recorded asynchronous run re-executed in one
-  process.
+  process; `replay_compare`: the replay compared with the run, step records and weights.
 - `bench`: `slipstream bench schedules`, the schedules' runs on one task compared.
 
 What decides *when* (the orchestrator, the synchronous loop, the presets, the samplers' loop,

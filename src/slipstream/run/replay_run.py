@@ -11,7 +11,7 @@ step, the publish (into a `WeightStore` the replayers load from) and the step re
 as the orchestrator did them. With the recorded config the result is the run again, bit for
 bit on the same kind of machine (float32 on a CPU, the same torch build and thread counts,
 which the record holds and the replay sets): every metric but wall-clock timings
-(`TIMINGS`) and the values observed on live queues (`schedule.record.OBSERVED`, carried
+(`replay_compare.TIMINGS`) and the values observed on live queues (`schedule.record.OBSERVED`, carried
 over), and the final weights. Under `schedule.max_lag = "auto"` the K of each window is
 carried over from the record too (`schedule.record.DECIDED`): the controller's decisions read
 the trainer's measured wait, so they are part of the schedule, like the weight loads.
@@ -29,7 +29,6 @@ it is sampled, the engine or the schedule is refused: the record would not descr
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,8 +38,8 @@ import torch
 
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.dicts import changed_keys
-from slipstream.engine.stats import PASS_TIMINGS
 from slipstream.files import jsonl_lines, write_atomic
+from slipstream.run.replay_compare import TIMINGS, compare
 from slipstream.schedule.auto_lag import lag_control, tightened
 from slipstream.schedule.record import DECIDED, FORMAT, FORMAT_VERSION, TIMING_FIELDS, rle
 from slipstream.schedule.replay_sampler import Diverged, SamplerReplayer, WeightStore
@@ -48,30 +47,6 @@ from slipstream.schedule.step_stats import StepStats, discard, group_lag
 from slipstream.text import read_lines
 from slipstream.types import Group, Prompt
 
-# Wall-clock measurements: a replay measures its own, so they are not compared
-TIMINGS = (
-    "wall_s",
-    "step_time_s",
-    "runtime/sampler_busy",
-    "runtime/sampler_blocked",
-    "runtime/trainer_wait",
-    "runtime/weight_sync_s",
-    "runtime/weight_publish_s",
-    "weights/publish_s",
-    "weights/pause_s",
-    "time/generate_s",
-    "time/train_s",
-    "time/eval_s",  # held-out evaluation (observe.clock)
-    "time/eval_start_s",
-    "engine/tokens_per_s",
-    "train/tokens_per_s",
-    *(f"engine/{k}" for k in PASS_TIMINGS),
-    # the run's forecast of its own duration (sim.forecast), fitted to the timings above
-    "forecast/remaining_s",
-    "forecast/remaining_lo_s",
-    "forecast/remaining_hi_s",
-    "forecast/end_s",
-)
 # Settings a replay may change: they act on the trainer's step, its evaluation or its output
 EDITABLE = (
     "trainer.",
@@ -239,6 +214,7 @@ class TrainerReplay:
         # the orchestrator does (they never again sit in a window a rollback searches)
         self.settled: dict[int, Group] = {}
         self.kept: list[Group] = []
+        self.windows = self.extra = 0  # windows closed; dynamic sampling's extra draws
         self.started = False
         self.issued = self.popped = 0
         self.delivered: set[int] = set()  # ids of the groups whose message came back
@@ -272,8 +248,13 @@ class TrainerReplay:
         self._end()
         self.learner.evaluate_deferred()
         curve = sorted(self.learner.curve, key=lambda c: c["step"])
-        self.run.info.update(replay_of=str(self.meta.get("run_dir", "")), exact=self.exact)
-        self.run.info["heldout_acc_end_step"] = curve[-1]["step"]
+        self.run.info.update(
+            replay_of=str(self.meta.get("run_dir", "")),
+            exact=self.exact,
+            heldout_acc_end_step=curve[-1]["step"],
+            heldout_curve=curve,
+            **self._execution(),
+        )
         acc_start = curve[0]["heldout_acc"] if acc_start is None else acc_start
         summary = finish(self.run, acc_start, curve[-1]["heldout_acc"], time.perf_counter() - t0)
         self.learner.drop_snapshots()
@@ -301,9 +282,27 @@ class TrainerReplay:
             **self.stats.summary(),
             groups_issued=self.issued,
             groups_unfinished=self.issued - self.popped,
+            windows=self.windows,
             samplers=len(self.samplers),
             tokens_unfinished=held + sum(g.num_tokens for g in received),
         )
+
+    def _execution(self) -> dict[str, Any]:
+        """Where the replay ran, in the keys `run.launch` gives the run's summary: `runtime`
+        "replay" (this one process; `replayed_runtime` the record's), the devices it placed
+        the trainer and each sampler's engine on, the weight channel between them (the
+        in-process store). No `sampler_pids`: no sampler had a process of its own."""
+        return {
+            "runtime": "replay",
+            "replayed_runtime": self.cfg.runtime_kind,
+            "weight_channel": type(self.store).__name__,
+            "placement": {
+                "trainer": self.run.placement.trainer,
+                "samplers": [
+                    str(next(r.w.engine.model.parameters()).device) for r in self.samplers
+                ],
+            },
+        }
 
     def _checkpoint_stop(self) -> None:
         """A replay stopped before the run's last step ends with a checkpoint of where it
@@ -411,6 +410,19 @@ class TrainerReplay:
         groups = [self.window.pop(g) for g in e["g"]]
         self.settled.update(zip(e["g"], groups))
         self.kept += self.learner.settle(groups)
+        self._close_window()
+
+    def _close_window(self) -> None:
+        """Count the window a settle closes, as `Orchestrator.close_window` does: not while
+        dynamic sampling waits for replacements of its filtered groups. (A fixed batch none of
+        whose groups came back to settle closes a window the record does not show: not
+        counted.)"""
+        f, B = self.cfg.filters, self.cfg.trainer.batch_prompts
+        if f.dynamic_sampling and len(self.kept) < B and self.extra < f.max_extra_draws:
+            self.extra += min(B - len(self.kept), f.max_extra_draws - self.extra)
+            return
+        self.extra = 0
+        self.windows += 1
 
     def _train(self, e: dict[str, Any]) -> None:
         kept, self.kept = self.kept, []
@@ -450,60 +462,6 @@ class TrainerReplay:
         self.k = int(e["obs"].get("schedule/max_lag", self.k))
         self.learner.after_step(record, groups)
         self.stats.step_begins()
-
-
-def compare(original: Path, replayed: Path) -> dict[str, Any]:
-    """Every step record's values but `TIMINGS`, and the final checkpoint's tensors."""
-    from slipstream.run.summary import read_records
-
-    a, b = read_records(original / "metrics.jsonl"), read_records(replayed / "metrics.jsonl")
-    diffs: list[tuple[int, str, Any, Any]] = []
-    compared: set[str] = set()
-    for ra, rb in zip(a, b):
-        for k in sorted((ra.keys() | rb.keys()) - set(TIMINGS)):
-            compared.add(k)
-            x, y = ra.get(k), rb.get(k)
-            if x != y and not (
-                isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)
-            ):
-                diffs.append((int(rb.get("step", -1)), k, x, y))
-    steps = min(len(a), len(b))
-    return {
-        "steps_compared": steps,
-        "metrics_compared": sorted(compared),
-        "timings_not_compared": list(TIMINGS),
-        "metric_differences": len(diffs),
-        "first_differences": [list(d) for d in diffs[:5]],
-        **_weights_equal(original, replayed),
-    }
-
-
-def _weights_equal(original: Path, replayed: Path) -> dict[str, Any]:
-    """`weights_equal`: the replay's final checkpoint and the original's of the same name hold
-    equal tensors (torch.equal); None if one is missing, and then `weights_not_compared` says
-    which. Named by the version count, which a rollback moves on by one (but at the last step):
-    one at the step before the last ends the run past the step of its last record."""
-    from safetensors.torch import load_file
-
-    from slipstream.train.checkpoint import list_checkpoints
-
-    ckpts = list_checkpoints(replayed)
-    if not ckpts:
-        return {"weights_equal": None, "weights_not_compared": "the replay kept no checkpoint"}
-    name = ckpts[-1].name
-
-    def tensors(run: Path) -> dict[str, torch.Tensor] | None:
-        model = run / "checkpoints" / name / "model"
-        master = model.parent / "master.safetensors"
-        path = master if master.exists() else model / "model.safetensors"
-        return load_file(path) if path.exists() else None
-
-    x, y = tensors(original), tensors(replayed)
-    if x is None or y is None:
-        whose = "the original run" if x is None else "the replay"
-        why = f"{whose} kept no checkpoint {name} (checkpoint.keep, checkpoint.every)"
-        return {"weights_equal": None, "weights_not_compared": why}
-    return {"weights_equal": x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)}
 
 
 def _out_dir(run_dir: Path, out: str | None) -> Path:
