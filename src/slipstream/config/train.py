@@ -200,8 +200,8 @@ class FilterConfig(_Section):
     `mask_loss` (TRL's `mask_truncated_completions`): its reward stays in the group's mean and
     std, and only its loss mask is zero, yet it counts as a sequence of the per-sequence
     normalisers as in TRL (docs/algorithms.md, "Aggregation"; a group whose samples are all cut
-    is dropped, reason `overlong`). Both count it in `filters/overlong_masked` and its tokens as tokens/wasted.
-    `penalty`: add the soft length
+    is dropped, reason `overlong`). Both count it in `filters/overlong_masked` and its tokens
+    as tokens/wasted. `penalty`: add the soft length
     penalty, 0 up to max_new_tokens - overlong_cache, then linear down to -1, to the reward
     used for advantages (the verifier's reward is still what is logged and tracked); for one
     completion, not a multi-turn episode (an error with an environment)."""

@@ -359,9 +359,9 @@ def goodput(
     Useful is the trainer's optimizer steps (not a skipped step's time) plus the samplers'
     generation that reached the trainer as training data: generating time scaled by the share
     of generated tokens not wasted (filtered, stale, cancelled, aborted, lost to a failure,
-    in a skipped step, or unfinished: cut off by the end of the run). The denominator is the wall time of every actor: the trainer and
-    `samplers` sampler processes, or one process doing both in the in-process loop
-    (`samplers = 0`). Idle time (a sampler waiting for weights, a trainer waiting for groups)
+    in a skipped step, or unfinished: cut off by the end of the run). The denominator is the
+    wall time of every actor: the trainer and `samplers` sampler processes, or one process
+    doing both in the in-process loop (`samplers = 0`). Idle time (a sampler waiting for weights, a trainer waiting for groups)
     is not useful, so sync runs score low on it too. `totals`: (tokens generated, generating
     seconds) of the whole run, where known (the samplers' final reports), in place of the
     records' sums, which end at the last step record.
