@@ -236,9 +236,9 @@ def comparison_notice(runs: Sequence[RunData]) -> str | None:
     )
 
 
-def setting(config: dict[str, Any], dotted: str) -> Any:
+def setting(config: dict[str, Any], dotted: str) -> object:
     """The value of a dotted setting (`trainer.lr`) in a run's config; None where it has none."""
-    value: Any = config
+    value: object = config
     for part in dotted.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value

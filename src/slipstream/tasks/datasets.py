@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from slipstream.files import jsonl_lines
 from slipstream.tasks.jsonl import TaskError
@@ -237,7 +237,13 @@ def read_arrow(path: Path) -> list[Row]:
     return [Row(f"{path}: row {i}", r) for i, r in enumerate(table_rows(table))]
 
 
-def table_rows(table: Any, batch: int = 1000) -> Iterator[dict[str, Any]]:
+class Batches(Protocol):
+    """What `table_rows` reads of a `datasets.Dataset` (an optional, untyped dependency)."""
+
+    def iter(self, batch_size: int) -> Iterator[dict[str, list[Any]]]: ...
+
+
+def table_rows(table: Batches, batch: int = 1000) -> Iterator[dict[str, Any]]:
     """The rows of a `datasets.Dataset`, as its own iteration gives them, formatted `batch` at
     a time: its row by row iteration formats a one-row Arrow slice per row (60 us a row, 10
     minutes for 10M rows; 8 us a row this way)."""
