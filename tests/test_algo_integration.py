@@ -551,15 +551,18 @@ def test_a_step_skipped_as_non_finite_trains_no_token_and_wastes_them_all(tmp_pa
     """A non-finite gradient at step 2 (injected on one parameter) skips the step: it trained
     no token (`tokens/trained` 0, where it counted the whole loss mask) and every one of them
     is wasted, so tokens/generated = trained + wasted still holds on each step; its
-    `tokens/computed` is the loss mask, as a taken step's."""
+    `tokens/computed` is the loss mask, as a taken step's; the ledger settles its groups as
+    filtered `skipped_step`."""
     from slipstream.train.trainer import Trainer
 
     monkeypatch.setattr(RunningSums, "reward", lambda self, prompt, text: float(len(text) % 2 == 0))
     step = Trainer.step
     masked: list[int] = []  # each step's loss-mask tokens
+    sizes: list[int] = []  # each step's groups
 
     def nan_grad_at_step_2(self, groups):
         masked.append(int(self.batch(groups).loss_mask.sum()))
+        sizes.append(len(groups))
         if self.version != 1:
             return step(self, groups)
         hook = next(self.model.parameters()).register_hook(lambda g: g * math.nan)
@@ -579,3 +582,8 @@ def test_a_step_skipped_as_non_finite_trains_no_token_and_wastes_them_all(tmp_pa
         assert r["tokens/trained"] == (0 if r["train/skipped"] else n)
         assert r["tokens/generated"] == r["tokens/trained"] + r["tokens/wasted"]  # no replay
     assert [r["tokens/computed"] for r in records] == masked
+    # the skipped step's groups entered no update: the ledger settles them as filtered
+    # `skipped_step`, not trained (it counted them as trained before)
+    ledger = summary["ledger"]
+    assert ledger["filtered"]["skipped_step"] == sizes[1]
+    assert ledger["trained"] == sizes[0] + sizes[2] and ledger["balanced"]

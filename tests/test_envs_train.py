@@ -288,3 +288,29 @@ def test_step_stats_count_the_trained_groups_model_tokens() -> None:
     rec = stats.record([kept, dropped], [kept], {}, lag, 0.0, 0.0)
     assert rec["env/episodes"] == 4
     assert rec["env/tokens_trained"] == 5
+
+
+def test_a_skipped_step_trained_no_episode_and_the_ledger_says_so() -> None:
+    """A step the trainer skipped (`train/skipped`: non-finite, or no trainable token) trained
+    no group: `env/tokens_trained` is 0 where it counted the kept groups' model tokens, and
+    `Ledger.count_step` settles its groups as filtered `skipped_step`, not trained."""
+    from slipstream.schedule.ledger import SKIPPED_STEP, Ledger
+    from slipstream.schedule.step_stats import StepStats
+    from slipstream.types import EpisodeStats, FinishReason, Group, Prompt, Sample
+
+    ep = Sample("p", [1], [7, 7], [0.0, 0.0], [0, 0], FinishReason.STOP,
+                model_mask_T=[True, True], episode=EpisodeStats(turns=1))  # fmt: skip
+    kept = [Group(Prompt("p", "x", None), [ep, ep])]
+    stats = StepStats()
+    stats.start()
+    lag = {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
+    assert (
+        stats.record(kept, kept, {"train/skipped": 0.0}, lag, 0.0, 0.0)["env/tokens_trained"] == 4
+    )
+    assert (
+        stats.record(kept, kept, {"train/skipped": 1.0}, lag, 0.0, 0.0)["env/tokens_trained"] == 0
+    )
+    ledger = Ledger(generated=3)
+    ledger.count_step(kept, {"train/skipped": 0.0})
+    ledger.count_step(kept + kept, {"train/skipped": 1.0})
+    assert ledger.trained == 1 and ledger.filtered == {SKIPPED_STEP: 2} and ledger.balanced()

@@ -435,7 +435,7 @@ class TrainerReplay:
         lag = group_lag(kept, self.learner.version, self.k)
         t0 = time.perf_counter()
         metrics = self.learner.train(kept)
-        self.learner.ledger.trained += len(kept)
+        self.learner.ledger.count_step(kept, metrics)
         self._step = (kept, metrics, lag, time.perf_counter() - t0)
 
     def _publish(self, e: dict[str, Any]) -> None:

@@ -57,8 +57,9 @@ def episode_group(
 def episode_metrics(groups: Sequence[Group], trained: Sequence[Group]) -> dict[str, Any]:
     """`env/...` metrics of the episodes among `groups`, every group the step generated
     ({} if there are none); `env/tokens_trained` counts the model tokens of the episodes of
-    `trained`, the groups the optimizer step took (after the filters; a group the filters
-    dropped is not trained, a sample masked out of its group neither)."""
+    `trained`, the groups the optimizer step trained on (after the filters; a group the
+    filters dropped is not trained, a sample masked out of its group neither, and no group of
+    a step the trainer skipped: `ledger.trained_groups`)."""
     eps = [s for g in groups for s in g.samples if s.episode is not None]
     if not eps:
         return {}

@@ -1,20 +1,30 @@
 """The group ledger: every generated group ends in exactly one place.
 
-trained, filtered (with a reason), stale (dropped beyond the lag bound), aborted, lost (to a
-failure, and issued again) or poisoned (lost with its sampler more than
-`runtime.max_request_retries` times, and given up); a group the end of a run cut off is
-`unfinished` (started, not back) or `in_flight` (back, not trained); `discarded`: produced by
-policy versions that a watchdog rollback undid. `balanced()` is the
-invariant that tests hold for every schedule.
+trained, filtered (with a reason; `skipped_step`: the groups of an optimizer step the trainer
+skipped, non-finite or without a trainable token, so they entered no update), stale (dropped
+beyond the lag bound), aborted, lost (to a failure, and issued again) or poisoned (lost with its
+sampler more than `runtime.max_request_retries` times, and given up); a group the end of a run
+cut off is `unfinished` (started, not back) or `in_flight` (back, not trained); `discarded`:
+produced by policy versions that a watchdog rollback undid. `balanced()` is the invariant that
+tests hold for every schedule.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from slipstream.types import Group
+
+SKIPPED_STEP = "skipped_step"  # `filtered` reason: the groups of a step the trainer skipped
+
+
+def trained_groups(kept: Sequence[Group], metrics: Mapping[str, object]) -> Sequence[Group]:
+    """The groups an optimizer step on `kept` trained on: none if the trainer skipped it
+    (`train/skipped` in its metrics), else all of them."""
+    return [] if metrics.get("train/skipped") else kept
 
 
 @dataclass
@@ -35,6 +45,14 @@ class Ledger:
 
     def count_episodes(self, group: Group) -> None:
         self.episodes.update(s.episode.end for s in group.samples if s.episode is not None)
+
+    def count_step(self, kept: Sequence[Group], metrics: Mapping[str, object]) -> None:
+        """Settle the groups of one optimizer step: `trained`, or `filtered[SKIPPED_STEP]` when
+        the trainer skipped the step (`train/skipped`: its groups entered no update)."""
+        n = len(trained_groups(kept, metrics))
+        self.trained += n
+        if len(kept) > n:
+            self.filtered[SKIPPED_STEP] += len(kept) - n
 
     def settled(self) -> int:
         return (

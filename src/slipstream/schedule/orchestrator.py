@@ -521,7 +521,7 @@ class Orchestrator:
         metrics = self.learner.train(kept)
         t1 = time.perf_counter()
         st.kept = []
-        self.learner.ledger.trained += len(kept)
+        self.learner.ledger.count_step(kept, metrics)
         publish_s = self.learner.publish(self.ch)
         t2 = time.perf_counter()
         self._interval("trainer", "train", t0, t1)

@@ -28,7 +28,7 @@ from slipstream.algo.staleness import lag_stats
 from slipstream.engine.stats import PASS_SUMS
 from slipstream.runtime.channels import SamplerReport
 from slipstream.schedule.agentic import episode_metrics
-from slipstream.schedule.ledger import Ledger
+from slipstream.schedule.ledger import Ledger, trained_groups
 from slipstream.tasks.rewards import part_means
 from slipstream.types import Group, Sample
 
@@ -265,7 +265,7 @@ class StepStats:
             "completion_len_max": max(lens, default=0),
             "completion_lens": lens,
             "prompt_len_mean": prompt_len_mean(groups),
-            **episode_metrics(groups, kept),
+            **episode_metrics(groups, trained_groups(kept, metrics)),
         }
         # weighted by the step's trained model tokens (its lag histogram counts them), as its
         # own lag_mean is: not by all it generated (filtered groups, environment tokens)

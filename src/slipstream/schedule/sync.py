@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from slipstream.engine.stats import PASS_SUMS
 from slipstream.observe.clock import EVAL_S, EVAL_START_S
 from slipstream.schedule.agentic import episode_metrics
+from slipstream.schedule.ledger import trained_groups
 from slipstream.schedule.step_stats import prompt_len_mean
 from slipstream.tasks.guard import ERRORS
 from slipstream.tasks.rewards import part_means
@@ -200,7 +201,7 @@ def _step(
     # (run.setup.Run.settle)
     run.counters["tokens/wasted"] += int(metrics["tokens/computed"] - metrics["tokens/trained"])
     run.engine.version = run.eval_engine.version = run.trainer.version
-    run.ledger.trained += len(kept)
+    run.ledger.count_step(kept, metrics)
     t_train = time.perf_counter() - t1
     run.timeline.interval("trainer", "train", t1 - t_start, t1 - t_start + t_train)
     step = run.trainer.version
@@ -270,7 +271,7 @@ def step_record(
         "completion_lens": lens,
         "prompt_len_mean": prompt_len_mean(groups),
         **run.ledger.flat(),
-        **episode_metrics(groups, kept),
+        **episode_metrics(groups, trained_groups(kept, metrics)),
     }
 
 
