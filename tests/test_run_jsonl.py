@@ -110,7 +110,7 @@ def test_the_report_and_the_simulator_skip_a_torn_last_line_and_refuse_a_bad_one
     path = _write(tmp_path, GOOD + '{"step": 2, "wa\n')
     with pytest.raises(ReportError, match=r"metrics.jsonl:2: not valid JSON"):
         read_metrics(path)
-    with pytest.raises(RunError, match=r"metrics.jsonl:2: not JSON"):
+    with pytest.raises(RunError, match=r"metrics.jsonl:2: not valid JSON"):
         sim_read_metrics(path)
 
 

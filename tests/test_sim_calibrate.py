@@ -245,7 +245,7 @@ def test_run_folder_errors_name_file_and_line(tmp_path: Path) -> None:
     run = fake_run(tmp_path / "a", batch_prompts=2, steps=3)
     lines = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text("\n".join([lines[0], "{oops", lines[2]]) + "\n")
-    with pytest.raises(RunError, match=r"metrics.jsonl:2: not JSON"):
+    with pytest.raises(RunError, match=r"metrics.jsonl:2: not valid JSON"):
         read_run(run)
     row = json.loads(lines[0])
     del row["time/train_s"]
@@ -495,7 +495,7 @@ def test_cli_calibrates_on_the_whole_steps_of_a_run_killed_mid_write(
     assert replace(got, name="") == replace(want, name="")
     (a / "metrics.jsonl").write_text("".join(lines[:-1]) + lines[-1][:40] + "\n")
     assert sim_main(["--calibrate", str(a)]) == 2
-    assert "metrics.jsonl:7: not JSON" in capsys.readouterr().err
+    assert "metrics.jsonl:7: not valid JSON" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_run_of_too_few_steps_to_fit(

@@ -2,8 +2,8 @@
 ledger.json), what a resume rewrites (metrics.jsonl, config.toml), and the small records a
 later command reads (the W&B run id, a schedule record's meta.json, replay.json); and the
 JSONL files a run writes read back: those it appends to while it runs (metrics.jsonl,
-timeline.jsonl), whose last line a kill may cut short (`read_run_jsonl`), and any of them
-whole (`read_jsonl`)."""
+timeline.jsonl), whose last line a kill may cut short (`read_run_jsonl`; `read_run_records`
+where every line must be a JSON object), and any of them whole (`read_jsonl`)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,22 @@ def read_run_jsonl(path: Path, error: type[Exception]) -> tuple[list[JsonLine], 
             lines.append(JsonLine(last, text, None, _why(e)))
     torn = bool(lines) and lines[-1].n == last and lines[-1].error is not None
     return (lines[:-1] if torn else lines), torn
+
+
+def read_run_records(
+    path: Path, error: type[Exception]
+) -> tuple[list[tuple[int, dict[str, Any]]], bool]:
+    """The records of `path`, a JSONL file of one JSON object per line that a run appends to
+    (metrics.jsonl), each with its line number, and whether its last line was torn
+    (`read_run_jsonl`: left out). Any other line that is not a JSON object raises `error`
+    naming the file and line: what the report and the simulator read must be whole."""
+    lines, torn = read_run_jsonl(path, error)
+    for line in lines:
+        if line.error is not None:
+            raise error(f"{path}:{line.n}: not valid JSON ({line.error})")
+        if not isinstance(line.value, dict):
+            raise error(f"{path}:{line.n}: expected a JSON object per line")
+    return [(line.n, line.value) for line in lines], torn
 
 
 def _why(e: Exception) -> str:

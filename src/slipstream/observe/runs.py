@@ -16,7 +16,7 @@ from typing import Any
 
 from slipstream.config import Config, load_config
 from slipstream.dicts import changed_keys
-from slipstream.files import read_run_jsonl
+from slipstream.files import read_run_records
 from slipstream.observe.rollouts import last_steps
 from slipstream.observe.timeline import Interval, read_timeline
 
@@ -97,13 +97,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The step records of a metrics.jsonl: a torn last line (a run killed mid-write, or still
     running) is left out, and the steps before it are shown; any other line that is not a JSON
     object raises ReportError naming the file and line."""
-    rows = []
-    for line in read_run_jsonl(path, ReportError)[0]:
-        if line.error is not None:
-            raise ReportError(f"{path}:{line.n}: not valid JSON ({line.error})")
-        if not isinstance(line.value, dict):
-            raise ReportError(f"{path}:{line.n}: expected a JSON object per line")
-        rows.append(line.value)
+    rows = [row for _, row in read_run_records(path, ReportError)[0]]
     if not rows:
         raise ReportError(f"{path}: no steps recorded yet")
     return rows

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from slipstream.dicts import changed_keys
-from slipstream.files import read_run_jsonl
+from slipstream.files import read_run_records
 from slipstream.schedule.presets import preset
 from slipstream.sim.simulator import LagPolicy
 
@@ -153,22 +153,15 @@ def read_metrics(path: Path, require: tuple[str, ...] = ()) -> tuple[list[dict[s
     without its newline that is not JSON, what a run killed mid-write leaves, is left out
     (the steps before it are whole). Any other bad line or a missing `require`d key raises,
     naming the file and line."""
-    rows: list[dict[str, Any]] = []
-    lines, torn = read_run_jsonl(path, RunError)
-    for line in lines:
-        i, row = line.n, line.value
-        if line.error is not None:
-            raise RunError(f"{path}:{i}: not JSON ({line.error})")
-        if not isinstance(row, dict):
-            raise RunError(f"{path}:{i}: expected a JSON object")
+    records, torn = read_run_records(path, RunError)
+    for i, row in records:
         for name, alias in ALIASES.items():
             if name not in row and alias in row:
                 row[name] = row[alias]
         missing = [k for k in require if k not in row]
         if missing:
             raise RunError(f"{path}:{i}: missing {', '.join(missing)}")
-        rows.append(row)
-    return rows, torn
+    return [row for _, row in records], torn
 
 
 def read_run(run_dir: Path, require: tuple[str, ...] = REQUIRED_METRICS) -> RunRecord:
