@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slipstream.files import write_atomic
+from slipstream.files import read_jsonl, write_atomic
 from slipstream.observe.censored import finite_or_none, median_bounds, ratio_bounds
 from slipstream.observe.means import lag_tokens, number, weighted_mean
 
@@ -97,7 +97,7 @@ def run_one(
         print(f"agentic: {out.name}: read back (--reuse)", flush=True)
     else:
         summary = train_sync(cfg) if schedule == "sync" else train_async(cfg)
-    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(out / "metrics.jsonl")
     records = with_deferred_heldout(records, summary)  # deferred: accuracies in summary.json
     return {
         "summary": summary,

@@ -81,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from slipstream.config import load_config
+from slipstream.files import read_jsonl
 from slipstream.observe.runs import finished_summary
 from slipstream.run.sync import train_sync
 
@@ -132,8 +133,7 @@ def plan(quick: bool) -> list[tuple[str, str, list[str]]]:
 def curve(run_dir: Path, acc_start: float) -> list[tuple[int, float]]:
     """(cumulative generated tokens, held-out accuracy) at each evaluation, from metrics.jsonl."""
     points, tokens = [(0, acc_start)], 0
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
+    for r in read_jsonl(run_dir / "metrics.jsonl"):
         tokens += int(r["tokens/generated"])
         if "heldout_acc" in r:
             points.append((tokens, float(r["heldout_acc"])))

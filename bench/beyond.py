@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.files import write_atomic
+from slipstream.files import read_jsonl, write_atomic
 
 if TYPE_CHECKING:
     from slipstream.config import Config
@@ -92,12 +92,12 @@ def run_one(name: str, overrides: list[str], args: argparse.Namespace, extra: li
     try:
         summary = read_back_or_train(cfg, args.resume, "--resume")
     except RuntimeError as err:  # a collapsed run stops ("N windows ... no informative group")
-        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rows = read_jsonl(run_dir / "metrics.jsonl")
         return {"acc": None, "acc_start": None, "stopped": f"step {len(rows)}: {err}",
                 "time_to_target": None, "time_to_target_wall": None, "reached": False,
                 "wall_s": None, "k_path": [], "ess_mean": None, "rollbacks": 0,
                 "alarms": []}  # fmt: skip
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     # deferred evaluation: the accuracies are in summary.json; the loop is orchestrated
     target = run_target(args, summary["heldout_acc_start"])
     hit = time_to_target(

@@ -29,6 +29,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from slipstream.files import read_jsonl
+
 CHECKPOINTS = (0.10, 0.25, 0.50)
 
 
@@ -66,8 +68,7 @@ def train_runs(
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def score_run(rows: list[dict[str, Any]]) -> list[dict[str, float]]:

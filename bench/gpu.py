@@ -52,6 +52,7 @@ from torch.autograd.profiler_util import FunctionEventAvg
 
 from slipstream.config import TrainerConfig, load_config
 from slipstream.engine import Engine, Request, SamplingParams
+from slipstream.files import read_jsonl
 from slipstream.model.builtin import builtin_tokenizer
 from slipstream.model.hf import save_pretrained
 from slipstream.model.llama import CausalLM, ModelConfig
@@ -296,9 +297,7 @@ def weights_part(args: argparse.Namespace, name: str, device: torch.device) -> d
 def steady_steps_per_s(metrics: Path) -> float:
     """Steps per second between the first and the last step record (start-up, warm start and
     sampler spawn excluded: they are paid once per run)."""
-    walls = [
-        r["wall_s"] for r in map(json.loads, metrics.read_text().splitlines()) if "wall_s" in r
-    ]
+    walls = [r["wall_s"] for r in read_jsonl(metrics) if "wall_s" in r]
     if len(walls) < 2 or walls[-1] <= walls[0]:
         return math.nan
     return (len(walls) - 1) / (walls[-1] - walls[0])

@@ -54,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_harness as harness
+from slipstream.files import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "peer_trl_worker.py"
@@ -133,7 +134,7 @@ def run_slipstream(model, train, held, out: Path, a, seed: int) -> dict:
     with (out / f"slipstream_s{seed}.log").open("w") as log:
         subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t0
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = read_jsonl(run / "metrics.jsonl")
     ends = [r["wall_s"] for r in recs if "wall_s" in r and "step" in r]
     assert len(ends) == a.steps, (len(ends), a.steps)
     summary = json.loads((run / "summary.json").read_text())
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.model is None
         else (Path(a.model), *harness.write_data(out), {"model": a.model})
     )
-    held_rows = [json.loads(x) for x in held.read_text().splitlines()]
+    held_rows = read_jsonl(held)
     acc0 = harness.evaluate_folder(model, held_rows)
     print(f"harness: {warm}; held-out greedy accuracy (transformers) {acc0:.3f}")
     res: dict[str, list[dict]] = {"slipstream": [], "trl": []}

@@ -66,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slipstream.files import write_atomic
+from slipstream.files import read_jsonl, write_atomic
 from slipstream.sim.calibrate import (
     computed_tokens,
     fit_passes,
@@ -155,7 +155,7 @@ def trim(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for f in ("config.toml", "model_info.json"):
         shutil.copy(src / f, dst / f)
-    rows = [json.loads(line) for line in (src / "metrics.jsonl").read_text().splitlines() if line]
+    rows = read_jsonl(src / "metrics.jsonl")
     text = "".join(json.dumps({k: r[k] for k in KEEP if k in r}) + "\n" for r in rows)
     write_atomic(dst / "metrics.jsonl", text)
 

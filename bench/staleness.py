@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slipstream.files import write_atomic
+from slipstream.files import read_jsonl, write_atomic
 from slipstream.observe.means import lag_tokens, weighted_mean
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def run_one(
     cfg = run_config(k, mode, seed, steps, out, extra)
     run_dir = Path(str(cfg.run.dir))
     summary = read_back_or_train(cfg, resume, "--resume")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     rows = [r for r in rows if "train/loss" in r]
     means = {
         name: statistics.fmean(r[key] for r in rows if key in r) if rows else float("nan")
