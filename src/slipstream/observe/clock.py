@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slipstream.observe.means import number
 from slipstream.observe.runs import HELDOUT_KEYS
 
 EVAL_S = "time/eval_s"
@@ -42,8 +43,7 @@ class Reached:
 
 
 def _num(record: Mapping[str, Any], key: str) -> float:
-    v = record.get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0
+    return number(record.get(key)) or 0.0
 
 
 def eval_inside(records: Sequence[Mapping[str, Any]], eval_in_wall: bool) -> list[float]:
@@ -75,9 +75,9 @@ def training_total(wall_s: float, records: Sequence[Mapping[str, Any]]) -> float
 def accuracy(record: Mapping[str, Any]) -> float | None:
     """The record's held-out accuracy, if it has one."""
     for k in HELDOUT_KEYS:
-        v = record.get(k)
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return float(v)
+        v = number(record.get(k))
+        if v is not None:
+            return v
     return None
 
 

@@ -18,14 +18,15 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from slipstream.observe.means import number
 from slipstream.observe.metrics import resolve
 
 
 def _num(record: Mapping[str, Any], *keys: str) -> float | None:
     for k in keys:
-        v = record.get(k)
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return float(v)
+        v = number(record.get(k))
+        if v is not None:
+            return v
     return None
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from slipstream.config import Config, load_config
 from slipstream.dicts import changed_keys
 from slipstream.files import read_run_records
+from slipstream.observe.means import number
 from slipstream.observe.rollouts import last_steps
 from slipstream.observe.timeline import Interval, read_timeline
 
@@ -47,9 +48,9 @@ class RunData:
         out = []
         for row in self.metrics:
             for k in keys:
-                v = row.get(k)
-                if isinstance(v, int | float) and not isinstance(v, bool):
-                    out.append((row, float(v)))
+                v = number(row.get(k))
+                if v is not None:
+                    out.append((row, v))
                     break
         return out
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slipstream.files import write_atomic
+from slipstream.observe.means import number
 from slipstream.observe.metrics import resolve
 
 
@@ -54,18 +55,16 @@ def _json_default(v: Any) -> Any:
 
 
 def _step(record: dict[str, Any], fallback: int) -> int:
-    step = record.get("step")
-    return int(step) if isinstance(step, int | float) and not isinstance(step, bool) else fallback
+    step = number(record.get("step"))
+    return fallback if step is None else int(step)
 
 
 def _numbers(values: Any) -> list[float] | None:
     """A non-empty list of finite numbers (for histograms), else None."""
     if not isinstance(values, list | tuple) or not values:
         return None
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) for x in values):
-        return None
-    out = [float(x) for x in values]
-    return out if all(math.isfinite(x) for x in out) else None
+    finite = [x for x in map(number, values) if x is not None and math.isfinite(x)]
+    return finite if len(finite) == len(values) else None
 
 
 COUNTS_SUFFIX = "_hist"
@@ -82,10 +81,9 @@ def _scalars(record: dict[str, Any]) -> dict[str, float]:
     """Finite numbers of a resolved record, except the step (it is the x axis)."""
     out = {}
     for k, v in record.items():
-        if k == "step" or isinstance(v, bool) or not isinstance(v, int | float):
-            continue
-        if math.isfinite(v):
-            out[k] = float(v)
+        n = number(v)
+        if k != "step" and n is not None and math.isfinite(n):
+            out[k] = n
     return out
 
 
