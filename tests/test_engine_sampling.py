@@ -159,6 +159,30 @@ def test_greedy_rows_are_the_argmax_whatever_their_filters(one_chunk):
     assert int(got.tokens[3]) == 17
 
 
+@pytest.mark.parametrize("one_chunk", [False, True])
+def test_greedy_rows_filters_are_not_computed(one_chunk, monkeypatch):
+    """Top-k and top-p set on greedy rows only (raw tensors: `SamplingParams` drops them)
+    sent the whole batch through `filter_logits`, a sort of each row, for filters that
+    change no greedy token; now only a sampled row's filters are. The tokens and log-probs
+    are those of the batch without them, bit for bit."""
+    import slipstream.engine.sampling as sampling
+
+    x, _, seeds, steps = _mixed(6, 4)
+    temp = torch.tensor([0.0, 0.0, 0.0, 0.7, 1.0, 0.0])
+    k, p = torch.tensor([5, 0, 1, 0, 0, 3]), torch.tensor([1.0, 0.2, 0.9, 1.0, 1.0, 1.0])
+    plain = sample(
+        x, temp, torch.zeros_like(k), torch.ones_like(p), seeds, steps, one_chunk=one_chunk
+    )
+
+    def no_filter(*a: object) -> torch.Tensor:
+        raise AssertionError("filter_logits called for greedy rows' filters")
+
+    monkeypatch.setattr(sampling, "filter_logits", no_filter)
+    got = sample(x, temp, k, p, seeds, steps, one_chunk=one_chunk)
+    assert torch.equal(got.tokens, plain.tokens) and torch.equal(got.logp, plain.logp)
+    assert got.kept_logmass is None  # no sampled row filters: the log mass kept is all of it
+
+
 def test_one_chunk_rows_do_not_depend_on_their_neighbours_and_log_probs_are_exact():
     x, temp, seeds, steps = _mixed(8, 3)
     k, p = torch.zeros(8, dtype=torch.long), torch.ones(8)

@@ -150,7 +150,8 @@ def sample(
         fused = fused_default(logits.device)
     one = (logits.device.type != "cpu" if one_chunk is None else one_chunk) or fused
     greedy = temperature <= 0
-    filtered = not (bool((top_k <= 0).all()) and bool((top_p >= 1.0).all()))
+    # the filters only change the draw of a sampled row: a greedy row's are never applied
+    filtered = bool((((top_k > 0) | (top_p < 1.0)) & ~greedy).any())
     return _sample(
         logits, temperature, (top_k, top_p) if filtered else None, seeds, steps, one,
         any_greedy=bool(greedy.any()), all_greedy=bool(greedy.all()), fused=fused,
