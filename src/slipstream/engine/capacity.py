@@ -28,7 +28,7 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     2 x layers x kv_heads x head_dim x itemsize (Qwen2.5-1.5B, bf16: 2 x 28 x 2 x 128 x 2 =
     28 KiB)."""
     assert cfg.head_dim is not None
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * item
 
 
@@ -43,7 +43,7 @@ def packed_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     qkv = h * (q + 2 * kv) + (q + 2 * kv) * cfg.qkv_bias
     o = q * h + h * cfg.o_bias
     mlp = 3 * h * i + (2 * i + h) * cfg.mlp_proj_bias
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     return (h * cfg.vocab_size + cfg.num_hidden_layers * (qkv + o + mlp)) * item
 
 
@@ -55,7 +55,7 @@ def graph_bytes(slots: int, vocab: int, dtype: torch.dtype, buckets: int) -> int
     buckets x slots x (vocab x itemsize + 8 + 4). Qwen2.5's 151,936 entries at 256 slots in
     bfloat16: 77.8 MB a bucket, 700 MB over the nine buckets of `max_len` 4096 (twice that
     for the in-process engine's float32)."""
-    item = torch.empty((), dtype=dtype).element_size()
+    item = dtype.itemsize
     return buckets * slots * (vocab * item + 8 + 4)
 
 

@@ -290,7 +290,7 @@ class FlatLayout:
         return {dt: f.view(torch.uint8) for dt, f in flats.items()}
 
     def empty(self, device: str = "cpu") -> dict[torch.dtype, torch.Tensor]:
-        itemsize = {dt: torch.empty(0, dtype=dt).element_size() for dt in self.sizes}
+        itemsize = {dt: dt.itemsize for dt in self.sizes}
         return {
             dt: torch.empty(n * itemsize[dt], dtype=torch.uint8, device=device)
             for dt, n in self.sizes.items()
