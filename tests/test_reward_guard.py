@@ -131,10 +131,12 @@ def test_process_guard_raised_and_invalid_keep_the_worker(guard):
 )
 def test_process_guard_survives_hang_busy_loop_and_segfault(guard, kind, error):
     """A hang in sample k costs sample k only: its worker is killed (or found dead) and the
-    rest of the group is scored by a fresh one."""
+    rest of the group is scored by a fresh one. The bound allows one more worker start-up, as
+    long as the first one took under the same load (a fixed bound failed beside a benchmark)."""
+    startup = _first_score_s(guard)
     t0 = time.perf_counter()
     out = guard.score(P, ["4", kind, "4", "5"])
-    assert time.perf_counter() - t0 < TIMEOUT_S + 1.0
+    assert time.perf_counter() - t0 < TIMEOUT_S + 1.0 + startup
     assert out[0] == Verdict(1.0) and out[2] == Verdict(1.0) and out[3] == Verdict(0.0)
     assert (out[1].reward, out[1].error) == (0.0, error)
     if kind == "segv":
@@ -146,9 +148,18 @@ def test_process_guard_survives_hang_busy_loop_and_segfault(guard, kind, error):
     assert guard(P, "4") == 1.0
 
 
+def _first_score_s(g: RewardGuard) -> float:
+    """Seconds of a fresh guard's first score: its worker's start-up, measured under the load
+    of the moment; the worker stays up."""
+    t0 = time.perf_counter()
+    assert g(P, "4") == 1.0
+    return time.perf_counter() - t0
+
+
 def test_process_fail_mode_stops_at_the_first_failure(plugin):
     g = RewardGuard(f"{plugin}:hostile", "process", timeout_s=TIMEOUT_S, on_error="fail")
     try:
+        _first_score_s(g)  # started here, so the bound below holds the timeouts only
         t0 = time.perf_counter()
         with pytest.raises(RewardError, match=r"hostile' on prompt 'p7': no result within 0.3 s"):
             g.score(P, ["4", "sleep", "sleep", "sleep"])  # not 3 x the timeout
