@@ -304,12 +304,12 @@ def test_a_skipped_step_trained_no_episode_and_the_ledger_says_so() -> None:
     stats = StepStats()
     stats.start()
     lag = {"lag_mean": 0.0, "lag_max": 0, "lag_hist": []}
-    assert (
-        stats.record(kept, kept, {"train/skipped": 0.0}, lag, 0.0, 0.0)["env/tokens_trained"] == 4
-    )
-    assert (
-        stats.record(kept, kept, {"train/skipped": 1.0}, lag, 0.0, 0.0)["env/tokens_trained"] == 0
-    )
+
+    def tokens_trained(skipped: float) -> float:
+        record = stats.record(kept, kept, {"train/skipped": skipped}, lag, 0.0, 0.0)
+        return record["env/tokens_trained"]
+
+    assert tokens_trained(0.0) == 4 and tokens_trained(1.0) == 0
     ledger = Ledger(generated=3)
     ledger.count_step(kept, {"train/skipped": 0.0})
     ledger.count_step(kept + kept, {"train/skipped": 1.0})

@@ -361,10 +361,11 @@ def goodput(
     of generated tokens not wasted (filtered, stale, cancelled, aborted, lost to a failure,
     in a skipped step, or unfinished: cut off by the end of the run). The denominator is the
     wall time of every actor: the trainer and `samplers` sampler processes, or one process
-    doing both in the in-process loop (`samplers = 0`). Idle time (a sampler waiting for weights, a trainer waiting for groups)
-    is not useful, so sync runs score low on it too. `totals`: (tokens generated, generating
-    seconds) of the whole run, where known (the samplers' final reports), in place of the
-    records' sums, which end at the last step record.
+    doing both in the in-process loop (`samplers = 0`). Idle time (a sampler waiting for
+    weights, a trainer waiting for groups) is not useful, so sync runs score low on it too.
+    `totals`: (tokens generated, generating seconds) of the whole run, where known (the
+    samplers' final reports), in place of the records' sums, which end at the last step
+    record.
     """
     # a skipped step (train.trainer: non-finite, or nothing to train) is no optimizer step
     train_s = sum(r.get("time/train_s", 0.0) for r in records if not r.get("train/skipped"))
