@@ -269,6 +269,20 @@ def by_schedule(rows: list[dict[str, Any]], key: str, tail: float) -> dict[str, 
     }
 
 
+def schedule_sets(items: list[str]) -> dict[str, list[str]]:
+    """`--schedule-set SCHEDULE:KEY=VALUE` items as {schedule: [KEY=VALUE, ...]}, in order."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        sched, sep, override = item.partition(":")
+        if not sep or sched not in SCHEDULES or "=" not in override:
+            raise SystemExit(
+                f"agentic: --schedule-set {item!r}: expected SCHEDULE:KEY=VALUE with SCHEDULE "
+                f"one of {', '.join(SCHEDULES)}"
+            )
+        out.setdefault(sched, []).append(override)
+    return out
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="key=value config overrides (every run)")
@@ -293,6 +307,15 @@ def main(argv: list[str]) -> int:
         help="when a run reaches the target: its non-decreasing curve's first value at or above "
         "it (monotone), or the first evaluation at or above it (first); both are reported",
     )
+    p.add_argument(
+        "--schedule-set",
+        action="append",
+        default=[],
+        metavar="SCHEDULE:KEY=VALUE",
+        help="an override for one schedule's runs only (repeatable), e.g. "
+        "pipeline:schedule.max_lag=2; with --reuse, the other schedules' finished runs in --out "
+        "are read back",
+    )
     p.add_argument("--tiny", action="store_true", help="smoke test: 2 steps, tail 30, seed 0")
     p.add_argument("--out", default=None, help="output folder (default runs/agentic-<UTC time>)")
     p.add_argument(
@@ -306,6 +329,7 @@ def main(argv: list[str]) -> int:
     out = Path(args.out or f"runs/agentic-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}")
     tiny = [*TINY, f'warmstart.cache_dir="{out / "cache"}"']  # its 5-step model stays here
     extra = [*tiny, *args.overrides] if args.tiny else args.overrides
+    per_schedule = schedule_sets(args.schedule_set)
     rows = []
     sweep = seeds if args.sweep_seeds is None else [int(x) for x in args.sweep_seeds.split(",")]
     for tail in sorted(tails, reverse=True):  # the largest first: the headline runs
@@ -316,7 +340,15 @@ def main(argv: list[str]) -> int:
                     continue
                 name = f"tail{tail:g}-seed{seed}-{sched}"
                 print(f"agentic: {name} ...", flush=True)
-                res = run_one(out / name, sched, seed, args.median, tail, extra, args.reuse)
+                res = run_one(
+                    out / name,
+                    sched,
+                    seed,
+                    args.median,
+                    tail,
+                    [*extra, *per_schedule.get(sched, [])],
+                    args.reuse,
+                )
                 rows.append(
                     {
                         "tail": tail,
@@ -387,7 +419,13 @@ def main(argv: list[str]) -> int:
         "final_acc": by_schedule(rows, "final_acc", top),
         "final_acc_by_tail": {f"{t:g}": by_schedule(rows, "final_acc", t) for t in tails},
         "ess_token": by_schedule(rows, "ess_token", top),
-        "sizes": {"median_s": args.median, "overrides": extra, "seeds": seeds, "tails": tails},
+        "sizes": {
+            "median_s": args.median,
+            "overrides": extra,
+            "schedule_overrides": per_schedule,
+            "seeds": seeds,
+            "tails": tails,
+        },
         "target": args.target if args.target_gain is None else f"start + {args.target_gain}",
         "tiny": args.tiny,
     }

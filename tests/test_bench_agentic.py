@@ -249,3 +249,16 @@ def test_turns_mean_is_over_episodes_not_steps():
     # a count written as a float weighs as the int (observe.means.number, as the report reads)
     floats = [{**r, "env/episodes": float(r["env/episodes"])} for r in recs[:2]]
     assert bench.episode_turns_mean(floats) == 36 / 32
+
+
+def test_schedule_set_groups_overrides_by_schedule_and_rejects_malformed_items():
+    got = bench.schedule_sets(
+        ["pipeline:schedule.max_lag=2", "async:schedule.max_lag=1", "pipeline:run.threads=2"]
+    )
+    assert got == {
+        "pipeline": ["schedule.max_lag=2", "run.threads=2"],
+        "async": ["schedule.max_lag=1"],
+    }
+    for bad in ("schedule.max_lag=2", "pipelines:schedule.max_lag=2", "pipeline:max_lag"):
+        with pytest.raises(SystemExit, match="SCHEDULE:KEY=VALUE"):
+            bench.schedule_sets([bad])
