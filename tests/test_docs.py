@@ -320,11 +320,18 @@ def parse_command(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> str | Non
     return "did not parse (returned without reaching a parser's result)"
 
 
+ONE_SCHEDULE = re.compile(r"^[a-z_]+:[a-z_]+\.[a-z_.]+=")
+
+
 def _check_parsed(argv: list[str], ns: argparse.Namespace, extra: list[str]) -> str | None:
     unparsed = [a for a in extra if "=" not in a]
     if unparsed:
         return f"unknown arguments {unparsed}"
     items = [*extra, *(x for v in vars(ns).values() if isinstance(v, list) for x in v)]
+    # `--schedule-set pipeline:schedule.max_lag=2` (bench/agentic.py): an override of one
+    # schedule's runs, checked below on that schedule
+    ones = [x for x in items if isinstance(x, str) and ONE_SCHEDULE.match(x)]
+    items = [x for x in items if x not in ones]
     overrides = [x for x in items if isinstance(x, str) and "=" in x and not x.startswith("-")]
     path = getattr(ns, "config", None)
     if argv[:2] == ["slipstream", "train"] and overrides != items and not path:
@@ -334,6 +341,11 @@ def _check_parsed(argv: list[str], ns: argparse.Namespace, extra: list[str]) -> 
         load_config(path, [o for o in overrides if o not in wrong])
     except ConfigError as e:
         return f"config: {e}"
+    for sched, _, override in (x.partition(":") for x in ones):
+        try:
+            load_config(path, [*overrides, f'schedule.name="{sched}"', override])
+        except ConfigError as e:
+            return f"config ({sched}'s runs): {e}"
     for o in wrong:  # shown as the error it gets: it must get one
         with pytest.raises(ConfigError, match="unknown key"):
             load_config(None, [o])
@@ -473,3 +485,12 @@ def test_commands_are_read_from_fences_and_code_spans() -> None:
     ]
     assert slug("Schedules: sync, tail batching, `async`") == "schedules-sync-tail-batching-async"
     assert anchors("# A\n```\n# not a heading\n```\n## A\n") == {"a", "a-1"}
+
+
+def test_a_one_schedule_override_is_checked_on_that_schedule() -> None:
+    argv = ["python", "bench/agentic.py"]
+    ok = argparse.Namespace(schedule_set=["pipeline:schedule.max_lag=2"])
+    assert _check_parsed(argv, ok, []) is None
+    for bad in ("sync:schedule.max_lag=2", "pipeline:schedule.max_lagg=2"):
+        why = _check_parsed(argv, argparse.Namespace(schedule_set=[bad]), [])
+        assert why is not None and why.startswith("config (")
