@@ -22,6 +22,7 @@ off their clock would credit them the overlap, which sync's loop cannot have.
 
 Run: python bench/agentic.py [--tails 1,10,30] [--seeds 0,1,2] [--target 0.3 | --target-gain 0.04]
      [key=value ...]
+     [--schedule-set pipeline:schedule.max_lag=2 ...]   (an override of one schedule's runs)
      (--reuse --out DIR: finished runs of the same config in DIR are read back, not retrained)
      python bench/agentic.py --tiny        (a smoke test: 2 steps, one tail, one seed)
 
@@ -330,12 +331,12 @@ def main(argv: list[str]) -> int:
     tiny = [*TINY, f'warmstart.cache_dir="{out / "cache"}"']  # its 5-step model stays here
     extra = [*tiny, *args.overrides] if args.tiny else args.overrides
     per_schedule = schedule_sets(args.schedule_set)
+    async_tails = [float(x) for x in args.async_tails.split(",") if x]
     rows = []
     sweep = seeds if args.sweep_seeds is None else [int(x) for x in args.sweep_seeds.split(",")]
     for tail in sorted(tails, reverse=True):  # the largest first: the headline runs
         for seed in seeds if tail == max(tails) else sweep:
             for sched in SCHEDULES:
-                async_tails = [float(x) for x in args.async_tails.split(",") if x]
                 if sched == "async" and tail not in async_tails and not args.tiny:
                     continue
                 name = f"tail{tail:g}-seed{seed}-{sched}"

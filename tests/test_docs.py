@@ -320,18 +320,15 @@ def parse_command(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> str | Non
     return "did not parse (returned without reaching a parser's result)"
 
 
-ONE_SCHEDULE = re.compile(r"^[a-z_]+:[a-z_]+\.[a-z_.]+=")
-
-
 def _check_parsed(argv: list[str], ns: argparse.Namespace, extra: list[str]) -> str | None:
     unparsed = [a for a in extra if "=" not in a]
     if unparsed:
         return f"unknown arguments {unparsed}"
-    items = [*extra, *(x for v in vars(ns).values() if isinstance(v, list) for x in v)]
     # `--schedule-set pipeline:schedule.max_lag=2` (bench/agentic.py): an override of one
     # schedule's runs, checked below on that schedule
-    ones = [x for x in items if isinstance(x, str) and ONE_SCHEDULE.match(x)]
-    items = [x for x in items if x not in ones]
+    ones: list[str] = getattr(ns, "schedule_set", None) or []
+    lists = [v for k, v in vars(ns).items() if isinstance(v, list) and k != "schedule_set"]
+    items = [*extra, *(x for v in lists for x in v)]
     overrides = [x for x in items if isinstance(x, str) and "=" in x and not x.startswith("-")]
     path = getattr(ns, "config", None)
     if argv[:2] == ["slipstream", "train"] and overrides != items and not path:
