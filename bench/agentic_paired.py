@@ -5,6 +5,9 @@ TEMPERATURE, each prompt's reward their mean) on the same held-out prompts; the
 difference of their accuracies has a paired standard error (the prompts are shared, so most
 of the per-prompt noise cancels), which is what an RL-improved-it claim needs.
 
+(Two runs' checkpoints in their own configs, tool latency and evaluation settings included:
+`slipstream eval RUN_DIR` and bench/agentic_final.py.)
+
 Run: python bench/agentic_paired.py MODEL_A MODEL_B [HELDOUT] [TEMPERATURE SAMPLES]
      (model folders: a warm start in ~/.cache/slipstream/builtin-tools2-..., or a run's
      RUN_DIR/checkpoints/step_N/model)
@@ -24,14 +27,12 @@ from slipstream.engine import Engine, SamplingParams
 from slipstream.envs.builtin import Latency, tool_sums_task
 from slipstream.envs.workers import ThreadWorkers
 from slipstream.model import load_pretrained, load_tokenizer
-from slipstream.run.agentic import calculator_factory, env_max_len
-from slipstream.schedule.agentic import make_runner
-from slipstream.schedule.episodes import run_episodes
+from slipstream.run.agentic import calculator_factory, env_max_len, episode_rewards
 
 
 def per_prompt(folder: str, n: int, temperature: float = 0.0, samples: int = 1) -> list[float]:
     """The episode reward of each of the first `n` held-out prompts, in order: greedy, or the
-    mean of `samples` episodes at `temperature` (seeds 0 .. samples - 1)."""
+    mean of `samples` episodes at `temperature` (seeds i samples + j, as a run's evaluations)."""
     cfg = load_config(None, ["task.kind=builtin_tools"])
     model, tok = load_pretrained(folder), load_tokenizer(folder)
     held = tool_sums_task().heldout_prompts()[:n]
@@ -40,17 +41,11 @@ def per_prompt(folder: str, n: int, temperature: float = 0.0, samples: int = 1) 
     engine = Engine(model.eval(), tok.eos_id, num_slots=len(held) * samples, max_len=max_len)
     workers = ThreadWorkers(factory, cfg.env.workers)
     params = SamplingParams(temperature=temperature, max_new_tokens=cfg.sampling.max_new_tokens)
-    items = [(p, (i, k), k) for i, p in enumerate(held) for k in range(samples)]
-    runner = make_runner(cfg, factory, engine, params, workers)
     try:
-        eps = run_episodes(engine, runner, items)
+        rewards = episode_rewards(cfg, factory, engine, held, workers, params, samples)
     finally:
-        runner.close()
         workers.close()
-    total = [0.0] * len(held)
-    for e in eps:
-        total[e.key[0]] += e.reward
-    return [t / samples for t in total]
+    return [sum(r) / samples for r in rewards]
 
 
 def paired(a: list[float], b: list[float]) -> dict[str, float]:

@@ -262,3 +262,19 @@ def test_schedule_set_groups_overrides_by_schedule_and_rejects_malformed_items()
     for bad in ("schedule.max_lag=2", "pipelines:schedule.max_lag=2", "pipeline:max_lag"):
         with pytest.raises(SystemExit, match="SCHEDULE:KEY=VALUE"):
             bench.schedule_sets([bad])
+
+
+def test_final_gap_pairs_prompts_by_id_with_a_90_percent_interval():
+    import agentic_final
+
+    # by id, whatever the order: differences b - a are +1, 0, -0.5, +0.5 -> mean 0.25,
+    # sample variance (0.5625 + 0.0625 + 0.5625 + 0.0625) / 3 = 5/12, se sqrt(5/12 / 4)
+    a = {"p1": 0.0, "p2": 0.5, "p3": 1.0, "p4": 0.25}
+    b = {"p4": 0.75, "p3": 0.5, "p2": 0.5, "p1": 1.0}
+    gap, lo, hi = agentic_final.paired_gap(a, b)
+    se = (5 / 12 / 4) ** 0.5
+    assert gap == 0.25 and math.isclose(hi - gap, 1.645 * se) and math.isclose(gap - lo, hi - gap)
+    with pytest.raises(SystemExit, match="different prompts"):
+        agentic_final.paired_gap(a, {"p1": 1.0})
+    m = agentic_final.NAME.match("tail30-seed7-pipeline")
+    assert m is not None and (m["tail"], m["seed"], m["schedule"]) == ("30", "7", "pipeline")

@@ -121,7 +121,7 @@ def test_episode_accuracy_samples_n_episodes_a_prompt_with_fixed_seeds(monkeypat
 
     def run_episodes(engine, runner, items):
         seen["items"] = items
-        return [SimpleNamespace(reward=float(seed % 2)) for _, _, seed in items]
+        return [SimpleNamespace(key=k, reward=float(seed % 2)) for _, k, seed in reversed(items)]
 
     monkeypatch.setattr(agentic, "make_runner", make_runner)
     monkeypatch.setattr(agentic, "run_episodes", run_episodes)

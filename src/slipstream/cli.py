@@ -29,11 +29,12 @@ commands:
   plan ...                                     recommend a GPU split and schedule (slipstream plan -h)
   report RUN_DIR [RUN_DIR ...] --out DIR       figures and an HTML page from run folders
   replay RUN_DIR [key=value ...] [--out DIR]   re-execute a run recorded with run.record_schedule=true
+  eval RUN_DIR [--step N] [key=value ...]      evaluate a checkpoint on the held-out split again
   bench schedules [--out DIR] ...              the schedules vs the best sync, over seeds
 """
 
 
-COMMANDS = ("train", "sim", "plan", "report", "replay", "bench")
+COMMANDS = ("train", "sim", "plan", "report", "replay", "eval", "bench")
 
 
 def _train(argv: list[str]) -> int:
@@ -184,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             from slipstream.run.replay_run import replay_main
 
             return replay_main(rest)
+        if cmd == "eval":
+            from slipstream.run.eval_run import eval_main
+
+            return eval_main(rest)
         if cmd == "plan":
             from slipstream.sim.cli import plan_main
 

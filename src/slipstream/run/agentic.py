@@ -285,6 +285,33 @@ def check_first_observations(sizes: Sequence[int], positions: int) -> None:
         )
 
 
+def episode_rewards(
+    cfg: Config,
+    factory: EnvFactory,
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    workers: Workers | None = None,
+    params: SamplingParams | None = None,
+    n: int = 1,
+) -> list[list[float]]:
+    """Rewards `[P][n]` of `n` episodes of each of `prompts` (the shape of
+    `run.evaluate.rewards_of`), sampled with `params` (None: greedy, temperature 0). Episode j
+    of prompt i has seed `i n + j`, so every evaluation samples with the same random numbers."""
+    if params is None:
+        params = SamplingParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens)
+    runner = make_runner(cfg, factory, engine, params, workers)
+    items = [(p, ("eval", i, j), i * n + j) for i, p in enumerate(prompts) for j in range(n)]
+    try:
+        eps = run_episodes(engine, runner, items)  # in the order they ended
+    finally:
+        runner.close()
+    out = [[0.0] * n for _ in prompts]
+    for e in eps:
+        _, i, j = cast(tuple[str, int, int], e.key)
+        out[i][j] = e.reward
+    return out
+
+
 def episode_accuracy(
     cfg: Config,
     factory: EnvFactory,
@@ -294,15 +321,6 @@ def episode_accuracy(
     params: SamplingParams | None = None,
     n: int = 1,
 ) -> float:
-    """Mean reward of `n` episodes of each of `prompts`, as held-out accuracy (mean@n):
-    sampled with `params` (None: greedy, temperature 0). Episode j of prompt i has seed
-    `i n + j`, so every evaluation samples with the same random numbers."""
-    if params is None:
-        params = SamplingParams(temperature=0.0, max_new_tokens=cfg.sampling.max_new_tokens)
-    runner = make_runner(cfg, factory, engine, params, workers)
-    items = [(p, ("eval", i, j), i * n + j) for i, p in enumerate(prompts) for j in range(n)]
-    try:
-        eps = run_episodes(engine, runner, items)
-    finally:
-        runner.close()
-    return sum(e.reward for e in eps) / max(len(eps), 1)
+    """Mean reward of `episode_rewards` (held-out accuracy, mean@n)."""
+    rewards = episode_rewards(cfg, factory, engine, prompts, workers, params, n)
+    return sum(map(sum, rewards)) / max(len(rewards) * n, 1)

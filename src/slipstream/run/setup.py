@@ -32,7 +32,7 @@ from slipstream.run import drawing
 from slipstream.run.agentic import (
     build_env_factory,
     env_max_len,
-    episode_accuracy,
+    episode_rewards,
     warm_start_tools,
 )
 from slipstream.run.components import (
@@ -97,6 +97,8 @@ class Run:
     ends_said: set[str] = field(default_factory=set)  # episode ends warned of (_count_error)
     eval_sets: dict[str, list[Prompt]] = field(default_factory=dict)  # eval.sets, by name
     eval_metrics: dict[str, float] = field(default_factory=dict)  # of the latest evaluation
+    # and its rewards: (prompt id, [n]) of each prompt evaluated, by set ("": held-out)
+    eval_rewards: dict[str, list[tuple[str, list[float]]]] = field(default_factory=dict)
     eval_ids: PromptIds = field(default_factory=PromptIds)  # the held-out sets' token ids
     env_factory: EnvFactory | None = None  # env.tools: every sample is an episode
     env_workers: Workers | None = None  # where its environments step (made on first use)
@@ -116,8 +118,8 @@ class Run:
     def evaluate(self, version: int | None = None) -> float:
         """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1) of the weights,
         as policy `version` (a reward's `trainer_state`; default: the eval engine's); every
-        metric, of each `eval.sets` set too, lands in `eval_metrics`. Multi-turn runs: the mean
-        reward of greedy episodes of the held-out split. A prompt too long (`fits`) is skipped,
+        metric, of each `eval.sets` set too, lands in `eval_metrics`, its rewards in
+        `eval_rewards`. Multi-turn runs: n episodes of each held-out prompt. A prompt too long (`fits`) is skipped,
         as in training, and counted (`heldout/skipped_too_long`, `heldout/<set>/...`): the
         metrics are over the prompts evaluated (`check_too_long`). `eval_engine` is the run's
         engine: the trainer's own weights (one packed copy, one KV cache in the trainer process,
@@ -133,23 +135,27 @@ class Run:
         e, s = self.cfg.eval, self.cfg.sampling
         # greedy (eval.temperature 0) drops top-p / top-k in SamplingParams itself
         params = SamplingParams(e.temperature, s.top_p, s.top_k, s.max_new_tokens)
-        if self.env_factory is not None:  # episodes: mean reward of n per prompt (mean@n)
-            n = e.samples_per_prompt
-            acc = episode_accuracy(
-                self.cfg, self.env_factory, self.eval_engine, self.heldout, self.workers(),
-                params, n,
-            )  # fmt: skip
-            self.eval_metrics = {f"heldout/mean@{n}": acc}
-            return acc
-        out: dict[str, float] = {}
         at = TrainerState(version, self.cfg.run.steps)  # TRL's trainer_state
-        for name, prompts in {"": self.heldout, **self.eval_sets}.items():
-            ids = self.eval_ids.of(name, prompts, self.tok)  # encoded at the first evaluation
-            kept = [i for i, x in enumerate(ids) if self.fits(x)]  # the rest skipped, as in `draw`
-            rewards = rewards_of(
-                self.eval_engine, self.tok, self.task, [prompts[i] for i in kept], params,
-                e.samples_per_prompt, state=at, ids=[ids[i] for i in kept],
-            )  # fmt: skip
+        sets = {"": self.heldout, **self.eval_sets}
+        if self.env_factory is not None:  # episodes: n per held-out prompt
+            sets = {"": self.heldout}
+        out: dict[str, float] = {}
+        self.eval_rewards = {}
+        for name, prompts in sets.items():
+            if self.env_factory is not None:
+                kept = list(range(len(prompts)))  # an episode's length is the env's to bound
+                rewards = episode_rewards(
+                    self.cfg, self.env_factory, self.eval_engine, prompts, self.workers(),
+                    params, e.samples_per_prompt,
+                )  # fmt: skip
+            else:
+                ids = self.eval_ids.of(name, prompts, self.tok)  # encoded at the first evaluation
+                kept = [i for i, x in enumerate(ids) if self.fits(x)]  # the rest skipped (`draw`)
+                rewards = rewards_of(
+                    self.eval_engine, self.tok, self.task, [prompts[i] for i in kept], params,
+                    e.samples_per_prompt, state=at, ids=[ids[i] for i in kept],
+                )  # fmt: skip
+            self.eval_rewards[name] = [(prompts[i].id, r) for i, r in zip(kept, rewards)]
             found = summarize(rewards, e.pass_threshold)
             if len(kept) < len(prompts):
                 found["skipped_too_long"] = len(prompts) - len(kept)
