@@ -20,7 +20,7 @@ def _last_eval(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow  # ~9 s of CPU: a 2-step run of the built-in task (and its warm start)
-def test_eval_reproduces_the_runs_own_final_evaluation(tmp_path, capsys) -> None:
+def test_eval_reproduces_the_runs_own_final_evaluation(tmp_path, capsys, monkeypatch) -> None:
     # the run evaluates itself at step 2 (eval.every=2) and checkpoints it (checkpoint.every=2):
     # the command's evaluation of that checkpoint, same settings, is the same to the bit
     summary = train_sync(
@@ -37,8 +37,13 @@ def test_eval_reproduces_the_runs_own_final_evaluation(tmp_path, capsys) -> None
     assert len(rows) == 16 and all(len(r) == 2 for _, r in rows)  # eval.num_prompts x n
     assert sum(sum(r) for _, r in rows) / 32 == out["heldout_acc"]
     assert "mean@2" in capsys.readouterr().out
-    # more samples: another file beside the first (nothing overwritten), n rewards a prompt
+    # more samples: another file beside the first (nothing overwritten), n rewards a prompt;
+    # from another folder, the evaluation works where the run was started (its relative paths)
+    started = Path.cwd()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
     assert main(["eval", str(run_dir), "eval.samples_per_prompt=3"]) == 0
+    assert Path.cwd() == started
     more = json.loads((run_dir / "evals" / "step_000002-2.json").read_text())
     assert more["eval"]["samples_per_prompt"] == 3 and len(more["rewards"][""][0][1]) == 3
     # the run's folder is not rewritten: its config still says 2 samples

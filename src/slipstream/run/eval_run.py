@@ -1,12 +1,13 @@
 """`slipstream eval RUN_DIR`: evaluate a checkpoint of a run on its held-out split, afterwards.
 
 A run evaluates itself every `eval.every` steps with its own `[eval]` settings, chosen to be
-cheap enough to repeat (the built-in agentic bench: 256 prompts x 4 samples, whose mean@4 moves
-by about 1.5 points between two policies of equal skill, computed in docs/measurements.md).
-Comparing two runs' final accuracies to a point needs more samples than that; this command
+cheap enough to repeat (the built-in agentic bench: 256 prompts x 4 samples, docs/measurements.md
+"Final accuracy at 32 samples a prompt"). Comparing two runs' final accuracies to a point needs
+more samples than that; this command
 evaluates a saved checkpoint again with more (`eval.samples_per_prompt=32`), in the run's own
 config: the same task, held-out prompts, tool environment, sampling settings and engine as the
-run's evaluations, the checkpoint's weights (its float32 master copy where it has one). The
+run's evaluations (its relative paths resolved in the folder it was started in, as on resume),
+the checkpoint's weights (its float32 master copy where it has one). The
 episodes' seeds are those of every evaluation (`i n + j` for sample j of prompt i), so two
 checkpoints evaluated with the same settings are compared on the same random numbers.
 
@@ -19,6 +20,7 @@ earlier one, so nothing is lost) or `--out FILE`: the metrics (`heldout/mean@n`,
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from slipstream.config import Config, ConfigError, load_config
 from slipstream.files import write_atomic
+from slipstream.run.folder import started_in
 from slipstream.train.checkpoint import checkpoint_step, list_checkpoints, load_weights
 
 # Settings an evaluation may change: what it samples and where it runs, not what was trained
@@ -41,10 +44,8 @@ def eval_config(run_dir: Path, overrides: list[str], scratch: Path) -> Config:
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if "=" not in item or not any(key.startswith(c) for c in CHANGEABLE):
-            raise ConfigError(
-                f"{item!r}: an evaluation changes only {', '.join(c + '*' if c.endswith('.') else c for c in CHANGEABLE)} "
-                "(KEY=VALUE)"
-            )
+            allowed = ", ".join(c + "*" if c.endswith(".") else c for c in CHANGEABLE)
+            raise ConfigError(f"{item!r}: an evaluation changes only {allowed} (KEY=VALUE)")
     mine = [f"run.dir={json.dumps(str(scratch))}", "run.sinks=[]", "run.quiet=true"]
     return load_config(path, [*overrides, *mine])
 
@@ -130,15 +131,21 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
     parser.add_argument("--out", metavar="FILE", help="the result (RUN_DIR/evals/step_NNNNNN.json)")
     args = parser.parse_args(argv)
-    run_dir = Path(args.run_dir)
+    given = Path(args.run_dir)
+    out_given = Path(args.out).absolute() if args.out else None
+    run_dir = given.absolute()
+    # the run's relative paths (model.path, task.path) resolve where it was started, as on resume
+    cwd = started_in(run_dir)
+    if cwd is not None and cwd != Path.cwd():
+        os.chdir(cwd)
     result = evaluate_checkpoint(run_dir, list(args.items), args.step)
     step = result["step"]
     assert isinstance(step, int)
-    out = Path(args.out) if args.out else out_path(run_dir, step)
+    out = out_given or out_path(run_dir, step)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, json.dumps(result))
     metrics = result["metrics"]
     assert isinstance(metrics, dict)
     shown = ", ".join(f"{k.removeprefix('heldout/')} {v:.4f}" for k, v in metrics.items())
-    print(f"step {step} of {run_dir}: {shown} ({result['eval_s']:.1f}s) -> {out}", file=sys.stdout)
+    print(f"step {step} of {given}: {shown} ({result['eval_s']:.1f}s) -> {out}", file=sys.stdout)
     return 0
