@@ -264,17 +264,19 @@ def test_schedule_set_groups_overrides_by_schedule_and_rejects_malformed_items()
             bench.schedule_sets([bad])
 
 
-def test_final_gap_pairs_prompts_by_id_with_a_90_percent_interval():
+def test_final_gap_pairs_prompts_by_id_with_two_90_percent_half_widths():
     import agentic_final
 
-    # by id, whatever the order: differences b - a are +1, 0, -0.5, +0.5 -> mean 0.25,
-    # sample variance (0.5625 + 0.0625 + 0.5625 + 0.0625) / 3 = 5/12, se sqrt(5/12 / 4)
-    a = {"p1": 0.0, "p2": 0.5, "p3": 1.0, "p4": 0.25}
-    b = {"p4": 0.75, "p3": 0.5, "p2": 0.5, "p1": 1.0}
-    gap, lo, hi = agentic_final.paired_gap(a, b)
-    se = (5 / 12 / 4) ** 0.5
-    assert gap == 0.25 and math.isclose(hi - gap, 1.645 * se) and math.isclose(gap - lo, hi - gap)
+    # by id, whatever the order; prompt means a: 0, 0.5, 1, 0.25 and b: 1, 0.5, 0.5, 0.75, so
+    # differences b - a are +1, 0, -0.5, +0.5 -> mean 0.25, sample variance
+    # (0.5625 + 0.0625 + 0.5625 + 0.0625) / 3 = 5/12, paired se sqrt(5/12 / 4)
+    a = {"p1": [0.0, 0.0], "p2": [0.0, 1.0], "p3": [1.0, 1.0], "p4": [0.0, 0.5]}
+    b = {"p4": [0.5, 1.0], "p3": [0.0, 1.0], "p2": [0.5, 0.5], "p1": [1.0, 1.0]}
+    gap, prompts, samples = agentic_final.paired_gap(a, b)
+    assert gap == 0.25 and math.isclose(prompts, 1.645 * (5 / 12 / 4) ** 0.5)
+    # sample variances (n - 1): a 0, 0.5, 0, 0.125; b 0.125, 0.5, 0, 0 -> sum / 2 = 0.625
+    assert math.isclose(samples, 1.645 * 0.625**0.5 / 4)
     with pytest.raises(SystemExit, match="different prompts"):
-        agentic_final.paired_gap(a, {"p1": 1.0})
+        agentic_final.paired_gap(a, {"p1": [1.0]})
     m = agentic_final.NAME.match("tail30-seed7-pipeline")
     assert m is not None and (m["tail"], m["seed"], m["schedule"]) == ("30", "7", "pipeline")
