@@ -3,8 +3,9 @@
 bench/agentic.py judges a run's final accuracy by its last in-run evaluation (256 held-out
 prompts x 4 samples, `eval.samples_per_prompt` of the bench's command), whose sampling noise
 alone puts a 90 % half-width of 1.2-1.7 points on the gap between a pipeline run and its seed's
-sync run (computed, docs/measurements.md), close to the 2 points issue 21 allows. This script evaluates each run's final checkpoint again with
-`slipstream eval` at `--samples` (default 32) samples a prompt (same prompts, temperature and
+sync run (computed, docs/measurements.md), close to the 2 points issue 21 allows. This script
+evaluates each run's final checkpoint again with `slipstream eval` at `--samples` (default 32)
+samples a prompt (same prompts, temperature and
 episode seeds as the runs' own evaluations: the pairs share their random numbers), and
 reports, seed by seed, the pipeline's gap to sync with two 90 % half-widths: over prompts (the
 paired standard error, bench/agentic_paired.py: other prompts of the kind, and the samples'

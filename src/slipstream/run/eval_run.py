@@ -118,7 +118,7 @@ def eval_main(argv: list[str]) -> int:
 
     parser = OneLineParser(
         prog="slipstream eval",
-        description="Evaluate a checkpoint of a run on its held-out split (e.g. with more samples).",
+        description="Evaluate a checkpoint of a run on its held-out split again.",
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder")
     parser.add_argument(
