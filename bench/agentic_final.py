@@ -80,7 +80,7 @@ def per_prompt(result: dict[str, object]) -> dict[str, list[float]]:
     """The rewards of each held-out prompt, by prompt id."""
     rewards = result["rewards"]
     assert isinstance(rewards, dict)
-    return {pid: r for pid, r in rewards[""]}
+    return dict(rewards[""])
 
 
 def paired_gap(a: dict[str, list[float]], b: dict[str, list[float]]) -> tuple[float, float, float]:
@@ -91,19 +91,14 @@ def paired_gap(a: dict[str, list[float]], b: dict[str, list[float]]) -> tuple[fl
     if sorted(b) != sorted(a):
         raise SystemExit("the two runs were evaluated on different prompts")
     ids = sorted(a)
-    out = paired([_mean(a[i]) for i in ids], [_mean(b[i]) for i in ids])
+    out = paired([statistics.fmean(a[i]) for i in ids], [statistics.fmean(b[i]) for i in ids])
     var = sum(_var(a[i]) / len(a[i]) + _var(b[i]) / len(b[i]) for i in ids)
     return out["diff"], Z90 * out["paired_se"], Z90 * var**0.5 / len(ids)
 
 
-def _mean(x: list[float]) -> float:
-    return sum(x) / len(x)
-
-
 def _var(x: list[float]) -> float:
-    """Sample variance (0 for one sample)."""
-    m = _mean(x)
-    return sum((v - m) ** 2 for v in x) / max(len(x) - 1, 1)
+    """Sample variance (n - 1; 0 for one sample, a greedy evaluation)."""
+    return statistics.variance(x) if len(x) > 1 else 0.0
 
 
 def main() -> None:

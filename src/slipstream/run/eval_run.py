@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -108,7 +107,7 @@ def evaluate_checkpoint(
         "heldout_acc": acc,
         "metrics": run.eval_metrics,
         "eval_s": took,
-        "rewards": {name: [[pid, r] for pid, r in rows] for name, rows in run.eval_rewards.items()},
+        "rewards": run.eval_rewards,  # (prompt id, [n]) pairs: JSON arrays
     }
 
 
@@ -147,5 +146,5 @@ def eval_main(argv: list[str]) -> int:
     metrics = result["metrics"]
     assert isinstance(metrics, dict)
     shown = ", ".join(f"{k.removeprefix('heldout/')} {v:.4f}" for k, v in metrics.items())
-    print(f"step {step} of {given}: {shown} ({result['eval_s']:.1f}s) -> {out}", file=sys.stdout)
+    print(f"step {step} of {given}: {shown} ({result['eval_s']:.1f}s) -> {out}")
     return 0
