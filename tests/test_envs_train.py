@@ -314,3 +314,22 @@ def test_a_skipped_step_trained_no_episode_and_the_ledger_says_so() -> None:
     ledger.count_step(kept, {"train/skipped": 0.0})
     ledger.count_step(kept + kept, {"train/skipped": 1.0})
     assert ledger.trained == 1 and ledger.filtered == {SKIPPED_STEP: 2} and ledger.balanced()
+
+
+@pytest.mark.slow  # ~10 s of CPU: a 2-step run with three evaluations of two sets
+def test_a_multi_turn_run_scores_its_eval_sets_in_episodes(tmp_path) -> None:
+    """`eval.sets` of a multi-turn run are played as episodes and reported under their name,
+    as a single-turn run's are (they were read, then not scored)."""
+    rows = tmp_path / "extra.jsonl"
+    rows.write_text(
+        "".join(json.dumps({"prompt": f"{i}+1=", "answer": "1"}) + "\n" for i in (3, 5, 7))
+    )
+    factory = f"env.factory={Path(__file__).parent / 'scripted_env.py'}:three_turns"
+    cfg = tiny_cfg(
+        tmp_path, "sets", factory, "env.isolation=thread", "eval.samples_per_prompt=2",
+        "eval.temperature=1.0", f'eval.sets={{extra="{rows}"}}', steps=2,
+    )  # fmt: skip
+    train_sync(cfg)
+    [*_, last] = [r for r in read_jsonl(tmp_path / "sets" / "metrics.jsonl") if "heldout_acc" in r]
+    assert 0.0 <= last["heldout/extra/mean@2"] <= 1.0 and "heldout/extra/pass@1" in last
+    assert 0.0 <= last["heldout/mean@2"] <= 1.0  # the held-out split's, beside it

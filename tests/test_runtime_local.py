@@ -351,7 +351,7 @@ def test_a_dead_samplers_last_groups_reach_a_full_queue_before_its_work_is_calle
     merged.attach(1, Source([SamplerMessage("group", 1) for _ in range(3)]))
     t0 = time.monotonic()
     merged.detach(1, timeout=5.0)
-    assert time.monotonic() - t0 < 0.1 and merged.settling()
+    assert time.monotonic() - t0 < 1.0 and merged.settling()  # not the 5 s timeout
     got = []
     while (m := merged.get(0)) is not None or merged.settling():  # as Orchestrator.recover
         if m is not None:

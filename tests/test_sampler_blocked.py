@@ -123,7 +123,8 @@ def test_a_group_taken_into_the_engine_is_reported_started_before_its_forward_pa
         w.state.backlog.extend(Request([1, 2], p, seed=s, key=(7, s)) for s in range(2))
         t0 = time.perf_counter()
         assert len(w._refill(2)) == 2
-        assert time.perf_counter() - t0 < 0.05  # a full queue does not hold the step
+        assert time.perf_counter() - t0 < 1.0  # a full queue does not hold the step (a held
+        # one never returns: the fake queue stays full); 1 s, not less, for a loaded machine
         sent = w.channels.groups.got
         assert w.state.report.started == 1
         if room:

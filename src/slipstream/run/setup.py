@@ -119,7 +119,7 @@ class Run:
         """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1) of the weights,
         as policy `version` (a reward's `trainer_state`; default: the eval engine's); every
         metric, of each `eval.sets` set too, lands in `eval_metrics`, its rewards in
-        `eval_rewards`. Multi-turn runs: n episodes of each held-out prompt (no `eval.sets`). A
+        `eval_rewards`. Multi-turn runs: n episodes of each prompt, of every set. A
         prompt too long (`fits`) is skipped, as in training, and counted
         (`heldout/skipped_too_long`, `heldout/<set>/...`): the metrics are over the prompts
         evaluated (`check_too_long`). `eval_engine` is the run's
@@ -138,12 +138,10 @@ class Run:
         params = SamplingParams(e.temperature, s.top_p, s.top_k, s.max_new_tokens)
         at = TrainerState(version, self.cfg.run.steps)  # TRL's trainer_state
         sets = {"": self.heldout, **self.eval_sets}
-        if self.env_factory is not None:  # episodes: n per held-out prompt
-            sets = {"": self.heldout}
         out: dict[str, float] = {}
         self.eval_rewards = {}
         for name, prompts in sets.items():
-            if self.env_factory is not None:
+            if self.env_factory is not None:  # episodes: n per prompt
                 kept = list(range(len(prompts)))  # an episode's length is the env's to bound
                 rewards = episode_rewards(
                     self.cfg, self.env_factory, self.eval_engine, prompts, self.workers(),
