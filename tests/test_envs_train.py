@@ -316,7 +316,7 @@ def test_a_skipped_step_trained_no_episode_and_the_ledger_says_so() -> None:
     assert ledger.trained == 1 and ledger.filtered == {SKIPPED_STEP: 2} and ledger.balanced()
 
 
-@pytest.mark.slow  # ~10 s of CPU: a 2-step run with three evaluations of two sets
+@pytest.mark.slow  # ~10 s of CPU: a 2-step run whose evaluations play two sets as episodes
 def test_a_multi_turn_run_scores_its_eval_sets_in_episodes(tmp_path) -> None:
     """`eval.sets` of a multi-turn run are played as episodes and reported under their name,
     as a single-turn run's are (they were read, then not scored)."""
