@@ -144,7 +144,7 @@ def main() -> None:
             f"{key:40s} {a:7.4f} {b:9.4f} {100 * gap:+7.2f} {100 * prompts:8.2f} "
             f"{100 * samples:8.2f}"
         )
-    mean = sum(gaps.values()) / len(gaps)
+    mean = statistics.fmean(gaps.values())
     median = statistics.median(gaps.values())
     print(f"over {len(gaps)} pairs: mean gap {100 * mean:+.2f}, median {100 * median:+.2f} points")
     out = {

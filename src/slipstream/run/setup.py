@@ -119,11 +119,10 @@ class Run:
         """Held-out accuracy (`mean@n` of the held-out split, greedy for n = 1) of the weights,
         as policy `version` (a reward's `trainer_state`; default: the eval engine's); every
         metric, of each `eval.sets` set too, lands in `eval_metrics`, its rewards in
-        `eval_rewards`. Multi-turn runs: n episodes of each prompt, of every set. A
-        prompt too long (`fits`) is skipped, as in training, and counted
-        (`heldout/skipped_too_long`, `heldout/<set>/...`): the metrics are over the prompts
-        evaluated (`check_too_long`). `eval_engine` is the run's
-        engine: the trainer's own weights (one packed copy, one KV cache in the trainer process,
+        `eval_rewards`. Multi-turn runs: n episodes of each prompt, of every set. A prompt too
+        long (`fits`) is skipped, as in training, and counted (`heldout/skipped_too_long`,
+        `heldout/<set>/...`): the metrics are over the prompts evaluated (`check_too_long`).
+        `eval_engine` is the run's engine: the trainer's own weights (one packed copy, one KV cache in the trainer process,
         never a second model); its counters are set aside, so evaluation never counts as rollout."""
         engine = self.eval_engine
         saved, engine.stats = engine.stats, EngineStats()
