@@ -20,7 +20,9 @@ forecast of a run's duration (issue 22).
     Beside it, auto's final accuracy minus that K's seed by seed, with a 90 % bootstrap
     interval of the mean difference (`acc_paired_points`): a best K picked after the fact
     among noisy columns is favoured by its own noise, and the interval says whether a gap
-    is larger than the seeds' spread.
+    is larger than the seeds' spread. And `bootstrap` (computed): the seeds resampled, both
+    ratios' 90 % intervals, the share of draws meeting both targets and how often each K
+    was the fastest, which says how far one set's verdict can be trusted.
 (b) The watchdog: the same schedule at K = `--wd-lag`, a learning-rate spike injected at
     step `--spike-at` (x `--spike-factor` for `--spike-steps` steps, `watchdog.inject_lr_spike_*`), with the watchdog off, and with
     `rollback` on the `step_kl`, `grad_spike` and `nonfinite` alarms; and an undisturbed run.
@@ -256,6 +258,8 @@ def auto_table(res: dict[str, list[dict]], target: float | str) -> tuple[str, di
         "stopped": {n: len(res[n]) - len(done[n]) for n in ("auto", best_t, best_a)},
         "acc_paired_points": paired(res, best_a),
     }
+    ratio["bootstrap"] = ratio_bootstrap(res)
+    lines.append(_bootstrap_text(ratio["bootstrap"]))
     for name in sorted(n for n in med if n.startswith("auto@")):  # diagnostic starts
         ratio[f"{name}_time_ratio"] = med[name][0] / med[best_t][0]
         ratio[f"{name}_acc_ratio"] = med[name][1] / med[best_a][1] if med[best_a][1] else None
@@ -294,6 +298,61 @@ def paired(
     means = sorted(statistics.fmean(rng.choices(diffs, k=len(diffs))) for _ in range(reps))
     lo, hi = means[int(0.05 * reps)], means[int(0.95 * reps) - 1]
     return {"diffs": diffs, "mean": statistics.fmean(diffs), "interval90": [lo, hi]}
+
+
+def ratio_bootstrap(res: dict[str, list[dict]], reps: int = 2000) -> dict[str, Any]:
+    """How far one set's verdict can be trusted (computed from its runs, not measured): the
+    seeds resampled with replacement (a fixed seed), the same draw for every configuration
+    (a seed's runs share a warm start and a target), and on each draw the two ratios of
+    `auto_table` again, the best fixed K picked again after the fact. Gives the 90 %
+    intervals of both ratios, the share of draws on which auto meets both 5 % targets, and
+    how often each K was the fastest: a best K that changes from draw to draw is not
+    identified by the set. Only seeds on which every compared configuration finished."""
+    import random
+
+    names = [n for n in res if n.startswith("K=")]
+    if "auto" not in res or not names:
+        return {"seeds": 0}
+    by = {n: {r["seed"]: r for r in res[n] if r.get("acc") is not None and "seed" in r}
+          for n in [*names, "auto"]}  # fmt: skip
+    seeds = sorted(set.intersection(*(set(v) for v in by.values())))
+    if len(seeds) < 2:
+        return {"seeds": len(seeds)}
+    rng = random.Random(0)
+    times, accs, met = [], [], 0
+    fastest = dict.fromkeys(names, 0)
+    for _ in range(reps):
+        draw = rng.choices(seeds, k=len(seeds))
+        t = {n: statistics.median(by[n][s]["time_to_target"] for s in draw) for n in by}
+        a = {n: statistics.median(by[n][s]["acc"] for s in draw) for n in by}
+        best = min(names, key=lambda n: t[n])
+        fastest[best] += 1
+        times.append(t["auto"] / t[best])
+        best_a = max(a[n] for n in names)
+        accs.append(a["auto"] / best_a if best_a > 0 else float("nan"))
+        met += times[-1] <= 1.05 and accs[-1] >= 0.95
+    times.sort()
+    accs.sort()
+    lo, hi = int(0.05 * reps), int(0.95 * reps) - 1
+    return {
+        "seeds": len(seeds),
+        "time_ratio_interval90": [times[lo], times[hi]],
+        "acc_ratio_interval90": [accs[lo], accs[hi]],
+        "met_share": met / reps,
+        "fastest_share": {n: c / reps for n, c in fastest.items()},
+    }
+
+
+def _bootstrap_text(b: dict[str, Any]) -> str:
+    if "met_share" not in b:
+        return f"bootstrap over seeds: {b['seeds']} seed(s) in common, too few"
+    (tl, th), (al, ah) = b["time_ratio_interval90"], b["acc_ratio_interval90"]
+    fastest = ", ".join(f"{n} {s:.0%}" for n, s in b["fastest_share"].items())
+    return (
+        f"bootstrap over the {b['seeds']} seeds (computed): time ratio 90 % {tl:.2f}-{th:.2f}, "
+        f"accuracy ratio {al:.3f}-{ah:.3f}; both within 5 % on {b['met_share']:.0%} of draws; "
+        f"fastest fixed K: {fastest}"
+    )
 
 
 def _paired_text(p: dict[str, Any]) -> str:

@@ -146,3 +146,23 @@ def test_lag_policy_says_when_its_median_time_is_an_unreached_runs_budget():
     assert s["drop"]["time_to_target_median"] == 9.0
     assert s["drop"]["time_median_reached"] is False
     assert s["keep"]["time_median_reached"] is True
+
+
+def test_the_bootstrap_redraws_seeds_for_every_configuration_alike():
+    # Every configuration's time is its seed's number + a constant, so on any draw of seeds the
+    # medians keep their order: K=2 always the fastest fixed K, auto always 1 s behind it,
+    # whatever the draw; the ratio varies only with the draw's median seed (10..14 -> 11..15).
+    res = {
+        name: [{"seed": s, "acc": 0.3, "time_to_target": s + d} for s in range(10, 15)]
+        for name, d in (("K=1", 3.0), ("K=2", 0.0), ("auto", 1.0))
+    }
+    res["auto"].append({"seed": 99, "acc": 0.9, "time_to_target": 1.0})  # unpaired: left out
+    b = bench.ratio_bootstrap(res)
+    assert b["seeds"] == 5 and b["fastest_share"] == {"K=1": 0.0, "K=2": 1.0}
+    lo, hi = b["time_ratio_interval90"]
+    assert 15 / 14 <= lo <= hi <= 11 / 10
+    assert b["acc_ratio_interval90"] == [1.0, 1.0]
+    assert b["met_share"] == 0.0  # 11/10 at best: never within 5 %
+    res["auto"] = [{**r, "time_to_target": r["time_to_target"] - 1.0} for r in res["auto"]]
+    assert bench.ratio_bootstrap(res)["met_share"] == 1.0  # auto equal to K=2 on every draw
+    assert bench.ratio_bootstrap({"K=2": res["K=2"][:1], "auto": res["auto"][:1]}) == {"seeds": 1}

@@ -189,7 +189,7 @@ def test_workers_that_exit_at_start_stop_the_run_with_a_clear_error() -> None:
         ):
             while time.monotonic() < deadline:
                 workers.pump(0.1)
-                if workers.workers[0].running is None:
+                if not workers.workers[0].running:
                     workers.first((key, time.monotonic()), row)
         assert workers.deaths == START_FAILURES
     finally:
@@ -274,7 +274,7 @@ def test_process_workers_drop_the_queued_operations_of_an_ended_episode() -> Non
         workers.end(kc)
         assert _pump_until_done(workers, busy, 10).exception() is None
         w = workers.workers[0]
-        assert w.running is None and not w.queue  # nothing sent after the step
+        assert not w.running and not w.queue  # nothing sent after the step
         assert queued.cancelled()
     finally:
         workers.close()

@@ -29,8 +29,14 @@ class EnvConfig(_Section):
     its tool prompt asks for (`hermes` if it shows `<tool_call>` tags, else `json`), else
     `plain`. A format the template's tool prompt does not ask for is an error."""
     workers: int = Field(8, ge=1, le=256)
-    """Environment workers per sampler: each runs one step at a time, so this many steps run
-    at once; an episode's environment lives in one worker from its start to its end."""
+    """Environment workers per sampler: each runs one step at a time (with `process` workers,
+    `worker_concurrency` at a time), so this many steps run at once; an episode's environment
+    lives in one worker from its start to its end."""
+    worker_concurrency: int = Field(1, ge=1, le=64)
+    """Steps one worker process runs at once, each in a thread of its own inside it
+    (`isolation = "process"` only): above 1, a slow step no longer holds up the other
+    episodes homed in its worker, and a timed-out step's SIGKILL also ends the steps running
+    beside it (they end `crash`). 1: one step at a time, the exact time limit."""
     isolation: Literal["process", "thread"] = "process"
     """Where the workers run (envs.workers): `process`, worker processes (the factory must be
     picklable; a crash or a timed-out step kills only its worker, and the episodes whose
@@ -60,6 +66,11 @@ class EnvConfig(_Section):
     def _latency(self) -> EnvConfig:
         if self.tools and self.factory:
             raise ValueError("env.factory: give env.tools or env.factory, not both")
+        if self.worker_concurrency > 1 and self.isolation == "thread":
+            raise ValueError(
+                "env.worker_concurrency: applies to worker processes (env.isolation = "
+                '"process"); with threads, each of env.workers runs one step: raise env.workers'
+            )
         if self.tool_latency_p99_s < self.tool_latency_median_s:
             raise ValueError(
                 "env.tool_latency_p99_s: must be at least env.tool_latency_median_s "

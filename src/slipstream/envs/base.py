@@ -11,10 +11,11 @@ Either method may be a coroutine function (`async def`): it is run to completion
 environment worker that runs the step (envs.workers), never in the engine's loop, on an event
 loop kept across calls, so an environment may hold what it started (tasks, subprocesses,
 clients) from one step to the next. In a worker process (`env.isolation="process"`, one step at
-a time) that is the process's loop; in thread workers each environment has a loop of its own
-(`EnvLoop`: a thread of its own, started at its first await, closed when its episode ends), so a
-call that blocks inside one environment's coroutine (`time.sleep`, a sync client) stalls no
-other. The episode's reward is the sum of its steps' rewards.
+a time) that is the process's loop; in thread workers, and in a worker process running several
+steps at once (`env.worker_concurrency` > 1: thread workers inside it), each environment has a
+loop of its own (`EnvLoop`: a thread of its own, started at its first await, closed when its
+episode ends), so a call that blocks inside one environment's coroutine (`time.sleep`, a sync
+client) stalls no other. The episode's reward is the sum of its steps' rewards.
 """
 
 from __future__ import annotations

@@ -7,10 +7,14 @@ is stateful: it is built there by the factory and never leaves). The episode run
 that raises fails its future with `EnvError` (the episode ends `error`).
 
 `ProcessWorkers` (`env.isolation = "process"`): each worker is a process forked from a
-forkserver that has slipstream imported; it runs one step at a time, so a step's time limit is
-exact: a step past `env.step_timeout_s` is ended by SIGKILLing its worker (`abandon`). A worker
+forkserver that has slipstream imported; it runs one step at a time (`env.worker_concurrency`
+= 1, the default), so a step's time limit is exact: a step past `env.step_timeout_s` is ended
+by SIGKILLing its worker (`abandon`). With `worker_concurrency` = c > 1 a worker runs up to c
+steps of its episodes at once, each in a thread of its own inside it (a `ThreadWorkers` of c
+threads there): a slow step no longer holds up the other episodes homed in that worker, at
+the price that a timed-out step's SIGKILL ends the other steps running there too. A worker
 that dies, killed for a timeout or by anything else (a segfault, the OOM killer, a SIGKILL),
-fails its running operation and queued steps with `WorkerDied`, and every other episode whose
+fails its running operations and queued steps with `WorkerDied`, and every other episode whose
 environment lived in it ends as well (its state is gone) at its next step: their reason is
 `crash`. A fresh worker takes its place at once; first observations still queued there wait
 for it (nothing of theirs was lost). Factories must be picklable (module-level functions or
@@ -36,6 +40,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import ctypes
+import functools
 import multiprocessing as mp
 import os
 import shutil
@@ -250,12 +255,16 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _worker_main(conn: Connection, factory: EnvFactory, scratch: str) -> None:
-    """A worker process: run operations one at a time until the pipe closes (or, in the middle
-    of one, its parent dies: `_die_with_parent`); its temporary files go to `scratch`."""
+def _worker_main(conn: Connection, factory: EnvFactory, scratch: str, concurrency: int = 1) -> None:
+    """A worker process: run operations one at a time (or `concurrency` at once:
+    `_serve_concurrently`) until the pipe closes (or, in the middle of one, its parent dies:
+    `_die_with_parent`); its temporary files go to `scratch`."""
     _die_with_parent()
     os.environ["TMPDIR"] = tempfile.tempdir = scratch  # (what it starts inherits TMPDIR)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sampler's to handle
+    if concurrency > 1:
+        _serve_concurrently(conn, ThreadWorkers(factory, concurrency))
+        return
     envs: dict[Hashable, Env] = {}
     while True:
         try:
@@ -284,7 +293,46 @@ def _worker_main(conn: Connection, factory: EnvFactory, scratch: str) -> None:
             conn.send(("err", key, f"step result cannot be sent: {type(e).__name__}: {e}", 0.0))
 
 
-@dataclass
+def _serve_concurrently(conn: Connection, pool: ThreadWorkers) -> None:
+    """A worker's loop under `env.worker_concurrency` > 1: every operation goes to `pool` as it
+    arrives (the sampler sends at most the pool's size at once), and each reply is sent from
+    the thread that finished it, one send at a time; a drop ends that environment."""
+    lock = threading.Lock()
+
+    def reply(key: Hashable, fut: cf.Future[Outcome]) -> None:
+        try:  # (a cancelled one is answered too: the sampler counts it as running until then)
+            out, seconds = fut.result()
+            msg: tuple[str, Hashable, Observation | StepResult | str, float] = (
+                "ok", key, out, seconds
+            )  # fmt: skip
+        except cf.CancelledError:
+            msg = ("err", key, "its episode ended before the step ran", 0.0)
+        except Exception as e:  # EnvError: its text is the environment's exception
+            msg = ("err", key, str(e)[:500], 0.0)
+        with lock:
+            try:
+                conn.send(msg)
+            except (EOFError, OSError):
+                return  # the sampler is gone: the main loop sees the pipe close
+            except Exception as e:  # the result does not pickle
+                why = f"step result cannot be sent: {type(e).__name__}: {e}"
+                conn.send(("err", key, why, 0.0))
+
+    while True:
+        try:
+            op, key, arg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if op == "drop":
+            pool.end(key)
+        elif op == "close":
+            return
+        else:
+            fut = pool.first(key, arg) if op == "first" else pool.step(key, arg)
+            fut.add_done_callback(functools.partial(reply, key))
+
+
+@dataclass(eq=False)  # (compared by identity: queues remove and skip it)
 class _Op:
     op: str
     key: Hashable
@@ -299,17 +347,17 @@ class _Worker:
     conn: Connection
     scratch: str  # its temporary folder (module docstring), removed with it
     queue: deque[_Op] = field(default_factory=deque)
-    running: _Op | None = None
+    running: dict[Hashable, _Op] = field(default_factory=dict)  # by episode: one op each
     keys: set[Hashable] = field(default_factory=set)  # episodes whose environment lives here
-    drops: list[Hashable] = field(default_factory=list)  # to send when it is idle
+    drops: list[Hashable] = field(default_factory=list)  # to send when it has room
     replied: bool = False  # answered at least one operation
 
 
 class ProcessWorkers:
     """Steps in `n` worker processes (module docstring). Not thread-safe: one loop drives it."""
 
-    def __init__(self, factory: EnvFactory, n: int) -> None:
-        self.factory = factory
+    def __init__(self, factory: EnvFactory, n: int, concurrency: int = 1) -> None:
+        self.factory, self.concurrency = factory, concurrency  # operations a worker runs at once
         self.ctx = processes.context()
         self.scratch = ScratchRoot()  # the workers' folders (module docstring)
         self.workers = [self._spawn() for _ in range(n)]
@@ -321,7 +369,7 @@ class ProcessWorkers:
     def _spawn(self) -> _Worker:
         ours, theirs = self.ctx.Pipe(duplex=True)
         scratch = self.scratch.folder()
-        args = (theirs, self.factory, scratch)
+        args = (theirs, self.factory, scratch, self.concurrency)
         proc = self.ctx.Process(target=_worker_main, args=args, name="slipstream-env", daemon=True)
         # a sampler is a daemonic process, which multiprocessing forbids children lest they
         # outlive it; these cannot: each exits when its pipe to the sampler closes
@@ -351,15 +399,15 @@ class ProcessWorkers:
 
     def started(self, key: Hashable) -> float | None:
         i = self.home.get(key)
-        run = self.workers[i].running if i is not None else None
-        return run.t_start if run is not None and run.key == key else None
+        run = self.workers[i].running.get(key) if i is not None else None
+        return run.t_start if run is not None else None
 
     def abandon(self, key: Hashable) -> None:
         i = self.home.get(key)
         if i is None:
             return
         w = self.workers[i]
-        if w.running is not None and w.running.key == key:
+        if key in w.running:
             ended = w.proc.exitcode is not None  # by itself, before the timeout: its own reason
             with contextlib.suppress(ProcessLookupError, AttributeError):
                 w.proc.kill()
@@ -384,14 +432,12 @@ class ProcessWorkers:
     def pump(self, timeout: float) -> None:
         for i in range(len(self.workers)):
             self._dispatch(i)
-        busy = [w for w in self.workers if w.running is not None]
+        busy = [w for w in self.workers if w.running]
         if not busy:
             return
         ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout)
         for i, w in enumerate(self.workers):
-            if w.running is None:
-                continue
-            if w.conn in ready or w.proc.sentinel in ready:
+            if w.running and (w.conn in ready or w.proc.sentinel in ready):
                 self._collect(i)
 
     def close(self) -> None:
@@ -406,7 +452,7 @@ class ProcessWorkers:
                 w.proc.join(5.0)
             w.conn.close()
             shutil.rmtree(w.scratch, ignore_errors=True)
-            for op in [*w.queue, *([w.running] if w.running else [])]:
+            for op in [*w.queue, *w.running.values()]:
                 if not op.future.done():
                     op.future.set_exception(WorkerDied("the environment workers were closed"))
         self.scratch.close()
@@ -414,7 +460,7 @@ class ProcessWorkers:
     # ---- internals ------------------------------------------------------------------------
     def _load(self, i: int) -> tuple[int, int]:
         w = self.workers[i]
-        return (len(w.keys), len(w.queue) + (w.running is not None))
+        return (len(w.keys), len(w.queue) + len(w.running))
 
     def _enqueue(self, i: int, op: _Op) -> cf.Future[Outcome]:
         self.workers[i].queue.append(op)
@@ -422,16 +468,23 @@ class ProcessWorkers:
         return op.future
 
     def _dispatch(self, i: int) -> None:
-        """Send the worker its drops and its next operation, if it is idle."""
+        """Send the worker its drops and its next operations, while it runs fewer than
+        `concurrency` (one episode's operations one after another)."""
         w = self.workers[i]
-        if w.running is not None:
+        if len(w.running) >= self.concurrency:
             return
         try:
-            for key in w.drops:
+            # an episode ended while its operation runs (`EpisodeRunner.cancel`) is dropped
+            # once that operation has answered: the worker never ends an environment in use
+            drops = [k for k in w.drops if k not in w.running]
+            for key in drops:
                 w.conn.send(("drop", key, None))
-            w.drops.clear()
-            while w.queue and w.running is None:
-                op = w.queue.popleft()
+            w.drops = [k for k in w.drops if k in w.running]
+            while len(w.running) < self.concurrency:
+                op = next((op for op in w.queue if op.key not in w.running), None)
+                if op is None:
+                    return
+                w.queue.remove(op)
                 try:  # pickled whole before a byte is written: a refusal leaves the pipe clean
                     message = ForkingPickler.dumps((op.op, op.key, op.arg))
                 except Exception as e:  # a row holding what cannot pickle: this episode's error
@@ -439,26 +492,33 @@ class ProcessWorkers:
                         EnvError(f"cannot send to a worker: {type(e).__name__}: {e}"[:500])
                     )
                     continue
-                op.t_start, w.running = time.monotonic(), op  # before the send: if the send
-                w.conn.send_bytes(message)  # fails, `_died` fails this op too
+                op.t_start, w.running[op.key] = time.monotonic(), op  # before the send: if the
+                w.conn.send_bytes(message)  # send fails, `_died` fails this op too
         except (OSError, ValueError):  # its pipe is broken: it died (while idle, unnoticed)
             self._died(i, self._why(w))
 
     def _collect(self, i: int) -> None:
+        """Every reply worker `i` has ready (at least one: `pump` saw its pipe or its end)."""
         w = self.workers[i]
-        try:
-            status, key, payload, seconds = w.conn.recv()
-        except (EOFError, OSError):
-            w.proc.join(5.0)
-            self._died(i, self._why(w))
-            return
-        op, w.running, w.replied = w.running, None, True
-        self.starts.alive()
-        assert op is not None and op.key == key
-        if status == "ok":
-            op.future.set_result((payload, seconds))
-        else:
-            op.future.set_exception(EnvError(payload))
+        while True:
+            try:
+                status, key, payload, seconds = w.conn.recv()
+            except (EOFError, OSError):
+                w.proc.join(5.0)
+                self._died(i, self._why(w))
+                return
+            op, w.replied = w.running.pop(key), True
+            self.starts.alive()
+            if status == "ok":
+                op.future.set_result((payload, seconds))
+            else:
+                op.future.set_exception(EnvError(payload))
+            try:
+                more = w.running and w.conn.poll()
+            except (EOFError, OSError):
+                more = True  # (the next recv says it died)
+            if not more:
+                break
         self._dispatch(i)
 
     def _why(self, w: _Worker) -> str:
@@ -484,8 +544,8 @@ class ProcessWorkers:
         # a queued first observation lost nothing (its environment was never built): it
         # waits for the fresh worker; the running operation and queued steps fail
         again = [op for op in w.queue if op.op == "first"]
-        for op in [*([w.running] if w.running else []), *w.queue]:
-            if (op.op != "first" or op is w.running) and not op.future.done():
+        for op in [*w.running.values(), *w.queue]:
+            if all(op is not a for a in again) and not op.future.done():
                 op.future.set_exception(WorkerDied(why))
         for key in w.keys - {op.key for op in again}:
             self.lost[key] = why
@@ -497,8 +557,11 @@ class ProcessWorkers:
         self.workers[i] = fresh
 
 
-def make_workers(factory: EnvFactory, n: int, isolation: Isolation) -> Workers:
-    """`n` process or thread workers for `factory` (`env.workers`, `env.isolation`)."""
+def make_workers(
+    factory: EnvFactory, n: int, isolation: Isolation, concurrency: int = 1
+) -> Workers:
+    """`n` process or thread workers for `factory` (`env.workers`, `env.isolation`); a process
+    worker runs `concurrency` steps at once (`env.worker_concurrency`)."""
     if isolation == "process":
-        return ProcessWorkers(factory, n)
+        return ProcessWorkers(factory, n, concurrency)
     return ThreadWorkers(factory, n)

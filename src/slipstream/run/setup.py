@@ -204,7 +204,9 @@ class Run:
         assert self.env_factory is not None
         if self.env_workers is None:
             e = self.cfg.env
-            self.env_workers = make_workers(self.env_factory, e.workers, e.isolation)
+            self.env_workers = make_workers(
+                self.env_factory, e.workers, e.isolation, e.worker_concurrency
+            )
         return self.env_workers
 
     def close_workers(self) -> None:

@@ -140,7 +140,9 @@ class EpisodeRunner:
         self.factory, self.params, self.cfg, self.max_len = factory, params, cfg, max_len
         self.on_end, self.state = on_end, state
         self.owns_workers = workers is None
-        self.workers = workers or make_workers(factory, cfg.workers, cfg.isolation)
+        self.workers = workers or make_workers(
+            factory, cfg.workers, cfg.isolation, cfg.worker_concurrency
+        )
         self.episodes: dict[Hashable, Episode] = {}
         self.pending: dict[Hashable, _Pending] = {}
         self._ended: list[Episode] = []
