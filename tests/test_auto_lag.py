@@ -232,6 +232,8 @@ def test_after_a_no_gain_only_staleness_lowers_k():
     drive_waits(auto, lambda k: 1.0, 3 * GAIN.probe)
     assert auto.k == auto.ceiling == 2
     drive_waits(auto, lambda k: 1.0, 1, ess=0.5)  # the average falls to 0.745, below 0.8
+    assert auto.k == 2  # but one window of the last three is not `patience` (2) of them
+    drive_waits(auto, lambda k: 1.0, 1, ess=0.5)
     assert auto.k == 1 and auto.changes[-1][1:] == (1, "ess_low")
     assert set(drive_waits(auto, lambda k: 1.0, 50)) == {1}
 
@@ -304,3 +306,26 @@ def test_lag_control_reads_the_wait_and_train_seconds_of_the_step_record():
         ctl({"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.2, "step_time_s": 1.25,
              "time/train_s": 1.0})  # fmt: skip
     assert ctl.current == 4 and [c[2] for c in ctl.auto.changes] == ["trainer_waits"] * 2
+
+
+def test_one_outlier_window_does_not_lower_k():
+    """Stop 55's agentic run (seed 14): at K = 1 one window's token ESS fell to 0.533 (one
+    larger update; every other window 0.996-1.000), the average to 0.766, and K went to 0 for
+    the rest of the run (the ceiling then 0): a synchronous run. A decrease now needs the ESS
+    below the target in `patience` of the last `patience + 1` windows; a drop that lasts still
+    lowers K one window later than before."""
+    rule = AutoLagRule(min_gain=0.0, k_min=0, k_max=8, ess_target=0.8, margin=0.03, patience=2)
+    auto = AutoLag(rule, k=1)
+    for ess in (1.0, 0.998, 0.999, 0.996, 1.0, 0.999, 0.533, 0.999, 0.998):
+        auto.observe(ess, 0.0, 0.0)  # (no wait: K is not raised either)
+    assert auto.k == 1 and auto.ceiling == 8 and auto.changes == []
+    auto.observe(0.533, 0.0, 0.0)
+    auto.observe(0.6, 0.0, 0.0)  # two low windows of the last three: lowered
+    assert auto.k == 0 and auto.changes[-1][2] == "ess_low"
+    kl_rule = AutoLagRule(min_gain=0.0, k_max=8, kl_limit=0.05, patience=2)
+    auto = AutoLag(kl_rule, k=4)
+    for kl in (0.01, 0.01, 0.3, 0.01):  # the average passes 0.05 once, on one window
+        auto.observe(0.99, kl, 0.0)
+    assert auto.k == 4
+    auto.observe(0.99, 0.3, 0.0)  # two of the last three windows over the limit: lowered
+    assert auto.k == 2 and auto.changes[-1][2] == "kl_high"

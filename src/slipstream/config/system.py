@@ -62,7 +62,8 @@ class ScheduleConfig(_Section):
     auto_wait_min: float = Field(0.05, ge=0.0, le=1.0)
     """`auto`: raise K only while the trainer waits for data at least this share of a step."""
     auto_patience: int = Field(2, ge=1)
-    """`auto`: windows measured under a K before it may change again."""
+    """`auto`: windows measured under a K before it may change again; a decrease also needs
+    the ESS (or KL) past its limit in this many of the last `auto_patience + 1` windows."""
     auto_min_gain: float = Field(0.1, ge=0.0)
     """`auto`: a raise of K is kept only if it sped the trainer (its share of time training,
     not waiting for data) by at least this fraction over `auto_probe_windows` windows; else

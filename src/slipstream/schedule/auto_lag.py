@@ -7,9 +7,10 @@ policy read it from then on), so K never changes inside a window.
 The rule (docs/algorithms.md, "Self-tuning staleness bound"), on exponential moving averages
 over windows of the trained tokens' ESS, `mismatch/kl` and the trainer's wait share:
 
-- **decrease** (multiplicative): ESS below `ess_target`, or `mismatch/kl` above `kl_limit`:
-  `K <- max(k_min, K // 2)`, and the *ceiling* becomes `K - 1`: the K that was too stale is
-  not tried again.
+- **decrease** (multiplicative): ESS below `ess_target`, or `mismatch/kl` above `kl_limit`,
+  on the average and in `patience` of the last `patience + 1` windows (one window's outlier,
+  a single larger update, does not count): `K <- max(k_min, K // 2)`, and the *ceiling*
+  becomes `K - 1`: the K that was too stale is not tried again.
 - **increase**: the trainer waited for data (wait share >= `wait_min`) and ESS is at least
   `ess_target + margin` (and KL at most half its limit): up to the ceiling (initially
   `k_max`), `K <- max(K + 1, 2K)` until the first decrease (a slow start, as in TCP: a
@@ -94,6 +95,9 @@ class AutoLag:
     # (wait_s, train_s) of the last `probe` windows under the current K
     trace: list[tuple[float, float]] = field(default_factory=list)
     before: float | None = None  # a raise on probation: the train share under the K before it
+    # (ESS, KL) of the last `patience + 1` windows under the current K: a decrease needs
+    # `patience` of them past the limit, not one outlier
+    recent: list[tuple[float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.ceiling < 0:
@@ -122,13 +126,13 @@ class AutoLag:
         self.ess, self.kl = self._avg(self.ess, ess), self._avg(self.kl, kl)
         self.wait = self._avg(self.wait, wait)
         self.trace = [*self.trace, (wait_s, train_s)][-r.probe :]
+        self.recent = [*self.recent, (ess, kl)][-(r.patience + 1) :]
         if self.since_change < r.patience:
             return None
-        kl_high = r.kl_limit > 0 and self.kl > r.kl_limit
         decision = None
-        if (self.ess < r.ess_target or kl_high) and self.k > r.k_min:
+        reason = self._stale()
+        if reason is not None and self.k > r.k_min:
             self.ceiling = max(r.k_min, self.k - 1)
-            reason = "ess_low" if self.ess < r.ess_target else "kl_high"
             decision = Decision(max(r.k_min, self.k // 2), reason)
             self.before = None  # a decrease ends any probe
         elif self.before is not None:  # a raise on probation
@@ -146,9 +150,22 @@ class AutoLag:
         if decision is not None:
             self.k = decision.k
             self.since_change, self.ess, self.kl, self.wait = 0, None, None, None
-            self.trace = []
+            self.trace, self.recent = [], []
             self.changes.append((self.windows, decision.k, decision.reason))
         return decision
+
+    def _stale(self) -> str | None:
+        """`ess_low` or `kl_high` when the data is too stale for the current K: the average
+        past the limit and `patience` of the last `patience + 1` windows too; else None."""
+        r = self.rule
+        assert self.ess is not None and self.kl is not None
+        low = sum(e < r.ess_target for e, _ in self.recent)
+        if self.ess < r.ess_target and low >= r.patience:
+            return "ess_low"
+        over = sum(k > r.kl_limit for _, k in self.recent)
+        if r.kl_limit > 0 and self.kl > r.kl_limit and over >= r.patience:
+            return "kl_high"
+        return None
 
     def _may_raise(self) -> bool:
         r = self.rule
@@ -174,6 +191,7 @@ class AutoLag:
             "windows": self.windows,
             "averages": [self.ess, self.kl, self.wait],
             "trace": [list(t) for t in self.trace],
+            "recent": [list(t) for t in self.recent],
             "before": self.before,
         }
 
@@ -187,6 +205,7 @@ class AutoLag:
         self.since_change, self.windows = int(d.get("since_change", 0)), int(d.get("windows", 0))
         self.ess, self.kl, self.wait = d.get("averages", [None, None, None])
         self.trace = [(float(w), float(t)) for w, t in d.get("trace", [])]
+        self.recent = [(float(e), float(k)) for e, k in d.get("recent", [])]
         b = d.get("before")  # older checkpoints held [old K, share]
         self.before = None if b is None else float(b[1] if isinstance(b, list) else b)
 
