@@ -122,8 +122,9 @@ class Run:
         `eval_rewards`. Multi-turn runs: n episodes of each prompt, of every set. A prompt too
         long (`fits`) is skipped, as in training, and counted (`heldout/skipped_too_long`,
         `heldout/<set>/...`): the metrics are over the prompts evaluated (`check_too_long`).
-        `eval_engine` is the run's engine: the trainer's own weights (one packed copy, one KV cache in the trainer process,
-        never a second model); its counters are set aside, so evaluation never counts as rollout."""
+        `eval_engine` is the run's engine: the trainer's own weights (one packed copy, one KV
+        cache in the trainer process, never a second model); its counters are set aside, so
+        evaluation never counts as rollout."""
         engine = self.eval_engine
         saved, engine.stats = engine.stats, EngineStats()
         try:
