@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -329,3 +330,98 @@ def test_one_outlier_window_does_not_lower_k():
     assert auto.k == 4
     auto.observe(0.99, 0.3, 0.0)  # two of the last three windows over the limit: lowered
     assert auto.k == 2 and auto.changes[-1][2] == "kl_high"
+
+
+# ---- stale drops (stale_share > 0): the bound throwing generated groups away ----
+DROPS = AutoLagRule(k_min=0, k_max=8, patience=2, min_gain=0.1, probe=4, stale_share=0.05)
+
+
+def drive_drops(auto: AutoLag, stale_of_k, windows: int, ess: float = 0.99) -> list[int]:
+    """K after each window: the trainer waits 1 s a window whatever K is (no probe finds a
+    gain) and the bound drops `stale_of_k(K)` of the generated groups."""
+    ks = []
+    for _ in range(windows):
+        auto.observe(ess, 0.0, 0.5, wait_s=1.0, train_s=1.0, stale=stale_of_k(auto.k))
+        ks.append(auto.k)
+    return ks
+
+
+def test_stale_drops_raise_k_without_a_probe_and_the_probe_takes_over_where_they_stop():
+    # The built-in task's shares (stop 55's fixed-K runs, group counts): 8 % of the groups
+    # dropped at K = 1, 9 % at K = 2, 2 % at K = 4, none at 8. The first two raises come
+    # `patience` (2) windows apart, not `probe` (4); at K = 4 the drops are under 5 %, so the
+    # raise to 8 is a probe again, which finds no gain: the climb ends at 8, which holds.
+    shares = {1: 0.08, 2: 0.09, 4: 0.02, 8: 0.0}
+    auto = AutoLag(DROPS, k=1)
+    ks = drive_drops(auto, lambda k: shares[k], 100)
+    assert auto.changes == [
+        (2, 2, "stale_drops"),
+        (4, 4, "stale_drops"),
+        (8, 8, "trainer_waits"),
+        (12, 8, "no_gain"),
+    ]
+    assert auto.ceiling == 8 and set(ks[12:]) == {8}
+    off = AutoLag(replace(DROPS, stale_share=0.0), k=1)  # off: every raise is a probe
+    drive_drops(off, lambda k: shares[k], 100)
+    assert off.changes == [(4, 2, "trainer_waits"), (8, 2, "no_gain")]
+
+
+def test_one_window_of_drops_is_not_evidence():
+    auto = AutoLag(DROPS, k=1)
+    for stale in (0.0, 0.3, 0.0):  # the average 0.075 is past 5 %, one window of three is
+        auto.observe(0.99, 0.0, 0.5, wait_s=1.0, train_s=1.0, stale=stale)
+    assert auto.k == 1
+    auto.observe(0.99, 0.0, 0.5, wait_s=1.0, train_s=1.0, stale=0.3)  # two of the last three
+    assert auto.changes == [(4, 2, "stale_drops")]
+
+
+def test_drops_raise_k_during_a_probe_but_never_past_staleness_or_the_ceiling():
+    auto = AutoLag(DROPS, k=1)
+    drive_drops(auto, lambda k: 0.0, DROPS.probe)  # a probe: K = 2 on probation
+    assert auto.k == 2 and auto.before is not None
+    drive_drops(auto, lambda k: 0.2, 2)  # K = 2 drops a fifth of the groups: raised at once
+    assert auto.k == 4 and auto.before is None and auto.changes[-1][2] == "stale_drops"
+    drive_drops(auto, lambda k: 0.2, 2, ess=0.5)  # too stale: lowered, the drops notwithstanding
+    assert auto.k == 2 and auto.ceiling == 3 and auto.changes[-1][2] == "ess_low"
+    assert max(drive_drops(auto, lambda k: 0.2, 50)) == 3  # +1 steps after a decrease, to 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    drop0=st.floats(0.0, 0.5),
+    drop_slope=st.floats(0.0, 0.2),
+    noise=st.floats(0.0, 0.05),
+    slope=st.floats(0.0, 0.1),
+    start=st.integers(0, 8),
+    seed=st.integers(0, 10**6),
+)
+def test_drops_never_make_it_oscillate(drop0, drop_slope, noise, slope, start, seed):
+    # drops falling with K (a looser bound drops fewer groups), noisy windows, an ESS falling
+    # with K: the changes are finite and K settles
+    rng = random.Random(seed)
+    auto = AutoLag(DROPS, k=start)
+    ks = []
+    for _ in range(600):
+        stale = max(0.0, drop0 - drop_slope * auto.k + noise * (2 * rng.random() - 1))
+        auto.observe(1.0 - slope * auto.k, 0.0, 0.5, wait_s=1.0, train_s=1.0, stale=stale)
+        ks.append(auto.k)
+    assert len(auto.changes) <= 3 * DROPS.k_max
+    assert len(set(ks[-100:])) == 1
+
+
+def test_lag_control_reads_the_drops_from_the_ledger_counts_of_the_records():
+    """The records carry the run's ledger counts; the share is of the window's new groups:
+    50 generated, 4 stale and 1 aborted (10 %), then 40 with 1 stale (2.5 %)."""
+    ctl = LagControl(AutoLag(DROPS, k=1), fixed_k=0)
+    rec = {"staleness/ess_token": 0.99, "runtime/trainer_wait": 0.5}
+    ctl({**rec, "ledger/generated": 50, "ledger/stale": 4, "ledger/aborted": 1})
+    assert ctl.auto.recent[-1][2] == pytest.approx(0.1)
+    state = json.loads(json.dumps(ctl.state_dict()))
+    ctl({**rec, "ledger/generated": 90, "ledger/stale": 5, "ledger/aborted": 1})
+    assert ctl.auto.recent[-1][2] == pytest.approx(0.025)
+    other = LagControl(AutoLag(DROPS, k=1), fixed_k=0)  # restored: the same window's share
+    other.load_state_dict(state)
+    other({**rec, "ledger/generated": 90, "ledger/stale": 5, "ledger/aborted": 1})
+    assert other.state_dict() == ctl.state_dict()
+    assert ctl({**rec}) == ctl.current  # a record without counts: no new groups, share 0
+    assert ctl.auto.recent[-1][2] == 0.0

@@ -46,7 +46,8 @@ class ScheduleConfig(_Section):
     trainer waits for data and the token ESS stays above `ess_target` (+ a margin), doubling
     until the first decrease and by one after it, each raise kept only if it sped the
     trainer by `auto_min_gain`; halved when the ESS falls below it or `mismatch/kl` exceeds
-    `auto_kl_limit`."""
+    `auto_kl_limit`. A raise needs no such test while the bound drops at least
+    `auto_stale_share` of the groups generated."""
     ess_target: float = Field(0.8, gt=0.0, le=1.0)
     """`auto`: the token ESS (staleness/ess_token) the trained data must keep."""
     max_lag_min: int = Field(0, ge=0)
@@ -71,6 +72,12 @@ class ScheduleConfig(_Section):
     climbs while the trainer waits)."""
     auto_probe_windows: int = Field(8, ge=1)
     """`auto`: windows before and after a raise that `auto_min_gain` compares."""
+    auto_stale_share: float = Field(0.05, ge=0.0, le=1.0)
+    """`auto`: while the bound drops at least this share of the groups the samplers
+    generate (ledger `stale` and `aborted`, on the average and in `auto_patience` of the last
+    `auto_patience + 1` windows), a raise of K is not a probe: the dropped work is its
+    measured gain, and it comes `auto_patience` windows after the last change instead of
+    `auto_probe_windows`. 0: off (every raise is a probe)."""
     min_lag: int = Field(0, ge=0)
     """For measurement: hold every finished group back until the trainer is exactly this many
     versions past its oldest token's version (or, in the first steps, as far as it has come),

@@ -15,6 +15,13 @@ over windows of the trained tokens' ESS, `mismatch/kl` and the trainer's wait sh
   `ess_target + margin` (and KL at most half its limit): up to the ceiling (initially
   `k_max`), `K <- max(K + 1, 2K)` until the first decrease (a slow start, as in TCP: a
   useful K in `log2 k_max` changes instead of `k_max`), `K <- K + 1` after it.
+- **stale drops** (with `stale_share` > 0): when the samplers' groups dropped for the bound
+  (ledger `stale`, and `aborted` by the lag policy) are at least `stale_share` of the groups
+  generated, on the average and in `patience` of the last `patience + 1` windows, the bound
+  is seen throwing the samplers' work away: the raise above needs no probe (reason
+  `stale_drops`). Its gain is measured, not guessed: the share of generation a larger K
+  would have kept. It is the evidence of the first raises (a bound too tight drops groups at
+  once), so the slow start takes `patience` windows a step instead of `probe`.
 - **no gain** (with `min_gain` > 0): a raise is a probe. After it, `probe` windows are
   measured under the new K and the share of its time the trainer spent training (not waiting
   for data) compared with the `probe` windows before it: if the raise did not speed the
@@ -22,7 +29,8 @@ over windows of the trained tokens' ESS, `mismatch/kl` and the trainer's wait sh
   holds. (A larger K only helps when the samplers are held back by the bound: where they are
   the bottleneck whatever K is, further raises buy staleness and no speed.) K never goes
   *down* for want of speed: only the ESS and the KL, which measure staleness, lower it.
-  Raises need `probe` windows under the current K, so the comparison has its "before".
+  Raises need `probe` windows under the current K, so the comparison has its "before",
+  unless the stale drops above show the gain.
 - otherwise K holds. Every change needs `patience` windows measured under the current K, and
   resets the averages, so a decision rests only on data trained under the K it judges.
 
@@ -33,7 +41,9 @@ constant conditions (ESS a non-increasing function of K, as staler data is furth
 policy), the slow start doubles K at most `log2 k_max` times, until the ceiling or a first
 K whose ESS is below the target; from then on K climbs one step at a time to the largest K
 whose ESS is above the band, or to the ceiling, and stays; a K whose ESS is below the target
-is left once and never re-entered. So the number of changes is finite (at most
+is left once and never re-entered. Stale drops only shorten the wait before a raise: they
+never lower K nor lift the ceiling, and under constant conditions they fall as K grows (a
+looser bound drops fewer groups), so they add no change the argument does not count. So the number of changes is finite (at most
 `k_max - k_min` decreases, each followed by at most `k_max` increases), which rules out a
 limit cycle. tests/test_auto_lag.py drives it with a scripted ESS and scripted waits.
 """
@@ -63,6 +73,7 @@ class AutoLagRule:
     smoothing: float = 0.5  # weight of the newest window in the averages
     min_gain: float = 0.1  # a raise must speed the trainer by this much; 0: no probe
     probe: int = 8  # windows each side of a raise that the gain compares
+    stale_share: float = 0.05  # groups dropped for the bound that make a raise evident; 0: off
 
     def __post_init__(self) -> None:
         if not 0 <= self.k_min <= self.k_max:
@@ -71,12 +82,18 @@ class AutoLagRule:
             raise ValueError("patience must be >= 1 and smoothing in (0, 1]")
         if self.min_gain < 0 or self.probe < 1:
             raise ValueError("min_gain must be >= 0 and probe >= 1")
+        if not 0 <= self.stale_share <= 1:
+            raise ValueError(f"stale_share must be in [0, 1], got {self.stale_share}")
 
 
 @dataclass
 class Decision:
     k: int
-    reason: str  # ess_low | kl_high | trainer_waits | no_gain (K holds, the ceiling falls to it)
+    # ess_low | kl_high | trainer_waits | stale_drops | no_gain (K holds, the ceiling falls to it)
+    reason: str
+
+
+RAISES = ("trainer_waits", "stale_drops")
 
 
 @dataclass
@@ -90,14 +107,15 @@ class AutoLag:
     ess: float | None = None
     kl: float | None = None
     wait: float | None = None
+    stale: float | None = None  # share of the generated groups dropped for the bound
     changes: list[tuple[int, int, str]] = field(default_factory=list)  # (window, K, reason)
     windows: int = 0
     # (wait_s, train_s) of the last `probe` windows under the current K
     trace: list[tuple[float, float]] = field(default_factory=list)
     before: float | None = None  # a raise on probation: the train share under the K before it
-    # (ESS, KL) of the last `patience + 1` windows under the current K: a decrease needs
-    # `patience` of them past the limit, not one outlier
-    recent: list[tuple[float, float]] = field(default_factory=list)
+    # (ESS, KL, stale share) of the last `patience + 1` windows under the current K: a
+    # decrease, or a raise on stale drops, needs `patience` of them past the limit
+    recent: list[tuple[float, float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.ceiling < 0:
@@ -107,73 +125,91 @@ class AutoLag:
     @property
     def slow_start(self) -> bool:
         """Doubling increases: no decrease yet."""
-        return all(reason == "trainer_waits" for _, _, reason in self.changes)
+        return all(reason in RAISES for _, _, reason in self.changes)
 
     def _avg(self, old: float | None, new: float) -> float:
         a = self.rule.smoothing
         return new if old is None else a * new + (1 - a) * old
 
     def observe(
-        self, ess: float, kl: float, wait: float, wait_s: float = 0.0, train_s: float = 0.0
+        self,
+        ess: float,
+        kl: float,
+        wait: float,
+        wait_s: float = 0.0,
+        train_s: float = 0.0,
+        stale: float = 0.0,
     ) -> Decision | None:
-        """One closed window: its token ESS, `mismatch/kl` and trainer wait share, and the
+        """One closed window: its token ESS, `mismatch/kl` and trainer wait share, the
         trainer's seconds waiting for data and training (the probe's measure; left at 0
-        under `min_gain` > 0, every probe finds no gain). Returns the new K and why, or None
-        when K holds."""
+        under `min_gain` > 0, every probe finds no gain), and the share of the groups the
+        samplers generated that the bound dropped. Returns the new K and why, or None when K
+        holds."""
         r = self.rule
         self.windows += 1
         self.since_change += 1
         self.ess, self.kl = self._avg(self.ess, ess), self._avg(self.kl, kl)
-        self.wait = self._avg(self.wait, wait)
+        self.wait, self.stale = self._avg(self.wait, wait), self._avg(self.stale, stale)
         self.trace = [*self.trace, (wait_s, train_s)][-r.probe :]
-        self.recent = [*self.recent, (ess, kl)][-(r.patience + 1) :]
+        self.recent = [*self.recent, (ess, kl, stale)][-(r.patience + 1) :]
         if self.since_change < r.patience:
             return None
         decision = None
-        reason = self._stale()
+        reason = self._too_stale()
         if reason is not None and self.k > r.k_min:
             self.ceiling = max(r.k_min, self.k - 1)
             decision = Decision(max(r.k_min, self.k // 2), reason)
             self.before = None  # a decrease ends any probe
-        elif self.before is not None:  # a raise on probation
-            if len(self.trace) < r.probe:
-                return None
+        elif self.before is not None and len(self.trace) >= r.probe:  # a probe's verdict
             share_old, self.before = self.before, None
             if train_share(self.trace) < (1 + r.min_gain) * share_old:
                 self.ceiling = self.k  # the climb ends here; K itself holds
                 decision = Decision(self.k, "no_gain")
         if decision is None and self._may_raise():
             step = max(1, self.k) if self.slow_start else 1
-            decision = Decision(min(self.ceiling, self.k + step), "trainer_waits")
-            if r.min_gain > 0:
+            evident = self._drops()
+            reason = "stale_drops" if evident else "trainer_waits"
+            decision = Decision(min(self.ceiling, self.k + step), reason)
+            self.before = None  # an evident raise ends a probe: its gain is shown
+            if r.min_gain > 0 and not evident:
                 self.before = train_share(self.trace)
         if decision is not None:
             self.k = decision.k
             self.since_change, self.ess, self.kl, self.wait = 0, None, None, None
+            self.stale = None
             self.trace, self.recent = [], []
             self.changes.append((self.windows, decision.k, decision.reason))
         return decision
 
-    def _stale(self) -> str | None:
+    def _too_stale(self) -> str | None:
         """`ess_low` or `kl_high` when the data is too stale for the current K: the average
         past the limit and `patience` of the last `patience + 1` windows too; else None."""
         r = self.rule
         assert self.ess is not None and self.kl is not None
-        low = sum(e < r.ess_target for e, _ in self.recent)
+        low = sum(e < r.ess_target for e, _, _ in self.recent)
         if self.ess < r.ess_target and low >= r.patience:
             return "ess_low"
-        over = sum(k > r.kl_limit for _, k in self.recent)
+        over = sum(k > r.kl_limit for _, k, _ in self.recent)
         if r.kl_limit > 0 and self.kl > r.kl_limit and over >= r.patience:
             return "kl_high"
         return None
 
+    def _drops(self) -> bool:
+        """The bound drops at least `stale_share` of the generated groups: on the average and
+        in `patience` of the last `patience + 1` windows."""
+        r = self.rule
+        if r.stale_share <= 0 or self.stale is None or self.stale < r.stale_share:
+            return False
+        return sum(s >= r.stale_share for _, _, s in self.recent) >= r.patience
+
     def _may_raise(self) -> bool:
         r = self.rule
         assert self.ess is not None and self.kl is not None and self.wait is not None
+        evident = self._drops()
         return (
             self.k < self.ceiling
-            and self.before is None
-            and (r.min_gain <= 0 or len(self.trace) >= r.probe)
+            and (self.before is None or evident)
+            and (r.min_gain <= 0 or len(self.trace) >= r.probe or evident)
             and self.wait >= r.wait_min
             and self.ess >= r.ess_target + r.margin
             and (r.kl_limit <= 0 or self.kl <= r.kl_limit / 2)
@@ -189,7 +225,7 @@ class AutoLag:
             "changes": [list(c) for c in self.changes],
             "since_change": self.since_change,
             "windows": self.windows,
-            "averages": [self.ess, self.kl, self.wait],
+            "averages": [self.ess, self.kl, self.wait, self.stale],
             "trace": [list(t) for t in self.trace],
             "recent": [list(t) for t in self.recent],
             "before": self.before,
@@ -203,9 +239,12 @@ class AutoLag:
         self.ceiling = min(max(int(d["ceiling"]), lo), hi)
         self.changes = [(int(w), int(k), str(r)) for w, k, r in d.get("changes", [])]
         self.since_change, self.windows = int(d.get("since_change", 0)), int(d.get("windows", 0))
-        self.ess, self.kl, self.wait = d.get("averages", [None, None, None])
+        averages = [*d.get("averages", []), None, None, None, None]  # older: no stale share
+        self.ess, self.kl, self.wait, self.stale = averages[:4]
         self.trace = [(float(w), float(t)) for w, t in d.get("trace", [])]
-        self.recent = [(float(e), float(k)) for e, k in d.get("recent", [])]
+        self.recent = [
+            (float(e), float(k), float(s[0]) if s else 0.0) for e, k, *s in d.get("recent", [])
+        ]
         b = d.get("before")  # older checkpoints held [old K, share]
         self.before = None if b is None else float(b[1] if isinstance(b, list) else b)
 
@@ -232,6 +271,7 @@ class LagControl:
         self.base_k = auto.k if auto is not None else fixed_k
         self.zero_for = 0  # windows left under the watchdog's K = 0
         self.current = self.base_k
+        self.counts = (0, 0)  # the ledger's (generated, stale + aborted) at the last record
 
     def state_dict(self) -> dict[str, Any]:
         """For the checkpoint: a resumed run goes on with the same K and ceiling."""
@@ -240,6 +280,7 @@ class LagControl:
             "base_k": self.base_k,
             "zero_for": self.zero_for,
             "current": self.current,
+            "counts": list(self.counts),
             "auto": auto,
         }
 
@@ -247,6 +288,8 @@ class LagControl:
         """Restore `state_dict()` under this run's config: the controller's K (within its
         bounds), or the configured fixed K, which a resumed run may have changed."""
         self.zero_for = int(d["zero_for"])
+        generated, dropped = d.get("counts", [0, 0])
+        self.counts = (int(generated), int(dropped))
         if self.auto is not None and d.get("auto") is not None:
             self.auto.load_state_dict(d["auto"])
             self.base_k = self.auto.k
@@ -262,6 +305,7 @@ class LagControl:
         self.current = 0
 
     def __call__(self, record: dict[str, Any]) -> int:
+        stale = self._stale_share(record)
         # a window the watchdog held at K = 0 says nothing of the controller's K: not observed
         if self.auto is not None and self.zero_for == 0:
             wait = float(record.get("runtime/trainer_wait", 0.0))
@@ -271,6 +315,7 @@ class LagControl:
                 wait,
                 wait * float(record.get("step_time_s", 0.0)),
                 float(record.get("time/train_s", 0.0)),
+                stale,
             )
             if d is not None:
                 self.base_k = d.k
@@ -283,6 +328,16 @@ class LagControl:
         self.current = k
         record["schedule/max_lag"] = k
         return k
+
+    def _stale_share(self, record: dict[str, Any]) -> float:
+        """The share of the groups generated since the last record that the bound dropped
+        (ledger `stale`, and `aborted` by the lag policy), from the record's running ledger
+        counts; 0 where none was generated."""
+        generated = int(record.get("ledger/generated", self.counts[0]))
+        dropped = int(record.get("ledger/stale", 0)) + int(record.get("ledger/aborted", 0))
+        new, lost = generated - self.counts[0], dropped - self.counts[1]
+        self.counts = (generated, dropped)
+        return min(1.0, max(0.0, lost / new)) if new > 0 else 0.0
 
 
 def tightened(record: dict[str, Any], k: int) -> None:
@@ -319,6 +374,7 @@ def lag_control(cfg: Config, fixed_k: int) -> LagControl | None:
             sc.auto_patience,
             min_gain=sc.auto_min_gain,
             probe=sc.auto_probe_windows,
+            stale_share=sc.auto_stale_share,
         )
         auto = AutoLag(rule, sc.auto_start)
     elif not (wd.enabled and "tighten" in wd.actions.values()):
