@@ -512,3 +512,39 @@ def test_a_worker_killed_in_a_sandbox_call_leaves_no_temporary_folder() -> None:
     finally:
         workers.close()
     assert not os.path.exists(fresh)  # the replacement's folder, at close
+
+
+def _oldest_first(workers: ThreadWorkers | ProcessWorkers, wait) -> list[str]:
+    """Episodes a (slow), b and c started in that order; while a's step holds the only
+    worker, d starts, then c and b step: the queued operations run oldest episode first (b,
+    c, then d's first observation), not in the order they were asked (d, c, b)."""
+    rows = _rows({"a": "slow", "b": "ok", "c": "ok", "d": "ok"}, sleep_s=0.3)
+    (a, ka, _), (b, kb, _), (c, kc, _), (d, kd, _) = rows
+    for row, key in ((a, ka), (b, kb), (c, kc)):
+        wait(workers.first(key, row))
+    busy = workers.step(ka, [5])  # holds the only worker for 0.3 s
+    order: list[str] = []
+    queued = [workers.first(kd, d), workers.step(kc, [5]), workers.step(kb, [5])]
+    for key, f in zip((kd, kc, kb), queued, strict=True):
+        f.add_done_callback(lambda _, key=key: order.append(key))
+    for f in [busy, *queued]:
+        wait(f)
+    assert all(f.exception() is None for f in queued)
+    return order
+
+
+def test_thread_workers_run_the_oldest_episode_first() -> None:
+    workers = ThreadWorkers(ByMode, 1)
+    try:
+        assert _oldest_first(workers, _wait) == ["b", "c", "d"]
+    finally:
+        workers.close()
+
+
+@pytest.mark.slow  # a few seconds: a forkserver and one worker
+def test_process_workers_run_the_oldest_episode_first() -> None:
+    workers = ProcessWorkers(ByMode, 1)
+    try:
+        assert _oldest_first(workers, lambda f: _pump_until_done(workers, f, 30)) == ["b", "c", "d"]
+    finally:
+        workers.close()

@@ -106,3 +106,21 @@ def test_cancelling_a_group_drops_its_members_deferred_in_the_engine():
     assert [r.key for r in engine.waiting] == [(6, 0)]
     w._loop(_channels(SimpleNamespace(version=lambda: engine.version)))  # type: ignore[arg-type]
     assert [c.request.key for c in done] == [(6, 0)]
+
+
+def test_episode_turns_take_the_slots_oldest_group_first():
+    """Turns of episodes join the backlog as their environments answer, in any order; the
+    sampler keeps the backlog in group order (group ids are issued in admission order), so
+    with one slot the engine runs the oldest group's turn first. (They used to join at the
+    front, newest answer first: (5, 0) would have run first here and (2, 0) last.)"""
+    engine = Engine(_model(), 99, num_slots=1, max_len=24)
+    w, _ = _worker(engine)
+    w.state.backlog.append(_request(2, 2))  # a turn an earlier poll queued
+    polls = [([_request(5, 2), _request(1, 2), _request(3, 2)], [])]
+    w.runner = SimpleNamespace(poll=lambda: polls.pop(0))  # type: ignore[assignment]
+    w._poll_episodes(None)  # type: ignore[arg-type]
+    assert [r.key for r in w.state.backlog] == [(1, 0), (2, 0), (3, 0), (5, 0)]
+    order = []
+    while w.state.backlog or not engine.idle():
+        order += [c.request.key for c in engine.step()]
+    assert order == [(1, 0), (2, 0), (3, 0), (5, 0)]

@@ -17,7 +17,9 @@ that dies, killed for a timeout or by anything else (a segfault, the OOM killer,
 fails its running operations and queued steps with `WorkerDied`, and every other episode whose
 environment lived in it ends as well (its state is gone) at its next step: their reason is
 `crash`. A fresh worker takes its place at once; first observations still queued there wait
-for it (nothing of theirs was lost). Factories must be picklable (module-level functions or
+for it (nothing of theirs was lost). Both kinds run queued operations oldest episode first
+(envs.order), not in the order they were asked: the episodes admitted first belong to the
+groups the trainer needs next. Factories must be picklable (module-level functions or
 classes); steps and observations go through pipes. If the sampler itself dies,
 each worker exits at its next read (the pipe closes), or at once if it is inside a step (the
 kernel kills it with its parent, the sampler's fork server). Each worker's temporary files
@@ -41,6 +43,7 @@ import concurrent.futures as cf
 import contextlib
 import ctypes
 import functools
+import heapq
 import multiprocessing as mp
 import os
 import shutil
@@ -66,6 +69,7 @@ from slipstream.envs.base import (
     resolve,
     using_loop,
 )
+from slipstream.envs.order import Ranks
 from slipstream.envs.scratch import ScratchRoot
 from slipstream.runtime import processes
 from slipstream.runtime.processes import START_FAILURES, WorkersCannotStart
@@ -145,7 +149,9 @@ class ThreadWorkers:
         self.t_start: dict[Hashable, float] = {}
         self.futures: dict[Hashable, cf.Future[Outcome]] = {}
         self.ops: dict[Hashable, _ThreadOp] = {}  # each episode's current operation
-        self.queue: deque[_ThreadOp] = deque()
+        # queued operations, oldest episode first: (its rank, arrival, operation)
+        self.queue: list[tuple[int, int, _ThreadOp]] = []
+        self.order = Ranks()
         self.running: set[_ThreadOp] = set()  # the operations that hold one of the n
         self.lock = threading.Lock()  # the caller's thread against the operations' threads
         self.closed = False
@@ -155,7 +161,7 @@ class ThreadWorkers:
         with self.lock:  # queued: not started (the previous operation's time is no more)
             self.ops[key], self.futures[key] = item, item.future
             self.t_start.pop(key, None)
-            self.queue.append(item)
+            heapq.heappush(self.queue, (self.order.rank(key, op), self.order.arrival(), item))
         self._start()
         return item.future
 
@@ -163,7 +169,7 @@ class ThreadWorkers:
         """Start queued operations while fewer than `n` run; drop those of ended episodes."""
         with self.lock:
             while self.queue and len(self.running) < self.n and not self.closed:
-                item = self.queue.popleft()
+                item = heapq.heappop(self.queue)[2]
                 if self.ops.get(item.key) is not item:  # ended while queued: never runs
                     item.future.cancel()
                     continue
@@ -218,6 +224,7 @@ class ThreadWorkers:
 
     def end(self, key: Hashable) -> None:
         with self.lock:
+            self.order.forget(key)
             self.ops.pop(key, None)
             self.envs.pop(key, None)
             self.t_start.pop(key, None)
@@ -234,7 +241,7 @@ class ThreadWorkers:
     def close(self) -> None:
         with self.lock:
             self.closed = True
-            queued, self.queue = list(self.queue), deque()
+            queued, self.queue = [item for *_, item in self.queue], []
             loops, self.loops = list(self.loops.values()), {}
         for item in queued:
             item.future.cancel()
@@ -363,6 +370,7 @@ class ProcessWorkers:
         self.workers = [self._spawn() for _ in range(n)]
         self.home: dict[Hashable, int] = {}  # episode -> index of the worker holding its env
         self.lost: dict[Hashable, str] = {}  # episodes whose worker died: why
+        self.order = Ranks()
         self.deaths = 0  # workers that died (killed for a timeout or otherwise)
         self.starts = processes.StartFailures(START_FAILURES)  # exits before a first reply
 
@@ -386,6 +394,7 @@ class ProcessWorkers:
     # ---- the protocol ---------------------------------------------------------------------
     def first(self, key: Hashable, row: Prompt) -> cf.Future[Outcome]:
         i = min(range(len(self.workers)), key=lambda j: self._load(j))
+        self.order.rank(key, "first")
         self.home[key] = i
         self.workers[i].keys.add(key)
         return self._enqueue(i, _Op("first", key, row, cf.Future()))
@@ -418,6 +427,7 @@ class ProcessWorkers:
 
     def end(self, key: Hashable) -> None:
         self.lost.pop(key, None)
+        self.order.forget(key)
         i = self.home.pop(key, None)
         if i is None:
             return
@@ -480,8 +490,9 @@ class ProcessWorkers:
             for key in drops:
                 w.conn.send(("drop", key, None))
             w.drops = [k for k in w.drops if k in w.running]
-            while len(w.running) < self.concurrency:
-                op = next((op for op in w.queue if op.key not in w.running), None)
+            while len(w.running) < self.concurrency:  # the oldest episode's first
+                ready = (op for op in w.queue if op.key not in w.running)
+                op = min(ready, key=lambda op: self.order.ranks.get(op.key, 0), default=None)
                 if op is None:
                     return
                 w.queue.remove(op)

@@ -43,9 +43,9 @@ K whose ESS is below the target; from then on K climbs one step at a time to the
 whose ESS is above the band, or to the ceiling, and stays; a K whose ESS is below the target
 is left once and never re-entered. Stale drops only shorten the wait before a raise: they
 never lower K nor lift the ceiling, and under constant conditions they fall as K grows (a
-looser bound drops fewer groups), so they add no change the argument does not count. So the number of changes is finite (at most
-`k_max - k_min` decreases, each followed by at most `k_max` increases), which rules out a
-limit cycle. tests/test_auto_lag.py drives it with a scripted ESS and scripted waits.
+looser bound drops fewer groups), so they add no change the argument does not count. So the
+number of changes is finite (at most `k_max - k_min` decreases, each followed by at most
+`k_max` increases), which rules out a limit cycle. tests/test_auto_lag.py drives it with a scripted ESS and scripted waits.
 """
 
 from __future__ import annotations
