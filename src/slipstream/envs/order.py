@@ -22,6 +22,10 @@ class Ranks:
             self.ranks[key] = next(self.started)
         return self.ranks[key]
 
+    def of(self, key: Hashable) -> int:
+        """`key`'s rank, without giving one (0: none)."""
+        return self.ranks.get(key, 0)
+
     def arrival(self) -> int:
         return next(self.arrivals)
 

@@ -492,7 +492,7 @@ class ProcessWorkers:
             w.drops = [k for k in w.drops if k in w.running]
             while len(w.running) < self.concurrency:  # the oldest episode's first
                 ready = (op for op in w.queue if op.key not in w.running)
-                op = min(ready, key=lambda op: self.order.ranks.get(op.key, 0), default=None)
+                op = min(ready, key=lambda op: self.order.of(op.key), default=None)
                 if op is None:
                     return
                 w.queue.remove(op)
