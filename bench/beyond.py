@@ -278,6 +278,11 @@ def auto_lag_met(ratio: dict[str, Any]) -> bool:
     return t <= 1.05 and a >= 0.95 and not any(stopped.values())
 
 
+def finished_by_seed(rows: list[dict]) -> dict[int, dict]:
+    """A configuration's runs that finished (a final accuracy), by seed."""
+    return {r["seed"]: r for r in rows if r.get("acc") is not None and "seed" in r}
+
+
 def paired(
     res: dict[str, list[dict]], fixed: str, reps: int = 2000, other: str = "auto"
 ) -> dict[str, Any]:
@@ -286,11 +291,11 @@ def paired(
     does the gap stand out of the seeds' noise?"""
     import random
 
-    by_seed = {r["seed"]: r["acc"] for r in res[fixed] if r.get("acc") is not None and "seed" in r}
+    base = finished_by_seed(res[fixed])
     diffs = [
-        round(100 * (r["acc"] - by_seed[r["seed"]]), 2)
-        for r in res[other]
-        if r.get("acc") is not None and r.get("seed") in by_seed
+        round(100 * (r["acc"] - base[seed]["acc"]), 2)
+        for seed, r in finished_by_seed(res[other]).items()
+        if seed in base
     ]
     if not diffs:
         return {"diffs": [], "mean": None, "interval90": None}
@@ -313,8 +318,7 @@ def ratio_bootstrap(res: dict[str, list[dict]], reps: int = 2000) -> dict[str, A
     names = [n for n in res if n.startswith("K=")]
     if "auto" not in res or not names:
         return {"seeds": 0}
-    by = {n: {r["seed"]: r for r in res[n] if r.get("acc") is not None and "seed" in r}
-          for n in [*names, "auto"]}  # fmt: skip
+    by = {n: finished_by_seed(res[n]) for n in [*names, "auto"]}
     seeds = sorted(set.intersection(*(set(v) for v in by.values())))
     if len(seeds) < 2:
         return {"seeds": len(seeds)}

@@ -291,13 +291,22 @@ def _worker_main(conn: Connection, factory: EnvFactory, scratch: str, concurrenc
         except (Exception, SystemExit) as e:  # the environment raised: reported, it goes on
             envs.pop(key, None)
             msg = ("err", key, f"{type(e).__name__}: {e}"[:500], 0.0)
-        msg = (*msg[:3], time.monotonic() - t0)
-        try:
-            conn.send(msg)
-        except (EOFError, OSError):
+        if not _reply(conn, (*msg[:3], time.monotonic() - t0)):
             return
-        except Exception as e:  # the result does not pickle
-            conn.send(("err", key, f"step result cannot be sent: {type(e).__name__}: {e}", 0.0))
+
+
+def _reply(
+    conn: Connection, msg: tuple[str, Hashable, Observation | StepResult | str, float]
+) -> bool:
+    """Send a worker's answer to `msg[1]`'s operation; a result that does not pickle is sent
+    as that operation's error. False: the sampler is gone (the pipe is closed)."""
+    try:
+        conn.send(msg)
+    except (EOFError, OSError):
+        return False
+    except Exception as e:  # the result does not pickle
+        conn.send(("err", msg[1], f"step result cannot be sent: {type(e).__name__}: {e}", 0.0))
+    return True
 
 
 def _serve_concurrently(conn: Connection, pool: ThreadWorkers) -> None:
@@ -316,14 +325,8 @@ def _serve_concurrently(conn: Connection, pool: ThreadWorkers) -> None:
             msg = ("err", key, "its episode ended before the step ran", 0.0)
         except Exception as e:  # EnvError: its text is the environment's exception
             msg = ("err", key, str(e)[:500], 0.0)
-        with lock:
-            try:
-                conn.send(msg)
-            except (EOFError, OSError):
-                return  # the sampler is gone: the main loop sees the pipe close
-            except Exception as e:  # the result does not pickle
-                why = f"step result cannot be sent: {type(e).__name__}: {e}"
-                conn.send(("err", key, why, 0.0))
+        with lock:  # (the sampler gone: the main loop sees the pipe close)
+            _reply(conn, msg)
 
     while True:
         try:

@@ -154,7 +154,7 @@ class AutoLag:
         self.recent = [*self.recent, (ess, kl, stale)][-(r.patience + 1) :]
         if self.since_change < r.patience:
             return None
-        decision = None
+        decision, evident = None, self._drops()
         reason = self._too_stale()
         if reason is not None and self.k > r.k_min:
             self.ceiling = max(r.k_min, self.k - 1)
@@ -165,9 +165,8 @@ class AutoLag:
             if train_share(self.trace) < (1 + r.min_gain) * share_old:
                 self.ceiling = self.k  # the climb ends here; K itself holds
                 decision = Decision(self.k, "no_gain")
-        if decision is None and self._may_raise():
+        if decision is None and self._may_raise(evident):
             step = max(1, self.k) if self.slow_start else 1
-            evident = self._drops()
             reason = "stale_drops" if evident else "trainer_waits"
             decision = Decision(min(self.ceiling, self.k + step), reason)
             self.before = None  # an evident raise ends a probe: its gain is shown
@@ -202,10 +201,10 @@ class AutoLag:
             return False
         return sum(s >= r.stale_share for _, _, s in self.recent) >= r.patience
 
-    def _may_raise(self) -> bool:
+    def _may_raise(self, evident: bool) -> bool:
+        """A raise is allowed now; `evident`: the stale drops show its gain (`_drops`)."""
         r = self.rule
         assert self.ess is not None and self.kl is not None and self.wait is not None
-        evident = self._drops()
         return (
             self.k < self.ceiling
             and (self.before is None or evident)
