@@ -97,7 +97,8 @@ def test_a_diagnostic_start_is_reported_beside_auto_never_as_a_fixed_k():
         "auto": [_run(12.0, True), _run(14.0, True)],
         "auto@2": [_run(2.0, True), _run(4.0, True)],  # faster than any K: still not "fixed"
     }
-    assert bench.auto_name(1) == "auto" and bench.auto_name(2) == "auto@2"
+    assert bench.auto_name(bench.DEFAULT_START) == "auto"
+    assert bench.auto_name(1) == "auto@1" and bench.auto_name(2) == "auto@2"
     _, ratio = bench.auto_table(res, 0.25)
     assert ratio["best_fixed_time"] == "K=2" and ratio["time_ratio"] == 13.0 / 9.0
     assert ratio["auto@2_time_ratio"] == 3.0 / 9.0
@@ -166,3 +167,15 @@ def test_the_bootstrap_redraws_seeds_for_every_configuration_alike():
     res["auto"] = [{**r, "time_to_target": r["time_to_target"] - 1.0} for r in res["auto"]]
     assert bench.ratio_bootstrap(res)["met_share"] == 1.0  # auto equal to K=2 on every draw
     assert bench.ratio_bootstrap({"K=2": res["K=2"][:1], "auto": res["auto"][:1]}) == {"seeds": 1}
+
+
+def test_null_met_share_is_the_hand_derived_chance_of_a_configuration_like_the_fixed_ks():
+    """One seed a column, times 1 or 10 s alike (accuracies equal): a fifth column drawn like
+    the four meets "within 5 % of the fastest" when it draws 1 s (1/2), or 10 s with all four
+    fixed columns at 10 s too (1/2 x 1/16): 17/32 = 0.531. And when every run is alike, always."""
+    pool = [{"time_to_target": t, "acc": 0.3} for t in (1.0, 10.0)]
+    assert abs(bench.null_met_share(pool, 1, reps=8000) - 17 / 32) < 0.02
+    assert bench.null_met_share([{"time_to_target": 5.0, "acc": 0.3}], 15, reps=50) == 1.0
+    # accuracy too: a column at 0.2 against a best of 0.3 misses (0.2 < 0.95 x 0.3)
+    mixed = [{"time_to_target": 5.0, "acc": a} for a in (0.2, 0.3)]
+    assert abs(bench.null_met_share(mixed, 1, reps=8000) - 17 / 32) < 0.02
