@@ -98,7 +98,8 @@ def test_a_diagnostic_start_is_reported_beside_auto_never_as_a_fixed_k():
         "auto@2": [_run(2.0, True), _run(4.0, True)],  # faster than any K: still not "fixed"
     }
     assert bench.auto_name(bench.DEFAULT_START) == "auto"
-    assert bench.auto_name(1) == "auto@1" and bench.auto_name(2) == "auto@2"
+    other = bench.DEFAULT_START + 1
+    assert bench.auto_name(other) == f"auto@{other}"
     _, ratio = bench.auto_table(res, 0.25)
     assert ratio["best_fixed_time"] == "K=2" and ratio["time_ratio"] == 13.0 / 9.0
     assert ratio["auto@2_time_ratio"] == 3.0 / 9.0
@@ -179,3 +180,16 @@ def test_null_met_share_is_the_hand_derived_chance_of_a_configuration_like_the_f
     # accuracy too: a column at 0.2 against a best of 0.3 misses (0.2 < 0.95 x 0.3)
     mixed = [{"time_to_target": 5.0, "acc": a} for a in (0.2, 0.3)]
     assert abs(bench.null_met_share(mixed, 1, reps=8000) - 17 / 32) < 0.02
+
+
+def test_the_monotone_ratio_is_reported_beside_only_when_every_run_has_it():
+    def run(t: float, fit: float) -> dict:
+        return {**_run(t, True), "time_to_target_monotone": fit}
+
+    res = {"K=2": [run(4.0, 9.0), run(6.0, 11.0)], "K=8": [run(3.0, 8.0), run(5.0, 12.0)],
+           "auto": [run(5.0, 9.0), run(7.0, 12.0)]}  # fmt: skip
+    _, ratio = bench.auto_table(res, 0.25)
+    # first crossings: auto 6.0 against K=8's 4.0; fits: auto 10.5 against K=8's (and K=2's) 10.0
+    assert ratio["time_ratio"] == 6.0 / 4.0 and ratio["time_ratio_monotone"] == 10.5 / 10.0
+    res["K=2"][0].pop("time_to_target_monotone")  # a run read back from an older results.json
+    assert bench.auto_table(res, 0.25)[1]["time_ratio_monotone"] is None
