@@ -121,7 +121,7 @@ def test_lag_control_logs_every_change_and_the_watchdog_tighten():
 def test_config():
     cfg = load_config(None, ['schedule.name="pipeline"', 'schedule.max_lag="auto"'])
     ctl = lag_control(cfg, cfg.schedule.lag_bound)
-    assert ctl is not None and ctl.current == 1 and cfg.schedule.lag_bound == 8  # auto_start
+    assert ctl is not None and ctl.current == 1 and cfg.schedule.lag_bound == 8
     assert lag_control(load_config(None, ['schedule.name="pipeline"']), 4) is None
     with pytest.raises(ConfigError, match=r"schedule\.max_lag"):
         load_config(None, ['schedule.max_lag="auto"'])  # sync
