@@ -56,7 +56,7 @@ class ScheduleConfig(_Section):
     """`auto`: the largest K (it also sizes the queues and the samplers' abort bound)."""
     auto_start: int = Field(1, ge=0)
     """`auto`: the K of the first window (clamped to [max_lag_min, max_lag_max]). A start at 4
-    was measured at stop 57 and lost accuracy (docs/algorithms.md, "Where the climb starts")."""
+    was measured at stop 57 and not kept (docs/algorithms.md, "Where the climb starts")."""
     auto_kl_limit: float = Field(0.0, ge=0.0)
     """`auto`: lower K when `mismatch/kl` (averaged over windows) exceeds this; 0: off."""
     auto_margin: float = Field(0.03, ge=0.0, lt=1.0)
