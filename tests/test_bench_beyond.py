@@ -193,3 +193,21 @@ def test_the_monotone_ratio_is_reported_beside_only_when_every_run_has_it():
     assert ratio["time_ratio"] == 6.0 / 4.0 and ratio["time_ratio_monotone"] == 10.5 / 10.0
     res["K=2"][0].pop("time_to_target_monotone")  # a run read back from an older results.json
     assert bench.auto_table(res, 0.25)[1]["time_ratio_monotone"] is None
+
+
+def test_seconds_a_step_and_steps_to_target_are_reported_beside_the_target():
+    """Time to target = steps to it x seconds a step, each ratio auto's median over the
+    smallest fixed K's median, hand-derived below; absent from an older run: None."""
+
+    def run(t: float, step_s: float, steps: int) -> dict:
+        return {**_run(t, True), "step_s": step_s, "steps_to_target": steps}
+
+    res = {"K=2": [run(4.0, 0.40, 10), run(6.0, 0.30, 20)],
+           "K=8": [run(3.0, 0.25, 12), run(5.0, 0.27, 18)],
+           "auto": [run(5.0, 0.26, 16), run(7.0, 0.30, 24)]}  # fmt: skip
+    _, ratio = bench.auto_table(res, 0.25)
+    # medians: s/step K=2 0.35, K=8 0.26, auto 0.28; steps K=2 15, K=8 15, auto 20
+    assert abs(ratio["step_time_ratio"] - 0.28 / 0.26) < 1e-12
+    assert ratio["steps_ratio"] == 20 / 15
+    res["auto"][1].pop("step_s")
+    assert bench.auto_table(res, 0.25)[1]["step_time_ratio"] is None

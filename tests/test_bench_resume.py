@@ -39,7 +39,7 @@ def _fake_training(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (folder / "config.toml").write_text(dump_config(cfg))
         (folder / "metrics.jsonl").write_text(json.dumps(ROW) + "\n")
         summary = {"heldout_acc_start": 0.1, "heldout_acc_end": 0.3, "wall_s": 2.0,
-                   "ledger": {"stale": 0}}  # fmt: skip
+                   "steps": 1, "ledger": {"stale": 0}}  # fmt: skip
         (folder / "summary.json").write_text(json.dumps(summary))
         trained.append(folder.name)
         return summary
@@ -63,6 +63,8 @@ def test_beyond_resume_reads_back_only_a_finished_run_of_the_same_config(tmp_pat
     assert trained == ["auto_K1_s0"]
     r = beyond.run_one("auto_K1_s0", ov, _args(tmp_path, resume=True), [])
     assert trained == ["auto_K1_s0"] and r["acc"] == 0.3 and r["reached"]  # read back
+    # its one step: 2.0 s of training (no evaluation time recorded), the target (0.2) at step 1
+    assert r["step_s"] == 2.0 and r["steps_to_target"] == 1
     # other settings under the same name and seed: refused, not read back as this run
     for other in ({"steps": 6}, {"eval_every": 4}):
         with pytest.raises(ConfigError, match=r"--resume: .* other settings"):
