@@ -19,10 +19,10 @@ forecast of a run's duration (issue 22).
     target where its non-decreasing fit does (bench/agentic.py's crossing), so that one
     evaluation's noise above the target is not a crossing; and the two factors of a time to
     target, `step_time_ratio` (training seconds a step over the whole run: what the controller
-    sets, measured to a few percent on one set) and `steps_ratio` (steps to target: the seeds' learning,
-    as noisy as the time). Target: within
-    5 % on both (time <= 1.05, accuracy >= 0.95); `auto_lag_met` is true only where both
-    median times are times to target and no compared run stopped.
+    sets, measured to a few percent on one set) and `steps_ratio` (steps to target: the seeds'
+    learning, as noisy as the time). Target: within 5 % on both (time <= 1.05, accuracy >=
+    0.95); `auto_lag_met` is true only where both median times are times to target and no
+    compared run stopped.
     Beside it, auto's final accuracy minus that K's seed by seed, with a 90 % bootstrap
     interval of the mean difference (`acc_paired_points`): a best K picked after the fact
     among noisy columns is favoured by its own noise, and the interval says whether a gap
