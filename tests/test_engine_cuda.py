@@ -167,3 +167,23 @@ def test_graph_sampling_at_temperature_is_the_same_alone_and_beside_a_filtering_
         assert a.tokens == b.tokens == c.tokens
         torch.testing.assert_close(torch.tensor(a.logp), torch.tensor(b.logp), atol=1e-6, rtol=0)
         torch.testing.assert_close(torch.tensor(a.logp), torch.tensor(c.logp), atol=1e-6, rtol=0)
+
+
+def test_graphs_of_one_pool_reuse_each_other_s_freed_memory():
+    """A second graph captured in the same `GraphPool` reuses the block the first's capture
+    freed (one capture stream), so the reserved memory does not grow by another
+    intermediate; with a stream made per capture it grew by at least one (the CPU test
+    checks the stream is shared, test_engine_devices)."""
+    from slipstream.engine.forward import GraphPool, capture_graph
+
+    n = 64 * 1024 * 1024  # a 256 MiB float32 intermediate, freed inside each capture
+    x = torch.ones(n, device=CUDA)
+    pool = GraphPool.on(CUDA)
+    capture_graph(lambda: (x * 2).sum(), pool)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_reserved(CUDA)
+    graph, out = capture_graph(lambda: (x * 3).sum(), pool)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_reserved(CUDA) - before < n * 4 // 2
+    graph.replay()
+    assert out.item() == pytest.approx(3 * n, rel=1e-5)

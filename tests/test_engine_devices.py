@@ -97,8 +97,41 @@ def test_a_graph_is_captured_on_the_engine_s_device_not_the_current_one(monkeypa
     assert runs == [1, 1, 1]  # two warm-ups and the capture, with cuda:1 current
     assert fake.seen and all(index == 1 for _what, index in fake.seen), fake.seen
     assert fake.current == 0  # the caller's device is current again
-    out = forward.capture_graph(lambda: fake.current, None, torch.device("cuda:1"))[1]  # type: ignore[arg-type]
-    assert out == 1
+    pool = forward.GraphPool.on(torch.device("cuda:1"))
+    assert forward.capture_graph(lambda: fake.current, pool)[1] == 1
+
+
+def test_graphs_of_one_pool_are_captured_on_one_stream(monkeypatch):
+    """The caching allocator reuses a freed block only on the stream that freed it: graphs
+    sharing a memory pool must be captured on one stream to share its memory. Before, each
+    capture made its own side stream, so every bucket's graph kept its intermediates apart
+    (outside the engine's memory budget)."""
+    fake = _FakeCuda()
+    for name in ("device", "Stream", "current_stream", "stream", "CUDAGraph"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    handles = iter(range(1, 100))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(handles)))
+    captured: list[tuple[object, object]] = []
+
+    @contextlib.contextmanager
+    def graph(
+        g: object, pool: object = None, stream: object = None, **kw: object
+    ) -> Iterator[None]:
+        captured.append((pool, stream))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(forward, "sample_static", lambda *a, fused: "sampled")
+    sampler = forward.SampleGraph(torch.ones(4), torch.zeros(4), torch.zeros(4), fused=False)
+    for ptr in (7, 8, 9):  # three logits buffers (three span buckets): three graphs
+        logits = SimpleNamespace(
+            device=torch.device("cuda:1"), shape=(4, 10), data_ptr=lambda p=ptr: p
+        )
+        assert sampler(logits) == "sampled"  # type: ignore[arg-type]
+    assert len(captured) == 3
+    assert len({pool for pool, _ in captured}) == 1  # one pool
+    assert len({id(stream) for _, stream in captured}) == 1  # and one capture stream
+    assert sum(what == "stream" for what, _ in fake.seen) == 1  # made once, with the pool
 
 
 def test_the_fused_kernel_launches_with_its_tensors_device_current(monkeypatch):

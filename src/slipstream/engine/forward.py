@@ -271,7 +271,7 @@ class DecodeGraph:
         self._capture = capture
         # bucket: (graph, its logits); one memory pool for all buckets' graphs (see __call__)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._pool: _POOL_HANDLE | None = None
+        self._pool: GraphPool | None = None
         self.captures = 0  # graphs captured so far (a call that captures is not a step's time)
 
     def bucket(self, span: int) -> int:
@@ -303,35 +303,57 @@ class DecodeGraph:
             # and each replay's logits are consumed (sampled) before the next replay; the
             # logits themselves stay allocated.
             if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            self._graphs[b] = capture_graph(lambda: self._step(b), self._pool, self.pos.device)
+                self._pool = GraphPool.on(self.pos.device)
+            self._graphs[b] = capture_graph(lambda: self._step(b), self._pool)
             self.captures += 1
         graph, logits = self._graphs[b]
         graph.replay()
         return logits
 
 
-def capture_graph(
-    fn: Callable[[], _Out], pool: _POOL_HANDLE, device: torch.device
-) -> tuple[torch.cuda.CUDAGraph, _Out]:
-    """`fn`, whose tensors are on `device`, captured as a CUDA graph in memory pool `pool`,
-    after two warm-up runs on a side stream; returns the graph and `fn`'s outputs (the buffers
-    each replay rewrites). thread_local: a trainer thread launching work on the same GPU during
-    a capture is neither captured nor an error.
+@dataclass(frozen=True)
+class GraphPool:
+    """A memory pool for CUDA graphs and the one stream they are all captured on.
 
-    Every stream is `device`'s and the capture runs with `device` current (engine.devices):
-    `torch.cuda.graph`'s own default capture stream belongs to the device that was current
-    when the process first captured, so the side stream is the capture stream too (a replay
-    then runs on the capture stream's device, whatever device is current)."""
+    The caching allocator hands a freed block again only to the stream that freed it, so
+    graphs that share a pool must share their capture stream too for one graph's capture to
+    reuse what another's freed (`torch.cuda.graph`'s own default capture stream is one for every
+    capture, for that reason). A stream made for each capture kept every graph's intermediates
+    apart: up to nine buckets' worth, outside the engine's memory budget."""
+
+    handle: _POOL_HANDLE
+    stream: torch.cuda.Stream
+    device: torch.device
+
+    @classmethod
+    def on(cls, device: torch.device) -> GraphPool:
+        """A new pool and a capture stream of `device` (engine.devices: its own, not the
+        current device's)."""
+        with on_device(device):
+            return cls(torch.cuda.graph_pool_handle(), torch.cuda.Stream(device), device)
+
+
+def capture_graph(fn: Callable[[], _Out], pool: GraphPool) -> tuple[torch.cuda.CUDAGraph, _Out]:
+    """`fn`, whose tensors are on `pool.device`, captured as a CUDA graph in `pool`, after two
+    warm-up runs on the pool's stream; returns the graph and `fn`'s outputs (the buffers each
+    replay rewrites). thread_local: a trainer thread launching work on the same GPU during a
+    capture is neither captured nor an error.
+
+    Every stream is the pool's device's and the capture runs with that device current
+    (engine.devices): `torch.cuda.graph`'s own default capture stream belongs to the device that
+    was current when the process first captured, so the pool's stream is the capture stream too
+    (a replay then runs on the capture stream's device, whatever device is current)."""
+    device, side = pool.device, pool.stream
     with on_device(device):
-        side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 fn()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+        with torch.cuda.graph(
+            graph, pool=pool.handle, stream=side, capture_error_mode="thread_local"
+        ):
             out = fn()
     return graph, out
 
@@ -354,18 +376,16 @@ class SampleGraph:
         self.inputs = (temperature, seeds, steps)
         self.fused = fused  # through engine.fused's kernel, as the engine's eager sampling
         self._graphs: dict[tuple[int, tuple[int, ...]], tuple[torch.cuda.CUDAGraph, Sampled]] = {}
-        self._pool: _POOL_HANDLE | None = None
+        self._pool: GraphPool | None = None
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor) -> Sampled:
         key = (logits.data_ptr(), tuple(logits.shape))
         if key not in self._graphs:
             if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
+                self._pool = GraphPool.on(logits.device)
             self._graphs[key] = capture_graph(
-                lambda: sample_static(logits, *self.inputs, fused=self.fused),
-                self._pool,
-                logits.device,
+                lambda: sample_static(logits, *self.inputs, fused=self.fused), self._pool
             )
         graph, out = self._graphs[key]
         graph.replay()
