@@ -337,11 +337,43 @@ def e2e_part(args: argparse.Namespace, name: str, device: torch.device) -> dict[
     return out
 
 
+# Datasheet figures, dense bfloat16 TFLOP/s and HBM GB/s, by a part of the device's name as
+# torch reports it (first match: the PCIe and NVL H100s before the SXM one, "H100 80GB HBM3")
+DATASHEETS = (
+    ("H200", 989.0, 4800.0),
+    ("H100 PCIe", 756.0, 2000.0),
+    ("H100 NVL", 835.0, 3900.0),
+    ("H100", 989.0, 3350.0),
+)
+
+
+def datasheet(device_name: str) -> tuple[float, float] | None:
+    """(peak dense bf16 TFLOP/s, HBM GB/s) of the GPU named `device_name`; None if unknown."""
+    return next(((t, b) for part, t, b in DATASHEETS if part in device_name), None)
+
+
+def peaks(args: argparse.Namespace, device_name: str) -> tuple[float, float]:
+    """The peak and bandwidth the MFU and roofline shares divide by: the flags where given,
+    else the device's datasheet figures (an unknown device needs both flags)."""
+    sheet = datasheet(device_name)
+    if sheet is None and (args.peak_tflops is None or args.bandwidth_gbs is None):
+        raise SystemExit(
+            f"{device_name}: no datasheet figures; pass --peak-tflops and --bandwidth-gbs"
+        )
+    t, b = sheet or (0.0, 0.0)
+    return args.peak_tflops or t, args.bandwidth_gbs or b
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every part for every shape; the headline keys from the last (largest) shape."""
     device = torch.device(args.device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    args.peak_tflops, args.bandwidth_gbs = peaks(args, gpu)
     result: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        "device": gpu,
+        "peak_tflops": args.peak_tflops,
+        "bandwidth_gbs": args.bandwidth_gbs,
+        "checkpointing": args.checkpointing,
     }
     for name in args.shapes:
         print(f"{name} ({ModelConfig(**SHAPES[name]).num_params() / 1e6:.0f}M parameters)")  # type: ignore[arg-type]
@@ -376,9 +408,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="smoke run: tiny shape, small sizes")
     ap.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b")
-    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989)")
     ap.add_argument(
-        "--bandwidth-gbs", type=float, default=4800.0, help="HBM bandwidth (H200: 4800)"
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="dense bf16 peak (default: the device's datasheet figure, DATASHEETS)",
+    )
+    ap.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        default=None,
+        help="HBM bandwidth in GB/s (default: the device's datasheet figure, DATASHEETS)",
     )
     ap.add_argument("--prompts", type=int, default=32, help="B of the trainer step")
     ap.add_argument("--group", type=int, default=8, help="G of the trainer step")

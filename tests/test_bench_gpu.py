@@ -28,6 +28,22 @@ def test_flops_per_token_golden():
     assert bench.train_flops_per_token(cfg, 1024) == 9_261_941_760 + 264_241_152
 
 
+def test_datasheet_figures_by_device_name():
+    """The MFU and roofline divide by the lent GPU's own figures: an H100 is not an H200."""
+    assert bench.datasheet("NVIDIA H200") == (989.0, 4800.0)
+    assert bench.datasheet("NVIDIA H100 80GB HBM3") == (989.0, 3350.0)
+    assert bench.datasheet("NVIDIA H100 PCIe") == (756.0, 2000.0)
+    assert bench.datasheet("NVIDIA A100-SXM4-80GB") is None
+    args = bench.parse([])
+    assert bench.peaks(args, "NVIDIA H100 80GB HBM3") == (989.0, 3350.0)
+    args.bandwidth_gbs = 3000.0  # a flag wins over the datasheet
+    assert bench.peaks(args, "NVIDIA H100 80GB HBM3") == (989.0, 3000.0)
+    with pytest.raises(SystemExit, match="--peak-tflops"):
+        bench.peaks(args, "NVIDIA A100-SXM4-80GB")  # unknown: both flags needed
+    args.peak_tflops = 312.0
+    assert bench.peaks(args, "NVIDIA A100-SXM4-80GB") == (312.0, 3000.0)
+
+
 @pytest.mark.slow
 def test_cpu_tiny_smoke_reports_the_headline_keys(capsys):
     n = torch.get_num_threads()
