@@ -20,7 +20,12 @@ PARTS=${PARTS:-"env tests engine gpu readme profile"}
 DEVICE=${DEVICE:-cuda}  # the README command's trainer.device (cpu: a smoke run of the part)
 ROOT=$(pwd)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-if [ -d .whl ] && ! python3 -c "import pydantic" 2>/dev/null; then
+if ! python3 -c "import pydantic" 2>/dev/null; then
+    if ! ls .whl/*.whl >/dev/null 2>&1; then  # every part would fail at its first import
+        echo "no pydantic here and no wheels in .whl/: run 'bash bench/gpu_wheels.sh' on a" \
+            "machine with PyPI first (the device has no network) and carry .whl" >&2
+        exit 2
+    fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
