@@ -41,14 +41,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import ctypes
 import functools
 import heapq
 import multiprocessing as mp
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -71,6 +69,7 @@ from slipstream.envs.base import (
 )
 from slipstream.envs.order import Ranks
 from slipstream.envs.scratch import ScratchRoot
+from slipstream.parent import die_with_parent
 from slipstream.runtime import processes
 from slipstream.runtime.processes import START_FAILURES, WorkersCannotStart
 from slipstream.types import Prompt
@@ -104,6 +103,11 @@ class Workers(Protocol):
         """The episode ended: its environment is dropped, its queued operation never runs."""
         ...
 
+    def overdue(self, limit_s: float) -> None:
+        """Stop, as `abandon` would, the steps of ended episodes still running after `limit_s`
+        (an episode cancelled mid-step has no runner timing it any more)."""
+        ...
+
     def pump(self, timeout: float) -> None:
         """Collect finished steps, waiting up to `timeout` s for one if none is ready."""
         ...
@@ -135,6 +139,7 @@ class _ThreadOp:
     key: Hashable
     arg: OpArg
     future: cf.Future[Outcome] = field(default_factory=cf.Future)
+    t0: float = 0.0  # when it started running
 
 
 class ThreadWorkers:
@@ -174,7 +179,7 @@ class ThreadWorkers:
                     item.future.cancel()
                     continue
                 self.running.add(item)
-                self.t_start[item.key] = t0 = time.monotonic()
+                self.t_start[item.key] = item.t0 = t0 = time.monotonic()
                 args = (item, t0)
                 threading.Thread(
                     target=self._run, args=args, name="slipstream-env", daemon=True
@@ -233,6 +238,16 @@ class ThreadWorkers:
         if loop is not None:  # (an abandoned step awaiting on it is cancelled)
             loop.close()
 
+    def overdue(self, limit_s: float) -> None:
+        now = time.monotonic()
+        with self.lock:  # an ended episode's item is no longer its key's operation
+            late = [
+                i for i in self.running if self.ops.get(i.key) is not i and now - i.t0 > limit_s
+            ]
+            self.running.difference_update(late)  # their threads run on, ignored
+        if late:
+            self._start()
+
     def pump(self, timeout: float) -> None:
         running = [f for f in list(self.futures.values()) if not f.done()]
         if timeout > 0 and running:
@@ -250,23 +265,11 @@ class ThreadWorkers:
 
 
 # ---- processes --------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when its parent dies (Linux `PR_SET_PDEATHSIG`).
-    The parent is the sampler's fork server, which exits with the sampler: a worker inside a
-    step, which would see the pipe close only at its next read, goes too. Elsewhere: nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent died before that took effect
-        os._exit(1)
-
-
 def _worker_main(conn: Connection, factory: EnvFactory, scratch: str, concurrency: int = 1) -> None:
     """A worker process: run operations one at a time (or `concurrency` at once:
     `_serve_concurrently`) until the pipe closes (or, in the middle of one, its parent dies:
-    `_die_with_parent`); its temporary files go to `scratch`."""
-    _die_with_parent()
+    `die_with_parent`); its temporary files go to `scratch`."""
+    die_with_parent()
     os.environ["TMPDIR"] = tempfile.tempdir = scratch  # (what it starts inherits TMPDIR)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sampler's to handle
     if concurrency > 1:
@@ -418,15 +421,30 @@ class ProcessWorkers:
         i = self.home.get(key)
         if i is None:
             return
-        w = self.workers[i]
-        if key in w.running:
-            ended = w.proc.exitcode is not None  # by itself, before the timeout: its own reason
-            with contextlib.suppress(ProcessLookupError, AttributeError):
-                w.proc.kill()
-            w.proc.join(5.0)
-            killed = f"its worker was killed: another episode's step timed out ({key!r})"
-            self._died(i, self._why(w) if ended else killed)
+        if key in self.workers[i].running:
+            self._kill(i, f"its worker was killed: another episode's step timed out ({key!r})")
         self.end(key)
+
+    def overdue(self, limit_s: float) -> None:
+        now = time.monotonic()
+        for i, w in enumerate(self.workers):  # (a running op of no homed key: its episode ended)
+            late = [
+                k
+                for k, op in w.running.items()
+                if k not in self.home and now - (op.t_start or now) > limit_s
+            ]
+            if late:
+                why = f"an ended episode's step ran past {limit_s:g} s ({late[0]!r})"
+                self._kill(i, f"its worker was killed: {why}")
+
+    def _kill(self, i: int, why: str) -> None:
+        """SIGKILL worker `i` and replace it (`_died`), for `why` unless it had died by itself."""
+        w = self.workers[i]
+        ended = w.proc.exitcode is not None  # by itself, before the timeout: its own reason
+        with contextlib.suppress(ProcessLookupError, AttributeError):
+            w.proc.kill()
+        w.proc.join(5.0)
+        self._died(i, self._why(w) if ended else why)
 
     def end(self, key: Hashable) -> None:
         self.lost.pop(key, None)

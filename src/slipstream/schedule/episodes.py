@@ -180,6 +180,7 @@ class EpisodeRunner:
         """Collect finished environment steps: the model turns to generate next, and the
         episodes that ended (each returned once)."""
         self.workers.pump(0.0)
+        self.workers.overdue(self.cfg.step_timeout_s)  # steps of episodes `cancel` ended
         now = time.monotonic()
         requests = []
         for key, p in list(self.pending.items()):

@@ -45,6 +45,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Literal
 
+from slipstream.parent import die_with_parent
 from slipstream.tasks.base import RewardFn, Task
 from slipstream.tasks.jsonl import TaskError
 from slipstream.tasks.rewards import resolve
@@ -417,7 +418,7 @@ def _serve(r_fd: int, w_fd: int, parent_pid: int) -> None:
     """The worker's main: load the reward, then score `(prompt, completions)` requests, sending
     `(reward, error, detail)` per completion, until its pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it kills the worker
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     rx, tx = Connection(r_fd, writable=False), Connection(w_fd, readable=False)
     target: Any = None
     try:
@@ -438,18 +439,3 @@ def _serve(r_fd: int, w_fd: int, parent_pid: int) -> None:
             return
         for c in completions:
             tx.send(_call(fn, prompt, c, BaseException))  # sys.exit() in a reward is a raise
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (a killed sampler must not leave
-    a busy reward worker behind); elsewhere the worker exits at EOF on its pipe."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
-        os._exit(0)
