@@ -139,7 +139,7 @@ class _ThreadOp:
     key: Hashable
     arg: OpArg
     future: cf.Future[Outcome] = field(default_factory=cf.Future)
-    t0: float = 0.0  # when it started running
+    t_start: float | None = None  # when it started running (None: queued)
 
 
 class ThreadWorkers:
@@ -151,7 +151,6 @@ class ThreadWorkers:
         self.factory, self.n = factory, n
         self.envs: dict[Hashable, Env] = {}
         self.loops: dict[Hashable, EnvLoop] = {}  # each environment's event loop
-        self.t_start: dict[Hashable, float] = {}
         self.futures: dict[Hashable, cf.Future[Outcome]] = {}
         self.ops: dict[Hashable, _ThreadOp] = {}  # each episode's current operation
         # queued operations, oldest episode first: (its rank, arrival, operation)
@@ -165,7 +164,6 @@ class ThreadWorkers:
         item = _ThreadOp(op, key, arg)
         with self.lock:  # queued: not started (the previous operation's time is no more)
             self.ops[key], self.futures[key] = item, item.future
-            self.t_start.pop(key, None)
             heapq.heappush(self.queue, (self.order.rank(key, op), self.order.arrival(), item))
         self._start()
         return item.future
@@ -179,7 +177,7 @@ class ThreadWorkers:
                     item.future.cancel()
                     continue
                 self.running.add(item)
-                self.t_start[item.key] = item.t0 = t0 = time.monotonic()
+                item.t_start = t0 = time.monotonic()
                 args = (item, t0)
                 threading.Thread(
                     target=self._run, args=args, name="slipstream-env", daemon=True
@@ -217,7 +215,8 @@ class ThreadWorkers:
         return self._submit("step", key, tokens)
 
     def started(self, key: Hashable) -> float | None:
-        return self.t_start.get(key)
+        item = self.ops.get(key)  # (a new operation of `key` replaces it: queued, None)
+        return item.t_start if item is not None else None
 
     def abandon(self, key: Hashable) -> None:
         with self.lock:  # its thread runs on; another takes its place among the n
@@ -232,7 +231,6 @@ class ThreadWorkers:
             self.order.forget(key)
             self.ops.pop(key, None)
             self.envs.pop(key, None)
-            self.t_start.pop(key, None)
             self.futures.pop(key, None)
             loop = self.loops.pop(key, None)
         if loop is not None:  # (an abandoned step awaiting on it is cancelled)
@@ -242,7 +240,9 @@ class ThreadWorkers:
         now = time.monotonic()
         with self.lock:  # an ended episode's item is no longer its key's operation
             late = [
-                i for i in self.running if self.ops.get(i.key) is not i and now - i.t0 > limit_s
+                i
+                for i in self.running
+                if self.ops.get(i.key) is not i and now - (i.t_start or now) > limit_s
             ]
             self.running.difference_update(late)  # their threads run on, ignored
         if late:
